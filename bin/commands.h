@@ -1,0 +1,8 @@
+/* commands.h -- the subcommands, one per bin/cmd-<name>.c. */
+#ifndef HI3_COMMANDS_H
+#define HI3_COMMANDS_H
+
+#define DECLARE_CMD(name) int cmd_##name(int argc, char **argv); extern const char cmd_##name##_help[];
+DECLARE_CMD(init_model)
+
+#endif

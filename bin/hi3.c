@@ -1,0 +1,122 @@
+/*
+ * hi3.c -- the hi3 program: global options, then one subcommand.
+ *
+ *   hi3 [global options] <command> [options] [args]
+ *
+ * The command table below is the whole list; each command lives in
+ * bin/cmd-<name>.c and only parses options, calls libhi3 and writes files.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli.h"
+#include "config.h"
+
+#include "commands.h"
+
+#define CMD(str, name, summary) {str, cmd_##name, summary, cmd_##name##_help}
+static const struct cli_command commands[] = {
+	CMD("init-model", init_model, "write a deterministic random-init checkpoint"),
+};
+
+static int cmd_help(int argc, char **argv);
+
+static const char help_help[] = "usage: hi3 help [COMMAND]\n";
+static const struct cli_command help_cmd = {"help", cmd_help, "show help for a command", help_help};
+
+const struct cli_command *cli_find_command(const char *name)
+{
+	if (!name)
+		return NULL;
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (!strcmp(commands[i].name, name))
+			return &commands[i];
+	if (!strcmp(name, "help"))
+		return &help_cmd;
+	return NULL;
+}
+
+static const char main_usage[] =
+	"usage: hi3 [-m DIR] [--backend cpu|cuda] [-t N] [-q|-v] <command> [options] [args]\n";
+
+static void print_main_help(FILE *f)
+{
+	fputs(main_usage, f);
+	fputs("\nhi3 runs the HunyuanImage-3.0 transformer stage by stage, in batches, over\n"
+	      "memory-mapped safetensors stage files (see hi3(1), hi3-files(5)).\n\ncommands:\n", f);
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		fprintf(f, "  %-18s %s\n", commands[i].name, commands[i].summary);
+	fputs("\nglobal options (also accepted after the command name):\n"
+	      "  -m, --model DIR      model directory (config.json, *.safetensors, tokenizer.json)\n"
+	      "      --backend NAME   cpu (default) or cuda\n"
+	      "  -t, --threads N      worker threads (default: all cores)\n"
+	      "  -q, --quiet          only errors and warnings on stderr\n"
+	      "  -v, --verbose        more detail on stderr\n"
+	      "  -h, --help           this help; 'hi3 help COMMAND' or 'hi3 COMMAND --help' for a command\n"
+	      "      --version        print the version\n", f);
+}
+
+static int cmd_help(int argc, char **argv)
+{
+	const struct cli_command *c;
+
+	if (argc < 2) {
+		print_main_help(stdout);
+		return 0;
+	}
+	c = cli_find_command(argv[1]);
+	if (!c) {
+		fprintf(stderr, "hi3 help: unknown command '%s' (see 'hi3 --help')\n", argv[1]);
+		return HI3_ERR_USAGE;
+	}
+	fputs(c->help, stdout);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {CLI_GLOBAL_LONGOPTS, {"version", no_argument, NULL, 'V'},
+	                                     {NULL, 0, NULL, 0}};
+	const struct cli_command *c;
+	int opt, rc;
+
+	opterr = 1;
+	while ((opt = getopt_long(argc, argv, CLI_GLOBAL_SHORT, opts, NULL)) != -1) {
+		if (opt == 'h') {
+			print_main_help(stdout);
+			return 0;
+		}
+		if (opt == 'V') {
+			printf("hi3 %s\n", PACKAGE_VERSION);
+			return 0;
+		}
+		if (opt == '?') {
+			fputs(main_usage, stderr);
+			return HI3_ERR_USAGE;
+		}
+		rc = cli_other_option(opt, optarg);
+		if (rc >= 0)
+			return rc;
+	}
+	if (optind >= argc) {
+		fputs(main_usage, stderr);
+		fputs("(see 'hi3 --help' for the commands)\n", stderr);
+		return HI3_ERR_USAGE;
+	}
+	c = cli_find_command(argv[optind]);
+	if (!c) {
+		fprintf(stderr, "hi3: '%s' is not a command (see 'hi3 --help')\n", argv[optind]);
+		return HI3_ERR_USAGE;
+	}
+	cli.cmd = c->name;
+	argc -= optind;
+	argv += optind;
+	optind = 0;                       /* re-initialise getopt for the command */
+	rc = c->run(argc, argv);
+	if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
+		fprintf(stderr, "hi3 %s: error: standard output: %s\n", c->name, strerror(errno));
+		return rc ? rc : HI3_ERR_RUNTIME;
+	}
+	return rc;
+}

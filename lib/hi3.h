@@ -1,0 +1,284 @@
+/*
+ * hi3.h -- the public interface of libhi3.
+ *
+ * libhi3 runs the HunyuanImage-3.0 transformer stage by stage over plain,
+ * memory-mapped safetensors files (see hi3-files(5)).
+ *
+ * Conventions, once for the whole library:
+ *  - Functions that can fail return 0 on success and -1 on failure, and fill
+ *    the caller's hi3_error (message names the file, tensor or line; status is
+ *    the exit status a program should use: 1 runtime, 2 usage, 3 bad input).
+ *  - Ownership: an object returned through `T **out` belongs to the caller and
+ *    is released with the matching hi3_T_close()/hi3_T_free(); a `const`
+ *    pointer returned by a getter is borrowed and lives as long as its owner.
+ *  - The library never calls exit() and never prints, except through the
+ *    log hook (hi3_set_log) for warnings and progress.
+ *
+ * Dimension letters used in shape comments throughout:
+ *   B batch rows, L prompt length (padded), C cache slots per row (L + max_new),
+ *   T tokens in one forward call, M = B*T flattened tokens, H hidden size,
+ *   n_h query heads, n_kv key/value heads, d head dim, V vocabulary,
+ *   E experts, k experts per token, I intermediate width, S image blocks per row.
+ */
+#ifndef HI3_H
+#define HI3_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HI3_FORMAT_VERSION "1"
+
+/* ---------------------------------------------------------------- errors */
+
+enum hi3_status {
+	HI3_OK = 0,
+	HI3_ERR_RUNTIME = 1, /* could not complete: I/O, memory, device */
+	HI3_ERR_USAGE = 2,   /* the caller asked for something invalid */
+	HI3_ERR_INPUT = 3,   /* input data is malformed or inconsistent */
+};
+
+typedef struct hi3_error {
+	int status;       /* enum hi3_status; 0 when no error */
+	char msg[2048];
+} hi3_error;
+
+/* Set *err (if not NULL) and return -1. */
+int hi3_error_set(hi3_error *err, int status, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Prepend "prefix: " to an error already set; returns -1. */
+int hi3_error_prefix(hi3_error *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* Log sink for warnings, notes and progress (default: stderr). */
+enum hi3_log_level { HI3_LOG_ERROR, HI3_LOG_WARN, HI3_LOG_INFO, HI3_LOG_DEBUG };
+typedef void (*hi3_log_fn)(int level, const char *msg, void *ctx);
+void hi3_set_log(hi3_log_fn fn, void *ctx, int max_level);
+void hi3_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum hi3_dtype {
+	HI3_F32, HI3_F16, HI3_BF16, HI3_F64,
+	HI3_I64, HI3_I32, HI3_I16, HI3_I8,
+	HI3_U64, HI3_U32, HI3_U16, HI3_U8,
+	HI3_BOOL, HI3_F8_E4M3, HI3_F8_E5M2,
+	HI3_DTYPE_COUNT
+} hi3_dtype;
+
+const char *hi3_dtype_name(hi3_dtype dt);          /* "F32", "BF16", ... */
+int hi3_dtype_parse(const char *name, hi3_dtype *out); /* 0 or -1 */
+size_t hi3_dtype_size(hi3_dtype dt);
+int hi3_dtype_is_float(hi3_dtype dt);
+
+float hi3_bf16_to_f32(uint16_t h);
+uint16_t hi3_f32_to_bf16(float f);                 /* round to nearest even */
+float hi3_f16_to_f32(uint16_t h);
+uint16_t hi3_f32_to_f16(float f);                  /* round to nearest even */
+/* Element i of an array of dtype dt, as a double (any dtype). */
+double hi3_elem_f64(const void *data, hi3_dtype dt, size_t i);
+/* Convert n elements of a float dtype (F32/F16/BF16/F64) to f32. */
+void hi3_to_f32(float *dst, const void *src, hi3_dtype dt, size_t n);
+
+/* --------------------------------------------------------- safetensors */
+
+#define HI3_MAX_DIMS 8
+
+typedef struct hi3_tensor {
+	const char *name;
+	hi3_dtype dtype;
+	int ndim;
+	int64_t shape[HI3_MAX_DIMS];
+	size_t nbytes;
+	void *data;          /* inside the file mapping */
+} hi3_tensor;
+
+int64_t hi3_tensor_numel(const hi3_tensor *t);
+/* "(4, 8, 96, 128)" into buf. */
+const char *hi3_shape_str(char *buf, size_t n, int ndim, const int64_t *shape);
+
+typedef struct hi3_st hi3_st;
+
+enum hi3_st_flags {
+	HI3_ST_READ = 0,
+	HI3_ST_RDWR = 1,      /* map shared and writable: in-place updates */
+};
+
+/* Open and validate a safetensors file ("-" reads standard input). */
+int hi3_st_open(hi3_st **out, const char *path, int flags, hi3_error *err);
+void hi3_st_close(hi3_st *st);
+const char *hi3_st_path(const hi3_st *st);
+size_t hi3_st_file_size(const hi3_st *st);
+size_t hi3_st_header_size(const hi3_st *st);
+int hi3_st_count(const hi3_st *st);
+const hi3_tensor *hi3_st_at(const hi3_st *st, int i);   /* header order */
+const hi3_tensor *hi3_st_find(const hi3_st *st, const char *name);
+/* Find a tensor and check it; dtype < 0 or a shape entry < 0 means any. */
+int hi3_st_get(const hi3_st *st, const char *name, int dtype, int ndim,
+               const int64_t *shape, const hi3_tensor **out, hi3_error *err);
+const char *hi3_st_meta(const hi3_st *st, const char *key); /* NULL if absent */
+int hi3_st_meta_count(const hi3_st *st);
+void hi3_st_meta_at(const hi3_st *st, int i, const char **key, const char **val);
+/* Check __metadata__ format and format_version; error names the file. */
+int hi3_st_expect_format(const hi3_st *st, const char *format, hi3_error *err);
+/* Flush [addr, addr+len) of a writable mapping to the file (msync). */
+int hi3_st_sync(hi3_st *st, const void *addr, size_t len, hi3_error *err);
+
+typedef struct hi3_st_writer hi3_st_writer;
+
+hi3_st_writer *hi3_stw_new(void);
+void hi3_stw_free(hi3_st_writer *w);
+int hi3_stw_meta(hi3_st_writer *w, const char *key, const char *val);
+/* Add a tensor. data is borrowed until hi3_stw_write returns; NULL writes
+ * zeros. Returns 0, or -1 on a bad name, duplicate or out of memory. */
+int hi3_stw_add(hi3_st_writer *w, const char *name, hi3_dtype dt, int ndim,
+                const int64_t *shape, const void *data);
+/* Write to path atomically (temporary name, fsync, rename); "-" writes
+ * standard output. */
+int hi3_stw_write(hi3_st_writer *w, const char *path, hi3_error *err);
+
+/* A checkpoint: one model.safetensors, or shards named by
+ * model.safetensors.index.json, looked up by tensor name. */
+typedef struct hi3_ckpt hi3_ckpt;
+int hi3_ckpt_open(hi3_ckpt **out, const char *dir, hi3_error *err);
+void hi3_ckpt_close(hi3_ckpt *ck);
+const hi3_tensor *hi3_ckpt_find(const hi3_ckpt *ck, const char *name);
+int hi3_ckpt_count(const hi3_ckpt *ck);
+const hi3_tensor *hi3_ckpt_at(const hi3_ckpt *ck, int i);  /* sorted by name */
+const char *hi3_ckpt_file_of(const hi3_ckpt *ck, const char *name);
+
+/* ---------------------------------------------------------------- config */
+
+#define HI3_MAX_LAYERS 256
+
+typedef struct hi3_config {
+	int vocab_size;
+	int hidden_size;              /* H */
+	int intermediate_size;        /* dense MLP width */
+	int num_hidden_layers;
+	int num_attention_heads;      /* n_h */
+	int num_key_value_heads;      /* n_kv */
+	int attention_head_dim;       /* d */
+	double rms_norm_eps;
+	double rope_theta;
+	int use_qk_norm;
+	int use_mixed_mlp_moe;
+	int moe_layer_num_skipped;
+	int norm_topk_prob;
+	double routed_scaling_factor;
+	int tie_word_embeddings;
+	/* per layer (the config may give an int or a list) */
+	int num_experts[HI3_MAX_LAYERS];
+	int moe_topk[HI3_MAX_LAYERS];
+	int moe_intermediate_size[HI3_MAX_LAYERS];
+	int num_shared_expert[HI3_MAX_LAYERS];
+	int64_t pad_token_id, bos_token_id, eos_token_id;  /* -1 when absent */
+	char hidden_act[16];
+	char *json;                   /* the config.json text as read */
+} hi3_config;
+
+int hi3_config_load(hi3_config *cfg, const char *path, hi3_error *err);
+int hi3_config_parse(hi3_config *cfg, const char *json_text, const char *name,
+                     hi3_error *err);
+void hi3_config_release(hi3_config *cfg);
+int hi3_config_is_moe_layer(const hi3_config *cfg, int layer);
+/* Check that every tensor the config implies is present with the right
+ * shape, and that the config is one hi3 can run. */
+int hi3_config_validate(const hi3_config *cfg, const hi3_ckpt *ck, hi3_error *err);
+/* Model fingerprint: 16 hex digits of a hash of the config and the tensor
+ * names, shapes and dtypes. */
+int hi3_fingerprint(const hi3_config *cfg, const hi3_ckpt *ck, char out[17]);
+
+/* -------------------------------------------------------------- init-model */
+
+typedef struct hi3_init_opts {
+	const char *preset;      /* "tiny", "tiny-moe", "small" */
+	uint64_t seed;
+	hi3_dtype dtype;         /* HI3_F32 or HI3_BF16 */
+	const char *overrides;   /* JSON object merged into the preset config, or NULL */
+} hi3_init_opts;
+
+/* Names of the presets, NULL-terminated. */
+const char *const *hi3_init_presets(void);
+/* Write config.json, model.safetensors, generation_config.json and
+ * tokenizer.json into dir (created if missing). */
+int hi3_init_model(const char *dir, const hi3_init_opts *opts, hi3_error *err);
+
+/* ------------------------------------------------------------------ model */
+
+typedef struct hi3_model hi3_model;
+
+typedef struct hi3_model_opts {
+	const char *backend;     /* "cpu" (default) or "cuda" */
+	int threads;             /* 0: OpenMP default */
+	int batch_invariant;     /* 1: reduction orders independent of batch (default) */
+} hi3_model_opts;
+
+int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
+                   hi3_error *err);
+void hi3_model_close(hi3_model *m);
+const hi3_config *hi3_model_config(const hi3_model *m);
+const char *hi3_model_fingerprint(const hi3_model *m);
+const char *hi3_model_dir(const hi3_model *m);
+const char *hi3_model_backend(const hi3_model *m);
+int hi3_model_n_moe_layers(const hi3_model *m);
+int hi3_model_max_topk(const hi3_model *m);
+
+/* A static KV cache: per layer K and V of shape (B, n_kv, C, d), F32 or
+ * BF16, in memory the caller owns (typically a kv file's mapping). */
+typedef struct hi3_kvcache {
+	int n_layers, B, n_kv, C, d;
+	hi3_dtype dtype;
+	void **k;                 /* [n_layers] -> (B, n_kv, C, d) */
+	void **v;                 /* [n_layers] -> (B, n_kv, C, d) */
+} hi3_kvcache;
+
+/* Attention modes of one forward call. */
+enum hi3_attn_mode {
+	/* Keys are this call's own T tokens, by column: query t attends key
+	 * column j when j <= hi[b,t], or both lie in one full-attention block
+	 * [lo, hi) of the row. K/V are then scattered into the cache (if any)
+	 * at slot[b,t] (prefill, replay). */
+	HI3_ATTN_SELF,
+	/* K/V of the T tokens are first written to the cache at slot[b,t];
+	 * query t then attends cache slot j when j <= hi[b,t] or both lie in
+	 * one block (decode, later diffusion steps). */
+	HI3_ATTN_CACHE,
+};
+
+typedef struct hi3_batch {
+	int B, T;                    /* rows and tokens per row in this call */
+	int mode;                    /* enum hi3_attn_mode */
+	const int64_t *ids;          /* (B, T) token ids */
+	const int32_t *rope;         /* (B, T, 2) RoPE (y, x) */
+	const int32_t *hi;           /* (B, T) last admitted key (column or slot); -1: none */
+	const int32_t *blocks;       /* (B, S, 2) full-attention [start, stop), or NULL */
+	int S;
+	const int64_t *slot;         /* (B, T) cache write slot; -1: not written; NULL: no cache */
+	const int32_t *cache_row;    /* (B) cache row of each batch row; NULL: identity */
+	/* outputs */
+	int n_logits;                /* how many (row, column) logits to return */
+	const int32_t *logit_at;     /* (n_logits, 2) (b, t) */
+	float *logits;               /* (n_logits, V) */
+	/* optional */
+	float *hidden_out;           /* (n_layers + 1, B, T, H): input of each layer and ln_f input */
+	int16_t *route_ids;          /* (B, T, n_moe, k) chosen experts, -1 padded */
+	float *route_w;              /* (B, T, n_moe, k) their weights */
+	const int16_t *force_route;  /* (B, T, n_moe, k) experts to use instead of top-k, or NULL */
+	const float *force_route_w;  /* (B, T, n_moe, k) weights to use with force_route, or NULL */
+} hi3_batch;
+
+/* Run the model over a batch. */
+int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *err);
+
+/* Bring the backend's copy of rows of the cache into kv's host memory
+ * (a no-op on the CPU backend). */
+int hi3_kv_sync_host(hi3_model *m, hi3_kvcache *kv, hi3_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HI3_H */

@@ -1,0 +1,54 @@
+/*
+ * internal.h -- helpers shared inside libhi3; not installed, not exported
+ * (internal names start with hi3i_; the library exports only hi3_).
+ */
+#ifndef HI3_INTERNAL_H
+#define HI3_INTERNAL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include "hi3.h"
+
+/* Always-on invariant check: prints file and line and aborts. Use for
+ * programming errors only; bad input is reported through hi3_error. */
+#define HI3_ASSERT(cond)                                                      \
+	do {                                                                  \
+		if (!(cond))                                                  \
+			hi3i_assert_fail(#cond, __FILE__, __LINE__);          \
+	} while (0)
+_Noreturn void hi3i_assert_fail(const char *what, const char *file, int line);
+
+#define HI3_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define HI3_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define HI3_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Allocation that reports failure through err (returns NULL). */
+void *hi3i_malloc(size_t n, hi3_error *err);
+void *hi3i_calloc(size_t count, size_t size, hi3_error *err);
+/* 64-byte aligned allocation, freed with free(). */
+void *hi3i_aligned_alloc(size_t n, hi3_error *err);
+char *hi3i_strdup(const char *s);
+/* printf into a fresh heap string. */
+char *hi3i_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* 64-bit FNV-1a, continued from h (start with HI3_HASH_INIT). */
+#define HI3_HASH_INIT 0xcbf29ce484222325ULL
+uint64_t hi3i_hash(uint64_t h, const void *data, size_t n);
+
+/* Read a whole file ("-" = stdin) into a NUL-terminated heap buffer. */
+int hi3i_read_file(const char *path, char **out, size_t *len, hi3_error *err);
+/* Write buf to path atomically (temporary name + rename); "-" = stdout. */
+int hi3i_write_file(const char *path, const void *buf, size_t len, hi3_error *err);
+/* Create a temporary file beside path; returns fd, fills tmp (heap). */
+int hi3i_tmpfile_for(const char *path, char **tmp, hi3_error *err);
+/* fsync, chmod to 0666 & ~umask, rename tmp to path. Closes fd. */
+int hi3i_commit_tmpfile(int fd, const char *tmp, const char *path, hi3_error *err);
+
+/* Strict number parsing: whole string, range checked. */
+int hi3i_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+int hi3i_parse_f64(const char *s, double *out);
+
+/* The model's backend ops table (lib/backend.h). */
+struct hi3_backend;
+
+#endif

@@ -1,0 +1,78 @@
+/* test-gemm.c -- the packed GEMM against plain loops, and batch invariance:
+ * a row's output is bitwise the same alone, in any batch, at any position. */
+#include <math.h>
+#include <string.h>
+#include "gemm.h"
+#include "tap.h"
+
+static float frand(uint64_t *s)
+{
+	*s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
+}
+
+static void check_shape(int N, int K, int M, hi3_dtype dt)
+{
+	uint64_t s = (uint64_t)(N * 131 + K * 7 + M);
+	float *w = malloc(sizeof(float) * (size_t)N * K), *x = malloc(sizeof(float) * (size_t)M * K);
+	uint16_t *wb = malloc(2 * (size_t)N * K);
+	float *y = malloc(sizeof(float) * (size_t)M * N), *yr = malloc(sizeof(float) * (size_t)M * N);
+	float *y1 = malloc(sizeof(float) * (size_t)N);
+	hi3_packed p;
+	hi3_error err = {0};
+	double maxd = 0, maxref = 0;
+	int same = 1, bitwise = 1;
+
+	for (int i = 0; i < N * K; i++) {
+		w[i] = frand(&s);
+		wb[i] = hi3_f32_to_bf16(w[i]);
+	}
+	for (int i = 0; i < M * K; i++)
+		x[i] = frand(&s);
+	ok(hi3i_pack(&p, dt == HI3_BF16 ? (void *)wb : (void *)w, dt, N, K, &err) == 0, "pack %dx%d %s", N, K,
+	   hi3_dtype_name(dt));
+	hi3i_gemm(y, x, &p, M);
+	hi3i_gemm_ref(yr, x, &p, M);
+	for (int m = 0; m < M; m++)
+		for (int n = 0; n < N; n++) {
+			/* against a double-precision dot product */
+			double acc = 0;
+			for (int k = 0; k < K; k++)
+				acc += (double)x[(size_t)m * K + k] *
+				       (dt == HI3_BF16 ? hi3_bf16_to_f32(wb[(size_t)n * K + k]) : w[(size_t)n * K + k]);
+			maxd = fmax(maxd, fabs(acc - y[(size_t)m * N + n]));
+			maxref = fmax(maxref, fabs(acc));
+			if (y[(size_t)m * N + n] != yr[(size_t)m * N + n])
+				same = 0;
+		}
+	ok(maxd <= 1e-5 * fmax(1.0, maxref) * sqrt((double)K), "M=%d N=%d K=%d %s: max |y - y_f64| = %.3g",
+	   M, N, K, hi3_dtype_name(dt), maxd);
+	ok(same, "M=%d N=%d K=%d %s: kernel equals the reference loop order bit for bit", M, N, K,
+	   hi3_dtype_name(dt));
+	for (int m = 0; m < M; m++) {
+		hi3i_gemm(y1, x + (size_t)m * K, &p, 1);
+		if (memcmp(y1, y + (size_t)m * N, sizeof(float) * (size_t)N))
+			bitwise = 0;
+	}
+	ok(bitwise, "M=%d N=%d K=%d %s: every row alone equals that row in the batch", M, N, K,
+	   hi3_dtype_name(dt));
+	hi3i_pack_release(&p);
+	free(w);
+	free(wb);
+	free(x);
+	free(y);
+	free(yr);
+	free(y1);
+}
+
+int main(void)
+{
+	static const int shapes[][3] = {{16, 8, 1}, {17, 33, 7}, {128, 128, 13}, {200, 300, 100},
+	                                {384, 256, 6}, {5, 1, 3}, {96, 520, 97}};
+
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		check_shape(shapes[i][0], shapes[i][1], shapes[i][2], HI3_F32);
+		check_shape(shapes[i][0], shapes[i][1], shapes[i][2], HI3_BF16);
+	}
+	return done_testing();
+}

@@ -1,0 +1,145 @@
+/* test-st.c -- safetensors reader/writer: round trip, alignment, and every
+ * malformed file the reader must refuse with a message naming file and tensor. */
+#include <string.h>
+#include <unistd.h>
+#include "internal.h"
+#include "tap.h"
+
+static char dir[] = "/tmp/hi3-test-st.XXXXXX";
+
+static char *path_of(const char *name)
+{
+	static char buf[512];
+	snprintf(buf, sizeof(buf), "%s/%s", dir, name);
+	return buf;
+}
+
+/* Write a raw file: 8-byte header length, header text, then data bytes. */
+static void write_raw(const char *name, uint64_t hlen_field, const char *hdr, size_t data_len)
+{
+	FILE *f = fopen(path_of(name), "wb");
+	fwrite(&hlen_field, 8, 1, f);
+	fwrite(hdr, 1, strlen(hdr), f);
+	for (size_t i = 0; i < data_len; i++)
+		fputc((int)(i & 0xff), f);
+	fclose(f);
+}
+
+static void expect_bad(const char *name, const char *hdr, size_t data_len, const char *needle)
+{
+	hi3_st *st = NULL;
+	hi3_error err = {0};
+	int rc;
+
+	write_raw(name, strlen(hdr), hdr, data_len);
+	rc = hi3_st_open(&st, path_of(name), HI3_ST_READ, &err);
+	ok(rc == -1 && err.status == HI3_ERR_INPUT && strstr(err.msg, needle) && strstr(err.msg, name),
+	   "%s refused: %s", name, err.msg);
+	hi3_st_close(st);
+}
+
+int main(void)
+{
+	hi3_st_writer *w = hi3_stw_new();
+	hi3_st *st = NULL;
+	hi3_error err = {0};
+	const hi3_tensor *t;
+	float a[6] = {1, 2, 3, 4, 5, 6};
+	int64_t b[3] = {-1, 7, 1LL << 40};
+	uint8_t c[5] = {1, 0, 1, 1, 0};
+	uint16_t h[2] = {hi3_f32_to_bf16(1.5f), hi3_f32_to_bf16(-2.0f)};
+	int64_t sa[2] = {2, 3}, sb[1] = {3}, sc[1] = {5}, sh[1] = {2}, sz[2] = {4, 1000};
+
+	if (!mkdtemp(dir))
+		return 1;
+	hi3_stw_meta(w, "format", "hi3.test");
+	hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION);
+	ok(hi3_stw_add(w, "u8", HI3_U8, 1, sc, c) == 0, "add u8");
+	ok(hi3_stw_add(w, "a", HI3_F32, 2, sa, a) == 0, "add f32");
+	ok(hi3_stw_add(w, "b", HI3_I64, 1, sb, b) == 0, "add i64");
+	ok(hi3_stw_add(w, "h", HI3_BF16, 1, sh, h) == 0, "add bf16");
+	ok(hi3_stw_add(w, "zeros", HI3_F32, 2, sz, NULL) == 0, "add zeros");
+	ok(hi3_stw_add(w, "a", HI3_F32, 2, sa, a) == -1, "duplicate name refused");
+	ok(hi3_stw_write(w, path_of("ok.safetensors"), &err) == 0, "write: %s", err.msg);
+	hi3_stw_free(w);
+
+	ok(hi3_st_open(&st, path_of("ok.safetensors"), HI3_ST_READ, &err) == 0, "read back: %s", err.msg);
+	ok((8 + hi3_st_header_size(st)) % 64 == 0, "data area starts 64-byte aligned");
+	ok(hi3_st_count(st) == 5, "5 tensors");
+	ok(!strcmp(hi3_st_meta(st, "format"), "hi3.test"), "metadata format");
+	ok(hi3_st_expect_format(st, "hi3.test", &err) == 0, "expect_format accepts");
+	ok(hi3_st_expect_format(st, "hi3.kv", &err) == -1 && strstr(err.msg, "expected format 'hi3.kv'") &&
+	   strstr(err.msg, "found 'hi3.test'"), "expect_format refuses: %s", err.msg);
+	ok(hi3_st_get(st, "a", HI3_F32, 2, sa, &t, &err) == 0 && !memcmp(t->data, a, sizeof(a)), "f32 data");
+	ok(hi3_st_get(st, "b", HI3_I64, 1, sb, &t, &err) == 0 && !memcmp(t->data, b, sizeof(b)), "i64 data");
+	ok(hi3_st_get(st, "u8", HI3_U8, 1, sc, &t, &err) == 0 && !memcmp(t->data, c, sizeof(c)), "u8 data");
+	ok(hi3_st_get(st, "h", HI3_BF16, 1, sh, &t, &err) == 0 && hi3_elem_f64(t->data, HI3_BF16, 0) == 1.5 &&
+	   hi3_elem_f64(t->data, HI3_BF16, 1) == -2.0, "bf16 data");
+	ok(hi3_st_get(st, "zeros", HI3_F32, 2, sz, &t, &err) == 0 && ((float *)t->data)[3999] == 0.0f,
+	   "zeros tensor");
+	ok(hi3_st_get(st, "a", HI3_F32, 2, sz, &t, &err) == -1 && strstr(err.msg, "expected shape (4, 1000)") &&
+	   strstr(err.msg, "found (2, 3)"), "shape mismatch named: %s", err.msg);
+	ok(hi3_st_get(st, "a", HI3_I64, 2, sa, &t, &err) == -1 && strstr(err.msg, "expected dtype I64"),
+	   "dtype mismatch named: %s", err.msg);
+	ok(hi3_st_get(st, "nope", -1, 0, NULL, &t, &err) == -1 && strstr(err.msg, "'nope' is missing"),
+	   "missing tensor named: %s", err.msg);
+	for (int i = 0; i < hi3_st_count(st); i++) {
+		t = hi3_st_at(st, i);
+		if ((uintptr_t)t->data % hi3_dtype_size(t->dtype))
+			break;
+		if (i == hi3_st_count(st) - 1)
+			ok(1, "every tensor aligned to its dtype");
+	}
+	hi3_st_close(st);
+
+	/* bad files */
+	write_raw("short.safetensors", 5, "", 0);
+	{
+		FILE *f = fopen(path_of("short.safetensors"), "wb");
+		fwrite("abc", 1, 3, f);
+		fclose(f);
+		ok(hi3_st_open(&st, path_of("short.safetensors"), 0, &err) == -1 && err.status == 3 &&
+		   strstr(err.msg, "truncated"), "3-byte file: %s", err.msg);
+	}
+	write_raw("hlen.safetensors", 1000, "{}", 0);
+	ok(hi3_st_open(&st, path_of("hlen.safetensors"), 0, &err) == -1 && err.status == 3 &&
+	   strstr(err.msg, "header length 1000"), "header length beyond file: %s", err.msg);
+	expect_bad("notjson.safetensors", "{\"a\": [1, 2", 0, "not valid JSON");
+	expect_bad("array.safetensors", "[1, 2]", 0, "not a JSON object");
+	expect_bad("dtype.safetensors", "{\"x\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+	           "unknown dtype 'F33'");
+	expect_bad("span.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}", 12,
+	           "does not match its byte span");
+	expect_bad("overlap.safetensors",
+	           "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+	           "\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "overlaps");
+	expect_bad("range.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8,
+	           "run past the data area");
+	expect_bad("hole.safetensors",
+	           "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+	           "\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12, "hole");
+	expect_bad("trail.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 9,
+	           "trailing");
+	expect_bad("neg.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+	           "shape entry 0");
+	expect_bad("meta.safetensors", "{\"__metadata__\":{\"a\":1}}", 0, "is not a string");
+	expect_bad("dup.safetensors",
+	           "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+	           "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "not valid JSON");
+	expect_bad("ovf.safetensors",
+	           "{\"x\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,4]}}", 4,
+	           "does not match its byte span");
+	/* Nothing writes over an existing file on failure: writing into a
+	 * missing directory fails and leaves no temporary behind. */
+	w = hi3_stw_new();
+	ok(hi3_stw_write(w, "/nonexistent-dir/x.safetensors", &err) == -1 && err.status == HI3_ERR_RUNTIME,
+	   "write into a missing directory fails: %s", err.msg);
+	hi3_stw_free(w);
+	{
+		char cmd[600];
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+		if (system(cmd) != 0)
+			diag("could not remove %s", dir);
+	}
+	return done_testing();
+}
