@@ -278,6 +278,65 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
  * (a no-op on the CPU backend). */
 int hi3_kv_sync_host(hi3_model *m, hi3_kvcache *kv, hi3_error *err);
 
+/* -------------------------------------------------------------- tokenizer */
+
+/* A Hugging Face tokenizer.json (byte-level BPE with regex pre-tokenizers,
+ * added/special tokens), encoding exactly as the `tokenizers` library. */
+typedef struct hi3_tok hi3_tok;
+
+enum hi3_tok_flags {
+	HI3_TOK_SPECIAL = 1,      /* encode: match added tokens in the text; decode: emit special tokens */
+};
+
+int hi3_tok_load(hi3_tok **out, const char *path, hi3_error *err);
+void hi3_tok_free(hi3_tok *t);
+/* Encode len bytes of UTF-8 text; *ids is malloc'd (free it). No
+ * begin/end tokens are added. */
+int hi3_tok_encode(const hi3_tok *t, const char *text, size_t len, int flags, int64_t **ids, size_t *n,
+                   hi3_error *err);
+/* Decode ids to UTF-8; *text is malloc'd and NUL-terminated. */
+int hi3_tok_decode(const hi3_tok *t, const int64_t *ids, size_t n, int flags, char **text, size_t *len,
+                   hi3_error *err);
+int64_t hi3_tok_id(const hi3_tok *t, const char *token);   /* -1 when absent */
+const char *hi3_tok_token(const hi3_tok *t, int64_t id);   /* NULL when absent */
+int64_t hi3_tok_vocab_size(const hi3_tok *t);              /* largest id + 1 */
+const char *hi3_tok_hash(const hi3_tok *t);                /* 16 hex digits of the file's bytes */
+
+/* ------------------------------------------------------------- conditions */
+
+/* A conditions file (format hi3.conditions, see hi3-files(5)), opened and
+ * validated; every pointer is into the file's mapping. */
+typedef struct hi3_cond {
+	int B, L;
+	int S;                          /* full-attention blocks per row */
+	int NS;                         /* stop tokens per row */
+	int K;                          /* timestep indices per row (0 when none) */
+	const int64_t *input_ids;       /* (B, L) right padded with the pad token */
+	const int64_t *position_ids;    /* (B, L) cache write index of each column */
+	const int64_t *real_pos;        /* (B) n_i, the first pad column */
+	const int32_t *rope_pos;        /* (B, L, 2) RoPE (y, x) */
+	const int32_t *image_blocks;    /* (B, S, 2) [start, stop); stop == start unused */
+	const int64_t *seeds;           /* (B) per-row sampling seed */
+	const int64_t *stop_tokens;     /* (B, NS) stop token ids, -1 padded */
+	const uint8_t *gen_image_mask;  /* (B, L) or NULL */
+	const uint8_t *cond_vit_mask;   /* (B, L) or NULL */
+	const uint8_t *cond_vae_mask;   /* (B, L) or NULL */
+	const int64_t *timestep_index;  /* (B, K) or NULL */
+	const char *mode;               /* "gen_text" or "gen_image" */
+	const char *bot_task;           /* auto, image, think, recaption, img_ratio, or mixed */
+	const char *template_name;      /* pretrain, instruct, or none (pre-tokenized) */
+	const char *tokenizer_hash;     /* "" when no tokenizer was used */
+	const char *model_fingerprint;  /* "" when no model was named */
+	const char *requests;           /* JSON array of the request lines */
+	int64_t pad_id;
+	hi3_st *st;                     /* the backing file */
+} hi3_cond;
+
+int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err);
+void hi3_cond_close(hi3_cond *c);
+/* Refuse conditions made for another model (both fingerprints named). */
+int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err);
+
 #ifdef __cplusplus
 }
 #endif
