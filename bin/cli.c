@@ -177,6 +177,14 @@ int cli_open_model(hi3_model **m, hi3_error *err)
 	return hi3_model_open(m, cli.model_dir, &o, err);
 }
 
+double cli_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int progress_shown;
 static struct timespec progress_t0, progress_last;
 

@@ -21,7 +21,7 @@ enum {
 	CLI_OPT_FIRST_LOCAL = 0x1100,  /* commands number their long-only options from here */
 };
 
-#define CLI_GLOBAL_SHORT "+m:t:qvh"
+#define CLI_GLOBAL_SHORT "m:t:qvh"
 #define CLI_GLOBAL_LONGOPTS                                      \
 	{"model", required_argument, NULL, 'm'},                 \
 	{"backend", required_argument, NULL, CLI_OPT_BACKEND},   \
@@ -62,6 +62,9 @@ int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64
 
 /* Open the model named by -m (usage error when missing). */
 int cli_open_model(hi3_model **m, hi3_error *err);
+
+/* Monotonic seconds. */
+double cli_now(void);
 
 /* Progress on stderr when it is a terminal and not quiet. */
 void cli_progress(const char *what, int64_t done, int64_t total);

@@ -18,6 +18,8 @@
 #define CMD(str, name, summary) {str, cmd_##name, summary, cmd_##name##_help}
 static const struct cli_command commands[] = {
 	CMD("init-model", init_model, "write a deterministic random-init checkpoint"),
+	CMD("prefill", prefill, "run a prompt batch and write its KV cache file"),
+	CMD("decode", decode, "decode new tokens into the KV file and write a segment"),
 };
 
 static int cmd_help(int argc, char **argv);
@@ -82,7 +84,7 @@ int main(int argc, char **argv)
 	int opt, rc;
 
 	opterr = 1;
-	while ((opt = getopt_long(argc, argv, CLI_GLOBAL_SHORT, opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "+" CLI_GLOBAL_SHORT, opts, NULL)) != -1) {
 		if (opt == 'h') {
 			print_main_help(stdout);
 			return 0;

@@ -210,6 +210,7 @@ int hi3_init_model(const char *dir, const hi3_init_opts *opts, hi3_error *err);
 /* ------------------------------------------------------------------ model */
 
 typedef struct hi3_model hi3_model;
+typedef struct hi3_cond hi3_cond;      /* conditions, below */
 
 typedef struct hi3_model_opts {
 	const char *backend;     /* "cpu" (default) or "cuda" */
@@ -277,6 +278,90 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 /* Bring the backend's copy of rows of the cache into kv's host memory
  * (a no-op on the CPU backend). */
 int hi3_kv_sync_host(hi3_model *m, hi3_kvcache *kv, hi3_error *err);
+
+/* --------------------------------------------------------------- sampling */
+
+/* SPEC section 6. Temperature, then top-k, then top-p, then one draw from
+ * Philox-4x32-10 keyed by the row's seed at counter = step (the index of
+ * the token being generated in that row), so a row samples the same tokens
+ * in any batch. greedy (or temperature 0) takes the argmax, ties to the
+ * lowest id. */
+typedef struct hi3_sampler {
+	int greedy;
+	double temperature;       /* > 0 unless greedy */
+	int top_k;                /* 0: off */
+	double top_p;             /* 1: off */
+} hi3_sampler;
+
+/* Philox-4x32-10 on a counter, in place. */
+void hi3_philox4x32(uint32_t ctr[4], const uint32_t key[2]);
+/* The uniform draw in [0, 1) for (seed, step). */
+double hi3_uniform(uint64_t seed, uint64_t step);
+int64_t hi3_argmax(const float *logits, int V);
+/* log-softmax of logits (V) at token tok, temperature 1. */
+double hi3_logprob(const float *logits, int V, int64_t tok);
+/* Sample one token; scratch holds hi3_sample_scratch_size(V) bytes. */
+int64_t hi3_sample(const float *logits, int V, const hi3_sampler *s, uint64_t seed, uint64_t step,
+                   void *scratch);
+size_t hi3_sample_scratch_size(int V);
+
+/* ---------------------------------------------------- prefill and decode */
+
+typedef void (*hi3_progress_fn)(void *ctx, int64_t done, int64_t total);
+
+typedef struct hi3_prefill_opts {
+	int max_new;              /* cache slots beyond L: C = L + max_new */
+	hi3_dtype kv_dtype;       /* HI3_F32 or HI3_BF16 */
+	int max_tokens;           /* tokens per forward chunk (0: 8192) */
+	hi3_progress_fn progress;
+	void *progress_ctx;
+} hi3_prefill_opts;
+
+/* Run the prompts of c through the model and write the KV file at kv_path
+ * (format hi3.kv: the cache, kv_len, next_logits from column n_i - 1 of
+ * each row, finished), atomically. cond_path is recorded in metadata. */
+int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi3_prefill_opts *o,
+                const char *kv_path, hi3_error *err);
+
+enum hi3_decode_mask {
+	HI3_MASK_CAUSAL = 0,      /* row i's query at index p attends slots [0, p] */
+	HI3_MASK_NONE = 1,        /* upstream defect: attends every slot of the cache */
+};
+enum hi3_placement {
+	HI3_PLACE_INDEX = 0,      /* token p of row i is fed at index p, slot p */
+	HI3_PLACE_TAIL = 1,       /* upstream defect: new tokens appended at column L + s */
+};
+
+typedef struct hi3_decode_opts {
+	hi3_sampler sampler;
+	int have_seed;            /* seed overrides the conditions' per-row seeds */
+	uint64_t seed;
+	int have_stop;            /* stop replaces the conditions' stop tokens */
+	const int64_t *stop;
+	int n_stop;
+	int steps;                /* at most this many steps in this call; <= 0: until done */
+	int max_new;              /* tokens per row, at most the cache's max_new; 0: the cache's */
+	int decode_mask;          /* enum hi3_decode_mask */
+	int placement;            /* enum hi3_placement */
+	int record_routing;       /* store MoE routing of generated tokens in the segment */
+	int no_fsync;             /* keep step commits ordered but skip msync */
+	hi3_progress_fn progress;
+	void *progress_ctx;
+} hi3_decode_opts;
+
+typedef struct hi3_decode_stats {
+	int64_t steps;            /* decode steps run in this call */
+	int64_t tokens;           /* tokens generated in this call */
+	int64_t total_tokens;     /* tokens in the segment */
+	int rows, finished;       /* rows, rows finished */
+	int64_t resumed_from;     /* tokens already generated before this call */
+	double seconds;
+} hi3_decode_stats;
+
+/* Decode from the KV file (updated in place) and write the segment file
+ * (format hi3.segment) with every row's tokens so far, atomically. */
+int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_decode_opts *o,
+               const char *seg_path, hi3_decode_stats *stats, hi3_error *err);
 
 /* -------------------------------------------------------------- tokenizer */
 

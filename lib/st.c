@@ -389,10 +389,10 @@ static int check_tensor(const char *path, const char *name, const hi3_tensor *t,
 	for (int i = 0; ok && i < ndim; i++)
 		ok = shape[i] < 0 || shape[i] == t->shape[i];
 	if (!ok) {
-		int64_t w[HI3_MAX_DIMS];
+		int64_t w[HI3_MAX_DIMS] = {0};
 		size_t off = 0;
 
-		for (int i = 0; i < ndim; i++)
+		for (int i = 0; i < ndim && i < HI3_MAX_DIMS; i++)
 			w[i] = shape[i];
 		hi3_shape_str(want, sizeof(want), ndim, w);
 		for (int i = 0; i < ndim; i++)
