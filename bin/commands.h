@@ -6,5 +6,6 @@
 DECLARE_CMD(init_model)
 DECLARE_CMD(prefill)
 DECLARE_CMD(decode)
+DECLARE_CMD(replay)
 
 #endif

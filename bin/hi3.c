@@ -20,6 +20,7 @@ static const struct cli_command commands[] = {
 	CMD("init-model", init_model, "write a deterministic random-init checkpoint"),
 	CMD("prefill", prefill, "run a prompt batch and write its KV cache file"),
 	CMD("decode", decode, "decode new tokens into the KV file and write a segment"),
+	CMD("replay", replay, "teacher-forced log-probs of a segment and the rollout/replay report"),
 };
 
 static int cmd_help(int argc, char **argv);

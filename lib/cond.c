@@ -48,6 +48,9 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 	c->tokenizer_hash = hi3_st_meta(c->st, "tokenizer_hash");
 	c->model_fingerprint = hi3_st_meta(c->st, "model_fingerprint");
 	c->requests = hi3_st_meta(c->st, "requests");
+	c->pad_id = -1;
+	if (hi3_st_meta(c->st, "pad_id"))
+		hi3i_parse_i64(hi3_st_meta(c->st, "pad_id"), -1, INT64_MAX, &c->pad_id);
 	for (int i = 0; i < c->B; i++)
 		if (c->real_pos[i] < 1 || c->real_pos[i] > c->L) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'real_pos': row %d is %lld, outside [1, %d]", path, i,

@@ -268,7 +268,8 @@ typedef struct hi3_batch {
 	float *hidden_out;           /* (n_layers + 1, B, T, H): input of each layer and ln_f input */
 	int16_t *route_ids;          /* (B, T, n_moe, k) chosen experts, -1 padded */
 	float *route_w;              /* (B, T, n_moe, k) their weights */
-	const int16_t *force_route;  /* (B, T, n_moe, k) experts to use instead of top-k, or NULL */
+	const int16_t *force_route;  /* (B, T, n_moe, k) experts to use instead of top-k, or NULL;
+	                              * a token whose first entry is -1 routes freely */
 	const float *force_route_w;  /* (B, T, n_moe, k) weights to use with force_route, or NULL */
 } hi3_batch;
 
@@ -362,6 +363,59 @@ typedef struct hi3_decode_stats {
  * (format hi3.segment) with every row's tokens so far, atomically. */
 int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_decode_opts *o,
                const char *seg_path, hi3_decode_stats *stats, hi3_error *err);
+
+/* ----------------------------------------------------------------- replay */
+
+/* A segment file (format hi3.segment): packed responses in batch order. */
+typedef struct hi3_segment {
+	int B;
+	int64_t T;
+	const int64_t *tokens;        /* (T) */
+	const float *logprobs;        /* (T) recorded at rollout */
+	const int64_t *cu_seqlens;    /* (B + 1) */
+	const uint8_t *stop_reason;   /* (B) 0 unfinished, 1 stop token, 2 length */
+	const int16_t *route_ids;     /* (T, n_moe, k) or NULL */
+	const float *route_w;         /* (T, n_moe, k) or NULL */
+	int n_moe, k;
+	const char *model_fingerprint, *conditions_hash;
+	hi3_st *st;
+} hi3_segment;
+
+int hi3_segment_open(hi3_segment **out, const char *path, hi3_error *err);
+void hi3_segment_close(hi3_segment *s);
+
+typedef struct hi3_replay_opts {
+	int batched;              /* rows right padded into batches, else one row per forward */
+	int max_tokens;           /* token budget of a batched forward (0: 8192) */
+	int routing_recorded;     /* force the segment's recorded experts */
+	int weights_recorded;     /* ... and their recorded weights */
+	hi3_progress_fn progress;
+	void *progress_ctx;
+} hi3_replay_opts;
+
+typedef struct hi3_replay_row {
+	int64_t tokens;           /* 0: empty response, nothing to compare */
+	double mean_abs, max_abs; /* |replay - rollout| log-prob */
+	double ratio_mean, ratio_min, ratio_max;   /* exp(replay - rollout) */
+	int64_t worst;            /* index within the row of the largest gap */
+	double mean_abs_free, max_abs_free;        /* without routing replay */
+	int64_t routing_flips, routing_tokens;
+} hi3_replay_row;
+
+typedef struct hi3_replay_report {
+	int B;
+	hi3_replay_row *rows;     /* (B) */
+	int64_t tokens, empty_rows, worst;         /* worst: index in the segment */
+	double mean_abs, max_abs, ratio_mean, ratio_min, ratio_max;
+	double mean_abs_free, max_abs_free;
+	int64_t routing_flips, routing_tokens;
+	double seconds;
+} hi3_replay_report;
+
+/* Teacher-forced log-probs of the segment's tokens into logprobs (T). */
+int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, float *logprobs,
+               hi3_replay_report *rep, hi3_error *err);
+void hi3_replay_report_release(hi3_replay_report *rep);
 
 /* -------------------------------------------------------------- tokenizer */
 

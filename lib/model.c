@@ -365,7 +365,8 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 	be->download(be, rl, m->w.rl, sizeof(float) * (size_t)M * (size_t)E);
 	for (int t = 0; t < M; t++) {
 		size_t rec = ((size_t)t * NM + (size_t)L->moe_index) * (size_t)K;
-		const int16_t *force = b->force_route ? b->force_route + rec : NULL;
+		/* a token whose record starts with -1 routes freely */
+		const int16_t *force = b->force_route && b->force_route[rec] >= 0 ? b->force_route + rec : NULL;
 		if (force)
 			for (int j = 0; j < k; j++)
 				if (force[j] < 0 || force[j] >= E) {
