@@ -146,7 +146,11 @@ class Model:
         self.dir = model_dir
         self.cfg = Config(os.path.join(model_dir, "config.json"))
         raw = load_weights(model_dir)
-        self.w = {k: v.float().contiguous() for k, v in raw.items()}
+        self.w = {}
+        for k, v in raw.items():
+            t = v.float().contiguous()
+            # own the memory: load time, not the first forward, pays for reading the file
+            self.w[k] = t.clone() if t.data_ptr() == v.data_ptr() else t
         c = self.cfg
         if "lm_head.weight" not in self.w:
             self.w["lm_head.weight"] = self.w["model.wte.weight"]
