@@ -20,6 +20,10 @@
  * Batch invariance (SPEC 5): each row run alone (B = 1, T = its real length,
  * no padding) gives bitwise the logits, K/V, hidden states and routing of
  * that row in the padded batch at its valid positions.
+ *
+ * Decode: the same batch as a prefill (HI3_ATTN_SELF) of the columns before
+ * the last tokens, then one HI3_ATTN_CACHE call per remaining column, gives
+ * the reference logits and K/V within the same 1e-5.
  */
 #include <ftw.h>
 #include <math.h>
@@ -337,6 +341,95 @@ static void check_row_alone(hi3_model *m, const char *name, const struct fix *f,
 	run_free(&one, f->NL);
 }
 
+/* The same batch as prefill + decode: HI3_ATTN_SELF over columns [0, P)
+ * (P past every full-attention block) writing slots [0, P), then one
+ * HI3_ATTN_CACHE call per column p >= P (slot p, the fixture's hi). The
+ * logits of every call and the final cache must match the reference. */
+static void check_decode(hi3_model *m, const char *name, const struct fix *f)
+{
+	const int B = f->B, T = f->T, V = f->V, NL = f->NL;
+	const size_t kvn = (size_t)B * f->n_kv * T * f->d;
+	int P = 1, failed = 0;
+	int64_t *ids = malloc(sizeof(int64_t) * (size_t)B * T), *slot = malloc(sizeof(int64_t) * (size_t)B * T);
+	int32_t *rope = malloc(sizeof(int32_t) * 2 * (size_t)B * T), *hi = malloc(sizeof(int32_t) * (size_t)B * T);
+	int32_t *at = malloc(sizeof(int32_t) * 2 * (size_t)B * T);
+	float *logits = malloc(sizeof(float) * (size_t)B * T * V), *ref = malloc(sizeof(float) * (size_t)B * T * V);
+	float **k = calloc((size_t)NL, sizeof(float *)), **v = calloc((size_t)NL, sizeof(float *));
+	hi3_kvcache kv = {.n_layers = NL, .B = B, .n_kv = f->n_kv, .C = T, .d = f->d, .dtype = HI3_F32};
+	hi3_error err = {0};
+	double el, worst = 0.0, ek = 0.0, ev = 0.0;
+
+	for (int i = 0; i < B * f->S; i++)
+		P = f->blocks[2 * i + 1] > P ? f->blocks[2 * i + 1] : P;
+	if (!ids || !slot || !rope || !hi || !at || !logits || !ref || !k || !v || P >= T) {
+		ok(0, "%s: decode check: out of memory, or no column after the image blocks", name);
+		goto out;
+	}
+	for (int l = 0; l < NL; l++) {
+		k[l] = malloc(sizeof(float) * kvn);
+		v[l] = malloc(sizeof(float) * kvn);
+		if (!k[l] || !v[l]) {
+			ok(0, "out of memory");
+			goto out;
+		}
+		for (size_t i = 0; i < kvn; i++)
+			k[l][i] = v[l][i] = NAN;
+	}
+	kv.k = (void **)k;
+	kv.v = (void **)v;
+	for (int c0 = 0; c0 < T && !failed; c0 = c0 ? c0 + 1 : P) {
+		const int n = c0 ? 1 : P;         /* columns [c0, c0 + n) */
+		hi3_batch b = {.B = B, .T = n, .mode = c0 ? HI3_ATTN_CACHE : HI3_ATTN_SELF, .ids = ids, .rope = rope,
+		               .hi = hi, .blocks = f->blocks, .S = f->S, .slot = slot, .n_logits = B * n,
+		               .logit_at = at, .logits = logits};
+		for (int r = 0; r < B; r++)
+			for (int t = 0; t < n; t++) {
+				size_t i = (size_t)r * n + t, src = (size_t)r * T + c0 + t;
+				ids[i] = f->ids[src];
+				rope[2 * i] = f->rope[2 * src];
+				rope[2 * i + 1] = f->rope[2 * src + 1];
+				hi[i] = f->hi[src];
+				slot[i] = c0 + t;
+				at[2 * i] = r;
+				at[2 * i + 1] = t;
+				memcpy(ref + i * V, f->logits + src * V, sizeof(float) * (size_t)V);
+			}
+		if (hi3_forward(m, &kv, &b, &err) != 0) {
+			ok(0, "%s: %s over columns [%d, %d): %s", name, c0 ? "decode" : "prefill", c0, c0 + n, err.msg);
+			goto out;
+		}
+		el = rel_err(logits, ref, (size_t)B * n * V);
+		worst = fmax(worst, el);
+		if (el > TOL) {
+			diag("%s: logits of columns [%d, %d): max rel err %.3g", name, c0, c0 + n, el);
+			failed = 1;
+		}
+	}
+	diag("%s: prefill + decode logits max rel err %.3g", name, worst);
+	ok(!failed, "%s: prefill of columns [0, %d) then one HI3_ATTN_CACHE step per column gives the reference "
+	   "logits within %g (max rel err %.3g)", name, P, TOL, worst);
+	for (int l = 0; l < NL; l++) {
+		ek = fmax(ek, rel_err(k[l], f->k[l], kvn));
+		ev = fmax(ev, rel_err(v[l], f->v[l], kvn));
+	}
+	diag("%s: cache after prefill + decode: K max rel err %.3g, V %.3g", name, ek, ev);
+	ok(ek <= TOL && ev <= TOL, "%s: the cache after prefill + decode holds the reference K/V within %g", name, TOL);
+out:
+	for (int l = 0; l < NL && k && v; l++) {
+		free(k[l]);
+		free(v[l]);
+	}
+	free(k);
+	free(v);
+	free(ids);
+	free(slot);
+	free(rope);
+	free(hi);
+	free(at);
+	free(logits);
+	free(ref);
+}
+
 static void check_fixture(const char *srcdir, const char *name)
 {
 	char path[1024], mdir[1024];
@@ -385,6 +478,7 @@ static void check_fixture(const char *srcdir, const char *name)
 			check_row_alone(m, name, &f, &all, b);
 		run_free(&all, f.NL);
 	}
+	check_decode(m, name, &f);
 	fix_close(&f);
 	hi3_model_close(m);
 }
