@@ -249,7 +249,8 @@ static int parse_header(hi3_st *st, hi3_error *err)
 		if (parse_tensor(st, name, val, &st->t[st->n - 1], data_size, err) != 0)
 			goto out;
 	}
-	qsort(st->t, (size_t)st->n, sizeof(hi3_tensor), offset_cmp);
+	if (st->n > 1)
+		qsort(st->t, (size_t)st->n, sizeof(hi3_tensor), offset_cmp);
 	pos = 0;
 	for (i = 0; i < st->n; i++) {
 		size_t b = (size_t)((unsigned char *)st->t[i].data - (st->map + 8 + st->header_size));
@@ -278,7 +279,8 @@ static int parse_header(hi3_st *st, hi3_error *err)
 	}
 	for (i = 0; i < st->n; i++)
 		st->by_name[i] = i;
-	qsort_r(st->by_name, (size_t)st->n, sizeof(int), name_cmp_ctx_st_sort, st->t);
+	if (st->n > 1)
+		qsort_r(st->by_name, (size_t)st->n, sizeof(int), name_cmp_ctx_st_sort, st->t);
 	rc = 0;
 out:
 	json_decref(root);
@@ -638,7 +640,8 @@ int hi3_stw_write(hi3_st_writer *w, const char *path, hi3_error *err)
 	char *hdr = NULL, *tmp = NULL;
 	size_t hlen = 0, total;
 
-	qsort(w->t, (size_t)w->n, sizeof(*w->t), layout_cmp);
+	if (w->n > 1)
+		qsort(w->t, (size_t)w->n, sizeof(*w->t), layout_cmp);
 	hdr = build_header(w, &hlen);
 	if (!hdr)
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory building the header", path);
@@ -828,7 +831,8 @@ int hi3_ckpt_open(hi3_ckpt **out, const char *dir, hi3_error *err)
 		}
 		ck->n = hi3_st_count(ck->files[0]);
 	}
-	qsort(ck->e, (size_t)ck->n, sizeof(*ck->e), ck_cmp);
+	if (ck->n > 1)
+		qsort(ck->e, (size_t)ck->n, sizeof(*ck->e), ck_cmp);
 	*out = ck;
 	rc = 0;
 out:
