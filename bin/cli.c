@@ -9,7 +9,7 @@
 #include <unistd.h>
 #include "cli.h"
 
-struct cli_globals cli = {.backend = "cpu"};
+struct cli_globals cli = {.backend = "cpu", .batch_invariant = 1};
 
 void cli_print_help(void)
 {
@@ -31,6 +31,11 @@ int cli_other_option(int c, const char *arg)
 		if (strcmp(arg, "cpu") && strcmp(arg, "cuda"))
 			return cli_usage_error("--backend: expected 'cpu' or 'cuda', found '%s'", arg);
 		cli.backend = arg;
+		return -1;
+	case CLI_OPT_BATCH_INVARIANT:
+		if (strcmp(arg, "on") && strcmp(arg, "off"))
+			return cli_usage_error("--batch-invariant: expected on or off, found '%s'", arg);
+		cli.batch_invariant = !strcmp(arg, "on");
 		return -1;
 	case 't':
 		if (cli_int("--threads", arg, 0, 4096, &v))
@@ -167,7 +172,7 @@ int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64
 
 int cli_open_model(hi3_model **m, hi3_error *err)
 {
-	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = 1};
+	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = cli.batch_invariant};
 
 	if (!cli.model_dir) {
 		hi3_error_set(err, HI3_ERR_USAGE, "no model: give -m DIR (a directory made by 'hi3 init-model' "

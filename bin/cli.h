@@ -12,12 +12,14 @@ struct cli_globals {
 	const char *backend;     /* --backend */
 	int threads;             /* -t/--threads */
 	int quiet, verbose;      /* -q, -v */
+	int batch_invariant;     /* --batch-invariant=on|off (default on) */
 	const char *cmd;         /* the running command's name */
 };
 extern struct cli_globals cli;
 
 enum {
 	CLI_OPT_BACKEND = 0x1000,
+	CLI_OPT_BATCH_INVARIANT,
 	CLI_OPT_FIRST_LOCAL = 0x1100,  /* commands number their long-only options from here */
 };
 
@@ -25,6 +27,7 @@ enum {
 #define CLI_GLOBAL_LONGOPTS                                      \
 	{"model", required_argument, NULL, 'm'},                 \
 	{"backend", required_argument, NULL, CLI_OPT_BACKEND},   \
+	{"batch-invariant", required_argument, NULL, CLI_OPT_BATCH_INVARIANT}, \
 	{"threads", required_argument, NULL, 't'},               \
 	{"quiet", no_argument, NULL, 'q'},                       \
 	{"verbose", no_argument, NULL, 'v'},                     \

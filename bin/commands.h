@@ -7,5 +7,6 @@ DECLARE_CMD(init_model)
 DECLARE_CMD(prefill)
 DECLARE_CMD(decode)
 DECLARE_CMD(replay)
+DECLARE_CMD(bench)
 
 #endif

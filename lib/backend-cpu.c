@@ -14,6 +14,10 @@
 #include "backend.h"
 #include "gemm.h"
 
+/* Fork threads for an elementwise op only when it has this much work:
+ * below it the fork/join costs more than it saves (decode at small B). */
+#define PAR(work) ((work) >= ((size_t)1 << 16))
+
 struct hi3_wt {
 	int kind;
 	int N, K;                 /* matrix (N, K); vector n = N; rows (N = V, K = H) */
@@ -141,7 +145,7 @@ static void cpu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_w
 	size_t es = hi3_dtype_size(wte->raw_dtype), H = (size_t)wte->K;
 
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * H))
 	for (int m = 0; m < M; m++)
 		hi3_to_f32(x + (size_t)m * H, (const unsigned char *)wte->raw + (size_t)ids[m] * H * es,
 		           wte->raw_dtype, H);
@@ -162,7 +166,7 @@ static inline void rms_row(float *y, const float *x, const float *w, int n, floa
 static void cpu_rmsnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M, int n, float eps)
 {
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * n))
 	for (int m = 0; m < M; m++)
 		rms_row(y + (size_t)m * n, x + (size_t)m * n, w->f32, n, eps);
 }
@@ -176,7 +180,7 @@ static void cpu_zero(hi3_backend *be, float *x, size_t n)
 static void cpu_add(hi3_backend *be, float *x, const float *y, size_t n)
 {
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(n))
 	for (size_t i = 0; i < n; i++)
 		x[i] += y[i];
 }
@@ -198,7 +202,7 @@ static void cpu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const f
 	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
 
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * W))
 	for (int m = 0; m < M; m++) {
 		float cs[512], sn[512];
 		float *row = qkv + (size_t)m * W;
@@ -239,7 +243,7 @@ static void cpu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qk
 	(void)be;
 	/* Parallel over kv heads; each thread stores its head for all tokens
 	 * in order, so duplicate slots resolve to the last token. */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * W))
 	for (int j = 0; j < dm->n_kv; j++) {
 		for (int m = 0; m < M; m++) {
 			if (slot[m] < 0)
@@ -339,7 +343,7 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 static void cpu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int inter)
 {
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * inter))
 	for (int m = 0; m < M; m++) {
 		const float *a = ab + (size_t)m * 2 * inter, *b = a + inter;
 		float *o = y + (size_t)m * inter;
@@ -351,7 +355,7 @@ static void cpu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int in
 static void cpu_gather(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
 {
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
 	for (int i = 0; i < n; i++)
 		memcpy(dst + (size_t)i * w, src + (size_t)idx[i] * w, sizeof(float) * (size_t)w);
 }
@@ -361,7 +365,7 @@ static void cpu_scatter_add(hi3_backend *be, float *dst, const float *src, const
 {
 	(void)be;
 	/* idx may repeat across calls but not within one (one expert per token). */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
 	for (int i = 0; i < n; i++) {
 		float *dr = dst + (size_t)idx[i] * w;
 		const float *sr = src + (size_t)i * w;

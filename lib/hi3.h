@@ -417,6 +417,25 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
                hi3_replay_report *rep, hi3_error *err);
 void hi3_replay_report_release(hi3_replay_report *rep);
 
+/* ------------------------------------------------------------------ bench */
+
+typedef struct hi3_bench_model_result {
+	double prefill_s, prefill_tok_s, prefill_flops;
+	double decode_s, decode_tok_s;
+} hi3_bench_model_result;
+
+/* Best-of-reps read bandwidth over a buffer of bytes, in bytes/s. */
+double hi3_bench_membw(size_t bytes, int reps);
+/* One layer's prefill GEMMs at M tokens: total flops, and the best times
+ * of OpenBLAS sgemm (f32 weights) and hi3's packed GEMM (weights wdt). */
+int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *flops, double *t_blas,
+                   double *t_hi3);
+/* Bytes one B = 1 decode step reads at ctx cached slots. */
+double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, int ctx);
+/* In-memory prefill of B x P tokens, then N greedy decode steps. */
+int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r, hi3_error *err);
+hi3_dtype hi3_model_weight_dtype(const hi3_model *m);
+
 /* -------------------------------------------------------------- tokenizer */
 
 /* A Hugging Face tokenizer.json (byte-level BPE with regex pre-tokenizers,

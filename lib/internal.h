@@ -48,6 +48,9 @@ int hi3i_commit_tmpfile(int fd, const char *tmp, const char *path, hi3_error *er
 int hi3i_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int hi3i_parse_f64(const char *s, double *out);
 
+/* How many elements of a float array are NaN or infinite (0 for integer dtypes). */
+int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n);
+
 /* The model's backend ops table (lib/backend.h). */
 struct hi3_backend;
 
