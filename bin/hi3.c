@@ -18,6 +18,8 @@
 #define CMD(str, name, summary) {str, cmd_##name, summary, cmd_##name##_help}
 static const struct cli_command commands[] = {
 	CMD("init-model", init_model, "write a deterministic random-init checkpoint"),
+	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
+	CMD("diff", diff, "compare two safetensors files tensor by tensor"),
 };
 
 static int cmd_help(int argc, char **argv);
