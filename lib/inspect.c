@@ -128,7 +128,6 @@ static int summary(const struct src *s, const hi3_inspect_opts *o, FILE *f, hi3_
 	}
 	if (o->json) {
 		json_t *root = json_object(), *md = json_object(), *ts = json_array();
-		char *text;
 
 		json_object_set_new(root, "file", json_string(s->path));
 		json_object_set_new(root, "kind", json_string(s->ck ? "checkpoint" : "file"));
@@ -162,15 +161,7 @@ static int summary(const struct src *s, const hi3_inspect_opts *o, FILE *f, hi3_
 		json_object_set_new(root, "tensors", ts);
 		json_object_set_new(root, "numel", json_integer(total));
 		json_object_set_new(root, "bytes", json_integer((json_int_t)bytes));
-		text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-		json_decref(root);
-		if (!text) {
-			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-			goto out;
-		}
-		fprintf(f, "%s\n", text);
-		free(text);
-		rc = 0;
+		rc = hi3i_json_emit(f, root, JSON_INDENT(1), err);
 		goto out;
 	}
 	fprintf(f, "file: %s\n", s->path);
@@ -318,7 +309,6 @@ static int values(const struct src *src, const hi3_tensor *t, const hi3i_slice *
 	if (o->json) {
 		json_t *root = json_object();
 		int64_t pos = 0;
-		char *text;
 
 		json_object_set_new(root, "file", json_string(src->path));
 		json_object_set_new(root, "tensor", json_string(t->name));
@@ -328,14 +318,7 @@ static int values(const struct src *src, const hi3_tensor *t, const hi3i_slice *
 		json_object_set_new(root, "values_shape", shape_json(ondim, oshape));
 		json_object_set_new(root, "values", values_json(t, s, oshape, ondim, 0, &pos));
 		/* 9 significant digits give back every f32/f16/bf16 value */
-		text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER |
-		                            JSON_REAL_PRECISION(t->dtype == HI3_F64 ? 17 : 9));
-		json_decref(root);
-		if (!text)
-			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-		fprintf(f, "%s\n", text);
-		free(text);
-		return 0;
+		return hi3i_json_emit(f, root, JSON_COMPACT | JSON_REAL_PRECISION(t->dtype == HI3_F64 ? 17 : 9), err);
 	}
 	hi3i_slice_src(s, 0, idx);
 	fmt_sel(sel, sizeof(sel), s, t->shape, idx, ~0u);
@@ -567,7 +550,6 @@ static int render(const struct src *src, const hi3_tensor *t, const hi3i_slice *
 	}
 	if (o->json) {
 		json_t *root = json_object();
-		char *text;
 
 		json_object_set_new(root, "png", json_string(o->png));
 		json_object_set_new(root, "kind", json_string(p.kind));
@@ -581,14 +563,8 @@ static int render(const struct src *src, const hi3_tensor *t, const hi3i_slice *
 			json_object_set_new(root, "max", hi3i_json_num(p.hi, 0));
 			json_object_set_new(root, "colormap", json_string(p.diverging ? "diverging" : "sequential"));
 		}
-		text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-		json_decref(root);
-		if (!text) {
-			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		if (hi3i_json_emit(f, root, JSON_COMPACT, err) != 0)
 			goto out;
-		}
-		fprintf(f, "%s\n", text);
-		free(text);
 	} else {
 		fprintf(f, "%s: %s, %lld x %lld pixels (%lld x %lld cells of %d x %d)", o->png, p.kind,
 		        (long long)(p.cols * scale), (long long)(p.rows * scale), (long long)p.rows, (long long)p.cols,

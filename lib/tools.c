@@ -220,6 +220,18 @@ json_t *hi3i_json_num(double v, int as_int)
 	return json_real(v);
 }
 
+int hi3i_json_emit(FILE *f, json_t *root, size_t flags, hi3_error *err)
+{
+	char *text = root ? json_dumps(root, flags | JSON_PRESERVE_ORDER) : NULL;
+
+	json_decref(root);
+	if (!text)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	fprintf(f, "%s\n", text);
+	free(text);
+	return 0;
+}
+
 /* -------------------------------------------------------------- statistics */
 
 struct acc {
@@ -286,31 +298,12 @@ static void stats_block(const hi3_tensor *t, int64_t i0, int64_t i1, struct acc 
 	for (int64_t c = i0; c < i1; c += 1024) {
 		int n = (int)HI3_MIN(1024, i1 - c);
 
-		switch (t->dtype) {
-		case HI3_F32:
-			memcpy(buf, p + 4 * c, (size_t)n * 4);
-			break;
-		case HI3_BF16:
-			for (int i = 0; i < n; i++) {
-				uint16_t h;
-				union { uint32_t u; float f; } v;
-				memcpy(&h, p + 2 * (c + i), 2);
-				v.u = (uint32_t)h << 16;
-				buf[i] = v.f;
-			}
-			break;
-		case HI3_F16:
-			for (int i = 0; i < n; i++) {
-				uint16_t h;
-				memcpy(&h, p + 2 * (c + i), 2);
-				buf[i] = hi3_f16_to_f32(h);
-			}
-			break;
-		default:
+		if (t->dtype != HI3_F32 && t->dtype != HI3_BF16 && t->dtype != HI3_F16) {
 			for (int i = 0; i < n; i++)
 				acc_d(a, hi3_elem_f64(t->data, t->dtype, (size_t)(c + i)));
 			continue;
 		}
+		hi3_to_f32(buf, p + (size_t)c * hi3_dtype_size(t->dtype), t->dtype, (size_t)n);
 		acc_floats(a, buf, n);
 	}
 }

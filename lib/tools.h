@@ -38,6 +38,10 @@ int64_t hi3i_flat(int ndim, const int64_t *shape, const int64_t *idx);
  * as_int), or the strings "NaN", "Infinity", "-Infinity". */
 json_t *hi3i_json_num(double v, int as_int);
 
+/* Write root (consumed) to f as JSON and a newline, with json_dumps
+ * flags (JSON_PRESERVE_ORDER added). */
+int hi3i_json_emit(FILE *f, json_t *root, size_t flags, hi3_error *err);
+
 /* Colour maps for PNG rendering: n values to RGB (3 bytes each). With
  * diverging, [-m, m] (m = max(|lo|, |hi|)) maps blue - white - red; else
  * [lo, hi] maps a dark-to-bright ramp. NaN is magenta; +-Inf take the ends. */
