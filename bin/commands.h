@@ -8,5 +8,7 @@ DECLARE_CMD(prefill)
 DECLARE_CMD(decode)
 DECLARE_CMD(replay)
 DECLARE_CMD(bench)
+DECLARE_CMD(inspect)
+DECLARE_CMD(diff)
 
 #endif

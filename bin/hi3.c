@@ -23,6 +23,8 @@ static const struct cli_command commands[] = {
 	CMD("decode", decode, "decode new tokens into the KV file and write a segment"),
 	CMD("replay", replay, "teacher-forced log-probs of a segment and the rollout/replay report"),
 	CMD("bench", bench, "measure bandwidth, GEMMs, prefill and decode side by side"),
+	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
+	CMD("diff", diff, "compare two safetensors files tensor by tensor"),
 };
 
 static int cmd_help(int argc, char **argv);

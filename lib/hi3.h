@@ -495,6 +495,106 @@ void hi3_cond_close(hi3_cond *c);
 /* Refuse conditions made for another model (both fingerprints named). */
 int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err);
 
+/* ------------------------------------------------------------------ tools */
+
+/* Statistics of a tensor of any dtype: min, max and mean over the finite
+ * elements (NaN when there are none), and how many are NaN and +-Inf.
+ * Deterministic for any thread count (threads 0: the OpenMP default). */
+typedef struct hi3_stats {
+	int64_t n, n_nan, n_inf;
+	double min, max, mean;
+} hi3_stats;
+int hi3_tensor_stats(const hi3_tensor *t, int threads, hi3_stats *s, hi3_error *err);
+
+/* Write an 8-bit RGB image (height rows of width * 3 bytes) as a PNG,
+ * atomically; "-" writes standard output. */
+int hi3_png_write_rgb(const char *path, int width, int height, const uint8_t *rgb, hi3_error *err);
+
+/* hi3 inspect (see hi3-inspect(1)). path is a safetensors file or a
+ * checkpoint directory (model.safetensors or model.safetensors.index.json). */
+typedef struct hi3_inspect_opts {
+	int json;                /* one JSON object instead of text */
+	const char *tensor;      /* print this tensor's values (or render it with png) */
+	const char *slice;       /* numpy-style selection of tensor, e.g. "0,:,3:7" */
+	const char *png;         /* render a heatmap / attention mask / slot map here */
+	int64_t row;             /* conditions file: the row whose mask png renders; -1: none */
+	int scale;               /* png pixels per element; 0: automatic */
+	int threads;             /* 0: the OpenMP default */
+} hi3_inspect_opts;
+/* Run inspect; the report (text or JSON, possibly empty) is returned in
+ * *report (malloc'd, NUL-terminated; free it). A bad selection is a usage
+ * error (status 2), an unreadable file an input error (status 3). */
+int hi3_inspect(const char *path, const hi3_inspect_opts *o, char **report, size_t *len,
+                hi3_error *err);
+
+/* hi3 diff (see hi3-diff(1)): two safetensors files compared tensor by tensor. */
+typedef struct hi3_diff_opts {
+	double atol, rtol;       /* an element differs when |a - b| > atol + rtol * |b| */
+	int valid_only;          /* kv files: only each row's valid slots / generated steps */
+	int64_t row_a, row_b;    /* compare row row_a of A with row row_b of B; -1: all rows */
+	const char *const *tensors;  /* restrict to these names (n_tensors of them) */
+	int n_tensors;
+	int threads;             /* 0: the OpenMP default */
+} hi3_diff_opts;
+
+enum hi3_diff_status {
+	HI3_DIFF_OK,             /* compared: every element within tolerance */
+	HI3_DIFF_OVER,           /* compared: some element over tolerance */
+	HI3_DIFF_ONLY_A,         /* the tensor is only in A */
+	HI3_DIFF_ONLY_B,         /* the tensor is only in B */
+	HI3_DIFF_DTYPE,          /* dtypes differ (not compared) */
+	HI3_DIFF_SHAPE,          /* shapes differ (not compared) */
+	HI3_DIFF_LENGTH,         /* --row on segments: the rows' lengths differ (the overlap compared) */
+	HI3_DIFF_SKIPPED,        /* --row: the tensor has no row axis */
+};
+
+/* An element: its index in A's tensor, and the same place named by the
+ * meaning of each dimension where the file format is known. */
+typedef struct hi3_diff_loc {
+	int ndim;
+	int64_t idx[HI3_MAX_DIMS];        /* index into A's tensor */
+	int n_named;                      /* 0: no names, use idx */
+	const char *label[HI3_MAX_DIMS];  /* "row", "head", "slot", "col", "pos", ... */
+	int64_t val[HI3_MAX_DIMS];
+	double a, b;                      /* the two values there */
+} hi3_diff_loc;
+
+typedef struct hi3_diff_tensor {
+	char *name;
+	int status;                       /* enum hi3_diff_status */
+	hi3_dtype dtype_a, dtype_b;
+	int ndim_a, ndim_b;
+	int64_t shape_a[HI3_MAX_DIMS], shape_b[HI3_MAX_DIMS];
+	int64_t n_compared, n_over;
+	int64_t len_a, len_b;             /* HI3_DIFF_LENGTH: the two rows' lengths */
+	double max_abs;                   /* max |a - b|; +Inf for NaN against a number */
+	hi3_diff_loc worst;               /* the first element where |a - b| = max_abs (max_abs > 0) */
+	hi3_diff_loc first;               /* the first element over tolerance (n_over > 0) */
+} hi3_diff_tensor;
+
+typedef struct hi3_diff_result {
+	char *path_a, *path_b;
+	char *format_a, *format_b;        /* "" when the file names none */
+	hi3_diff_opts opts;               /* as run (tensors not kept) */
+	int valid_only;                   /* in effect (--row on kv files implies it) */
+	int n;
+	hi3_diff_tensor *t;               /* natural name order (k.2 before k.10); kv files: k.0, v.0, k.1, ... first */
+	int n_differ;                     /* tensors with a status other than OK and SKIPPED */
+	int first, worst;                 /* indices into t (first differing, largest max_abs); -1: none */
+	int format_differs;               /* the files name different formats */
+	int equal;                        /* no tensor differs and the formats agree */
+} hi3_diff_result;
+
+/* Compare A and B. Returns 0 with *out filled whether or not they differ
+ * (see n_differ); -1 when a file cannot be read (status 3) or the options
+ * do not fit the files (status 2). */
+int hi3_diff(const char *path_a, const char *path_b, const hi3_diff_opts *o, hi3_diff_result **out,
+             hi3_error *err);
+void hi3_diff_free(hi3_diff_result *r);
+/* The report: one line per tensor and a summary line, or one JSON object.
+ * *text is malloc'd (free it); returns 0 or -1 when out of memory. */
+int hi3_diff_report(const hi3_diff_result *r, int json, char **text, size_t *len, hi3_error *err);
+
 #ifdef __cplusplus
 }
 #endif
