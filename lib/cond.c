@@ -511,7 +511,8 @@ static void put_row(struct cond_impl *ci, int b, const struct rowview *v, int64_
 	}
 	((int64_t *)ci->buf[T_REAL])[b] = v->n;
 	((int64_t *)ci->buf[T_SEEDS])[b] = v->seed;
-	memcpy(blocks + (size_t)b * c->S * 2, v->blocks, (size_t)v->n_blocks * 2 * sizeof(int32_t));
+	if (v->n_blocks)
+		memcpy(blocks + (size_t)b * c->S * 2, v->blocks, (size_t)v->n_blocks * 2 * sizeof(int32_t));
 	for (int k = 0; k < c->NS; k++)
 		stops[(size_t)b * c->NS + k] = k < v->n_stop ? v->stops[k] : -1;
 	for (int k = 0; k < c->K; k++)

@@ -690,7 +690,8 @@ static int encode_text(const hi3_template *t, const hi3_requests *rq, int i, str
 		free(ids);
 		return -1;
 	}
-	memcpy(rb->row->ids + rb->row->n, ids, n * sizeof(int64_t));
+	if (n)
+		memcpy(rb->row->ids + rb->row->n, ids, n * sizeof(int64_t));
 	rb->row->n += (int64_t)n;
 	free(ids);
 	return 0;
