@@ -4,5 +4,6 @@
 
 #define DECLARE_CMD(name) int cmd_##name(int argc, char **argv); extern const char cmd_##name##_help[];
 DECLARE_CMD(init_model)
+DECLARE_CMD(tokenize)
 
 #endif
