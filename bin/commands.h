@@ -4,6 +4,7 @@
 
 #define DECLARE_CMD(name) int cmd_##name(int argc, char **argv); extern const char cmd_##name##_help[];
 DECLARE_CMD(init_model)
+DECLARE_CMD(tokenize)
 DECLARE_CMD(tokenize_concat)
 
 #endif

@@ -18,6 +18,7 @@
 #define CMD(str, name, summary) {str, cmd_##name, summary, cmd_##name##_help}
 static const struct cli_command commands[] = {
 	CMD("init-model", init_model, "write a deterministic random-init checkpoint"),
+	CMD("tokenize", tokenize, "text lines to token id arrays with a tokenizer.json, and back"),
 	CMD("tokenize-concat", tokenize_concat, "encode requests into a conditions file, or merge conditions"),
 };
 

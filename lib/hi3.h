@@ -301,6 +301,11 @@ int64_t hi3_tok_id(const hi3_tok *t, const char *token);   /* -1 when absent */
 const char *hi3_tok_token(const hi3_tok *t, int64_t id);   /* NULL when absent */
 int64_t hi3_tok_vocab_size(const hi3_tok *t);              /* largest id + 1 */
 const char *hi3_tok_hash(const hi3_tok *t);                /* 16 hex digits of the file's bytes */
+/* The id of the token a tokenizer_config.json names under key (e.g.
+ * "bos_token", "eos_token"; a string or an object with "content"). The
+ * error names the file and the key when it is missing or unknown. */
+int hi3_tok_config_id(const hi3_tok *t, const char *config_path, const char *key, int64_t *id,
+                      hi3_error *err);
 
 /* ------------------------------------------------------------- conditions */
 

@@ -141,4 +141,94 @@ test_expect_success '--help shows the usage; the man page synopsis names the sam
 	done
 '
 
+# ---- requests with prompts (the template and the tokenizer)
+
+cat >"$TRASH/prompts.jsonl" <<'EOF2'
+{"prompt": "A cat sitting on a red chair.", "seed": 1}
+{"prompt": "Two dogs", "system": "You are a painter.", "bot_task": "think"}
+{"prompt": "一只猫", "cot": "<think>red</think>ok", "bot_task": "recaption"}
+{"prompt": "a boat", "bot_task": "img_ratio", "cond_images": [[64, 48]]}
+{"tokens": [256, 72, 105], "bot_task": "image"}
+EOF2
+cat >"$TRASH/images.jsonl" <<'EOF2'
+{"prompt": "a cat", "mode": "gen_image", "image_size": "256x256"}
+{"prompt": "a very tall tower by the sea", "mode": "gen_image", "image_size": [512, 128], "seed": 4}
+{"prompt": "the same cat", "mode": "gen_image", "image_size": "1:1", "cond_images": [[300, 200]]}
+EOF2
+
+# small images: base 256, 32x downsampling, 16 ViT patches
+make_model tiny "$TRASH/small" --set image_base_size=256 --set vae_downsample_factor=[32,32] \
+	--set 'vit_processor={"patch_size":16,"max_num_patches":16}'
+
+test_expect_success 'prompts: --per-row equals --batch (both templates)' '
+	for t in pretrain instruct; do
+		hi3 -q tokenize-concat -m small --template $t -o pb.$t.st prompts.jsonl &&
+		hi3 -q tokenize-concat -m small --template $t --per-row -o pr.$t.st prompts.jsonl &&
+		cmp pb.$t.st pr.$t.st || exit 1
+	done &&
+	! cmp -s pb.pretrain.st pb.instruct.st
+'
+
+test_expect_success 'gen_image: --per-row equals --batch (cond rows, then uncond rows)' '
+	hi3 -q tokenize-concat -m small -o ib.st images.jsonl &&
+	hi3 -q tokenize-concat -m small --per-row -o ir.st images.jsonl &&
+	cmp ib.st ir.st
+'
+
+test_expect_success 'gen_image: --concat of single requests equals the batch' '
+	for i in 1 2 3; do
+		sed -n "${i}p" images.jsonl >img$i.jsonl &&
+		hi3 -q tokenize-concat -m small --seed $((i - 1)) -o img$i.st img$i.jsonl || exit 1
+	done &&
+	hi3 -q tokenize-concat --concat -o icat.st img1.st img2.st img3.st &&
+	cmp ib.st icat.st
+'
+
+test_expect_success 'prompts: --pad-positions=zero with per row equals the batch' '
+	hi3 -q tokenize-concat -m small --pad-positions=zero -o zb.st prompts.jsonl 2>/dev/null &&
+	hi3 -q tokenize-concat -m small --pad-positions=zero --per-row -o zr.st prompts.jsonl 2>/dev/null &&
+	cmp zb.st zr.st && ! cmp -s zb.st pb.pretrain.st
+'
+
+test_expect_success 'merging gen_text and gen_image files is refused, naming the field' '
+	test_must_fail 3 hi3 tokenize-concat --concat -o out.st pb.pretrain.st ib.st 2>err &&
+	test_grep "pb.pretrain.st" err && test_grep "ib.st" err && test_grep "mode" err &&
+	untouched out.st
+'
+
+test_expect_success 'merging files of different tokenizers is refused' '
+	sed "s/\"A cat/\"Another cat/" prompts.jsonl >p2.jsonl &&
+	mkdir -p tok2 && sed "s/\"<cfg>\"/\"<cfg2>\"/" small/tokenizer.json >tok2/tokenizer.json &&
+	cp small/tokenizer_config.json tok2/ &&
+	hi3 -q tokenize-concat -m small --tokenizer tok2/tokenizer.json -o t2.st p2.jsonl &&
+	test_must_fail 3 hi3 tokenize-concat --concat -o out.st pb.pretrain.st t2.st 2>err &&
+	test_grep "tokenizer_hash" err && test_grep "t2.st" err &&
+	untouched out.st
+'
+
+test_expect_success 'a prompt without a tokenizer is a usage error' '
+	test_must_fail 2 hi3 tokenize-concat --pad-id 3 -o out.st prompts.jsonl 2>err &&
+	test_grep "tokenizer" err && untouched out.st
+'
+
+bad_input long_prompt "long_prompt.jsonl:2: the row has" --max-length 8 <<'EOF2'
+{"prompt": "hi"}
+{"prompt": "a prompt that is longer than eight tokens for sure"}
+EOF2
+
+test_expect_success 'bad input: a special token missing from the tokenizer names it and the line' '
+	mkdir -p noboi && cp small/config.json small/tokenizer_config.json noboi/ &&
+	sed "s/\"<boi>\"/\"<bo1>\"/" small/tokenizer.json >noboi/tokenizer.json &&
+	test_must_fail 3 hi3 tokenize-concat -m small --tokenizer noboi/tokenizer.json -o out.st images.jsonl 2>err &&
+	test_grep "images.jsonl:1:" err && test_grep "<boi>" err &&
+	untouched out.st
+'
+
+test_expect_success 'bad input: an unsupported tokenizer component is named' '
+	sed "s/\"type\": \"BPE\"/\"type\": \"WordPiece\"/" small/tokenizer.json >wp.json &&
+	test_must_fail 3 hi3 tokenize-concat -m small --tokenizer wp.json -o out.st prompts.jsonl 2>err &&
+	test_grep "WordPiece" err && test_grep "wp.json" err &&
+	untouched out.st
+'
+
 test_done
