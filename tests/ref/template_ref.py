@@ -20,7 +20,8 @@ Writes into --out (tests/fixtures/template):
   NAME.jsonl         the requests of the case
   NAME.safetensors   the expected conditions (batch, right padded)
 
-Needs: numpy, safetensors, tokenizers.
+Needs: numpy, tokenizers (the files are written here, byte for byte
+reproducible; any safetensors reader opens them).
 """
 import argparse
 import json
@@ -28,7 +29,6 @@ import math
 import os
 
 import numpy as np
-from safetensors.numpy import save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIALS = (["<|startoftext|>", "<|endoftext|>", "<pad>", "<boi>", "<eoi>", "<img>", "<cfg>", "<joint_img_sep>",
@@ -355,6 +355,24 @@ def conditions(tpl, reqs, template_name, seed_base=0):
     return t, meta
 
 
+def save_safetensors(path, tensors, meta):
+    """A safetensors file with a sorted header padded to 64 bytes and the data
+    ordered by element size, then name (so every tensor is aligned)."""
+    dtypes = {np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8"}
+    names = sorted(tensors, key=lambda k: (-tensors[k].dtype.itemsize, k))
+    header, off = {"__metadata__": meta}, 0
+    for k in names:
+        a = tensors[k]
+        header[k] = {"dtype": dtypes[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 64)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for k in names:
+            f.write(np.ascontiguousarray(tensors[k]).astype(tensors[k].dtype.newbyteorder("<")).tobytes())
+
+
 # ---------------------------------------------------------------- cases
 
 SYSTEMS = [None, "You are a helpful assistant that writes detailed image descriptions."]
@@ -448,7 +466,7 @@ def main():
         with open(os.path.join(out, name + ".jsonl"), "w") as f:
             for q in reqs:
                 f.write(json.dumps(q, ensure_ascii=False) + "\n")
-        save_file(tensors, os.path.join(out, name + ".safetensors"), metadata=meta)
+        save_safetensors(os.path.join(out, name + ".safetensors"), tensors, meta)
         lines.append("%s %s %s %d" % (name, sub, tname, drop))
         print("%-24s B %3d  L %5d" % (name, tensors["input_ids"].shape[0], tensors["input_ids"].shape[1]))
     with open(os.path.join(out, "cases.txt"), "w") as f:
