@@ -473,6 +473,68 @@ static void test_build_refusals(void)
 	}
 }
 
+/* The fingerprint of the model named at build time, and the check a model
+ * stage makes. */
+static void test_check_model(void)
+{
+	hi3_init_opts io = {.preset = "tiny", .seed = 1, .dtype = HI3_F32};
+	hi3_template_opts to = {.model_dir = tmp("model"), .fingerprint = 1, .pad_id = -1};
+	hi3_cond_build_opts bo = {0};
+	const char *text = "{\"tokens\": [1, 2, 3]}\n";
+	hi3_template *t = NULL;
+	hi3_requests *rq = NULL;
+	hi3_model *m = NULL;
+	hi3_cond *c = NULL;
+	hi3_st *st = NULL;
+	hi3_error err = {0};
+
+	if (hi3_init_model(tmp("model"), &io, &err) || hi3_model_open(&m, tmp("model"), NULL, &err) ||
+	    hi3_template_open(&t, &to, &err) || hi3_requests_parse(&rq, text, strlen(text), "req.jsonl", &err) ||
+	    hi3_cond_build(&c, t, rq, &bo, &err)) {
+		ok(0, "make a model and its conditions: %s", err.msg);
+		goto out;
+	}
+	ok(!strcmp(c->model_fingerprint, hi3_model_fingerprint(m)) && strlen(c->model_fingerprint) == 16,
+	   "the conditions carry the model's fingerprint (%s)", c->model_fingerprint);
+	ok(c->pad_id == hi3_model_config(m)->pad_token_id && c->stop_tokens[0] == hi3_model_config(m)->eos_token_id,
+	   "pad id and (no tokenizer) the stop token come from config.json");
+	ok(hi3_cond_check_model(c, m, &err) == 0, "the model accepts its own conditions");
+	if (hi3_cond_write(c, tmp("fp.st"), &err) || hi3_st_open(&st, tmp("fp.st"), HI3_ST_READ, &err)) {
+		ok(0, "write: %s", err.msg);
+		goto out;
+	}
+	{
+		struct mut other = {.meta_key = "model_fingerprint", .meta_val = "0123456789abcdef"};
+		struct mut none = {.meta_key = "model_fingerprint", .meta_val = ""};
+		struct mut big = {.tensor = "input_ids", .index = 1, .value = 512};
+		hi3_cond *x = NULL;
+		hi3_error e = {0};
+		write_mutant(st, &other, tmp("bad.st"));
+		hi3_cond_open(&x, tmp("bad.st"), &e);
+		ok(x && hi3_cond_check_model(x, m, &e) == -1 && e.status == HI3_ERR_INPUT && strstr(e.msg, "bad.st") &&
+		   strstr(e.msg, "0123456789abcdef") && strstr(e.msg, hi3_model_fingerprint(m)),
+		   "another model's conditions are refused, naming both fingerprints: %s", e.msg);
+		hi3_cond_close(x);
+		x = NULL;
+		write_mutant(st, &none, tmp("bad.st"));
+		hi3_cond_open(&x, tmp("bad.st"), &e);
+		ok(x && hi3_cond_check_model(x, m, &e) == 0, "no fingerprint in the file: not checked");
+		hi3_cond_close(x);
+		x = NULL;
+		write_mutant(st, &big, tmp("bad.st"));
+		hi3_cond_open(&x, tmp("bad.st"), &e);
+		ok(x && hi3_cond_check_model(x, m, &e) == -1 && strstr(e.msg, "'input_ids': row 0, column 1") &&
+		   strstr(e.msg, "512"), "a token id outside the model's vocabulary is refused: %s", e.msg);
+		hi3_cond_close(x);
+	}
+out:
+	hi3_st_close(st);
+	hi3_cond_close(c);
+	hi3_requests_free(rq);
+	hi3_template_free(t);
+	hi3_model_close(m);
+}
+
 /* facts/image-input.md 1: 33 buckets of base 1024, and the ViT grid. */
 static void test_geometry(void)
 {
@@ -514,11 +576,14 @@ int main(void)
 	test_requests();
 	test_build_refusals();
 	test_geometry();
+	test_check_model();
 	{
-		const char *names[] = {"a.st", "p.st", "z.st", "ca.st", "cb.st", "m.st", "good.st", "bad.st", "one.st",
+		const char *names[] = {"model/config.json", "model/model.safetensors", "model/generation_config.json",
+		                       "model/tokenizer.json", "model/tokenizer_config.json", "fp.st","a.st", "p.st", "z.st", "ca.st", "cb.st", "m.st", "good.st", "bad.st", "one.st",
 		                       "A.st", "B.st"};
 		for (size_t k = 0; k < HI3_ARRAY_SIZE(names); k++)
 			unlink(tmp(names[k]));
+		rmdir(tmp("model"));
 		rmdir(tmpdir);
 	}
 	return done_testing();
