@@ -339,7 +339,9 @@ typedef struct hi3_cond {
 
 int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err);
 void hi3_cond_close(hi3_cond *c);
-/* Refuse conditions made for another model (both fingerprints named). */
+/* Refuse conditions made for another model (both fingerprints named; a
+ * file without a fingerprint is not checked), and token ids or stop tokens
+ * outside the model's vocabulary. */
 int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err);
 /* A metadata value of the conditions (format, mode, cfg_factor, pad_id,
  * pad_positions, requests, ...); NULL when absent. */
@@ -347,7 +349,9 @@ const char *hi3_cond_meta(const hi3_cond *c, const char *key);
 /* Rows per request: 1 for gen_text, 2 for gen_image (rows are ordered
  * cond_0 .. cond_{R-1}, uncond_0 .. uncond_{R-1}). */
 int hi3_cond_cfg_factor(const hi3_cond *c);
-/* Write conditions (built, merged or opened) atomically; "-" is stdout. */
+/* Write conditions (built, merged or opened) atomically; "-" is stdout.
+ * Built and merged conditions live in memory (st is NULL); every
+ * hi3_cond is released with hi3_cond_close. */
 int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err);
 /* Merge conditions of any B and L into one (row groups kept in order: all
  * cond rows, then all uncond rows). Inputs must agree on mode, template,
@@ -411,7 +415,9 @@ typedef struct hi3_cond_row {
 } hi3_cond_row;
 
 /* Encode request i (uncond: the classifier-free-guidance row, whose user
- * and assistant text become <cfg> tokens). Errors name FILE:LINE. */
+ * and assistant text become <cfg> tokens); a pre-tokenized request is
+ * taken verbatim. row->seed is left 0 (hi3_cond_build sets it). Errors
+ * name FILE:LINE. */
 int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, int uncond, hi3_cond_row *row,
                         hi3_error *err);
 void hi3_cond_row_release(hi3_cond_row *row);
