@@ -231,4 +231,12 @@ test_expect_success 'bad input: an unsupported tokenizer component is named' '
 	untouched out.st
 '
 
+test_expect_success '--tokenizer alone: the tokenizer_config.json beside it names bos, eos and pad' '
+	hi3 -q tokenize-concat --tokenizer small/tokenizer.json -o alone.st prompts.jsonl &&
+	mkdir -p bare && cp small/tokenizer.json bare/ &&
+	test_must_fail 3 hi3 tokenize-concat --tokenizer bare/tokenizer.json --pad-id 258 -o out.st prompts.jsonl 2>err &&
+	test_grep "prompts.jsonl:1: no begin-of-sequence token" err &&
+	untouched out.st
+'
+
 test_done
