@@ -10,5 +10,7 @@ DECLARE_CMD(replay)
 DECLARE_CMD(bench)
 DECLARE_CMD(inspect)
 DECLARE_CMD(diff)
+DECLARE_CMD(tokenize)
+DECLARE_CMD(tokenize_concat)
 
 #endif

@@ -25,6 +25,8 @@ static const struct cli_command commands[] = {
 	CMD("bench", bench, "measure bandwidth, GEMMs, prefill and decode side by side"),
 	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
 	CMD("diff", diff, "compare two safetensors files tensor by tensor"),
+	CMD("tokenize", tokenize, "text lines to token id arrays with a tokenizer.json, and back"),
+	CMD("tokenize-concat", tokenize_concat, "encode requests into a conditions file, or merge conditions"),
 };
 
 static int cmd_help(int argc, char **argv);

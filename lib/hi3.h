@@ -459,6 +459,11 @@ int64_t hi3_tok_id(const hi3_tok *t, const char *token);   /* -1 when absent */
 const char *hi3_tok_token(const hi3_tok *t, int64_t id);   /* NULL when absent */
 int64_t hi3_tok_vocab_size(const hi3_tok *t);              /* largest id + 1 */
 const char *hi3_tok_hash(const hi3_tok *t);                /* 16 hex digits of the file's bytes */
+/* The id of the token a tokenizer_config.json names under key (e.g.
+ * "bos_token", "eos_token"; a string or an object with "content"). The
+ * error names the file and the key when it is missing or unknown. */
+int hi3_tok_config_id(const hi3_tok *t, const char *config_path, const char *key, int64_t *id,
+                      hi3_error *err);
 
 /* ------------------------------------------------------------- conditions */
 
@@ -492,8 +497,99 @@ typedef struct hi3_cond {
 
 int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err);
 void hi3_cond_close(hi3_cond *c);
-/* Refuse conditions made for another model (both fingerprints named). */
+/* Refuse conditions made for another model (both fingerprints named; a
+ * file without a fingerprint is not checked), and token ids or stop tokens
+ * outside the model's vocabulary. */
 int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err);
+/* A metadata value of the conditions (format, mode, cfg_factor, pad_id,
+ * pad_positions, requests, ...); NULL when absent. */
+const char *hi3_cond_meta(const hi3_cond *c, const char *key);
+/* Rows per request: 1 for gen_text, 2 for gen_image (rows are ordered
+ * cond_0 .. cond_{R-1}, uncond_0 .. uncond_{R-1}). */
+int hi3_cond_cfg_factor(const hi3_cond *c);
+/* Write conditions (built, merged or opened) atomically; "-" is stdout.
+ * Built and merged conditions live in memory (st is NULL); every
+ * hi3_cond is released with hi3_cond_close. */
+int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err);
+/* Merge conditions of any B and L into one (row groups kept in order: all
+ * cond rows, then all uncond rows). Inputs must agree on mode, template,
+ * cfg_factor, pad id, tokenizer and model ("" agrees with anything); the
+ * error names both files and the field. Pads are rebuilt: input_ids get
+ * the pad id, position_ids continue each row's indices (pad_zero: 0, the
+ * upstream defect), rope_pos (t, t), masks 0. */
+int hi3_cond_concat(hi3_cond **out, const hi3_cond *const *in, int n, int pad_zero, hi3_error *err);
+
+/* Requests: one JSON object per line (hi3-tokenize-concat(1)). */
+typedef struct hi3_requests hi3_requests;
+
+/* Parse JSONL text; name is used in messages ("FILE:LINE: ..."). */
+int hi3_requests_parse(hi3_requests **out, const char *text, size_t len, const char *name, hi3_error *err);
+/* Read and parse a JSONL file ("-" reads standard input). */
+int hi3_requests_read(hi3_requests **out, const char *path, hi3_error *err);
+void hi3_requests_free(hi3_requests *r);
+int hi3_requests_count(const hi3_requests *r);
+/* 1 when some request has a prompt (needs the tokenizer and template). */
+int hi3_requests_need_tokenizer(const hi3_requests *r);
+
+/* The sequence template of SPEC 4 with what it needs: the tokenizer (only
+ * for requests with a prompt), special token ids looked up by name, the
+ * image settings of config.json and the pad id. */
+typedef struct hi3_template hi3_template;
+
+typedef struct hi3_template_opts {
+	const char *model_dir;     /* config.json, tokenizer_config.json, generation_config.json,
+	                            * tokenizer.json; NULL: none */
+	const char *tokenizer;     /* tokenizer.json to use instead of MODEL/tokenizer.json, or NULL */
+	int load_tokenizer;        /* 1: load the tokenizer (needed for prompts) */
+	int fingerprint;           /* 1: fingerprint the checkpoint in model_dir */
+	const char *name;          /* "pretrain" or "instruct"; NULL: generation_config.json's
+	                            * sequence_template, else "pretrain" */
+	int drop_think;            /* drop <think>...</think> sections of cot text */
+	int64_t pad_id;            /* >= 0: the pad id; -1: from tokenizer_config.json or config.json */
+} hi3_template_opts;
+
+int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error *err);
+void hi3_template_free(hi3_template *t);
+int64_t hi3_template_pad_id(const hi3_template *t);     /* -1 when unknown */
+const char *hi3_template_name(const hi3_template *t);  /* "pretrain" or "instruct" */
+const hi3_tok *hi3_template_tok(const hi3_template *t); /* NULL when not loaded */
+const char *hi3_template_fingerprint(const hi3_template *t); /* the model's, or "" */
+
+/* One encoded row, before padding: what the template gives for a request. */
+typedef struct hi3_cond_row {
+	int64_t n;                      /* tokens */
+	int64_t *ids;                   /* (n) */
+	int32_t *rope;                  /* (n, 2) RoPE (y, x) */
+	int n_blocks;
+	int32_t *blocks;                /* (n_blocks, 2) full-attention [start, stop) */
+	uint8_t *gen_image_mask;        /* (n) or NULL */
+	uint8_t *cond_vit_mask;         /* (n) or NULL */
+	uint8_t *cond_vae_mask;         /* (n) or NULL */
+	int n_ts;
+	int64_t *timestep_index;        /* (n_ts) positions of <timestep> tokens */
+	int n_stop;
+	int64_t *stop_tokens;           /* (n_stop) */
+	int64_t seed;
+} hi3_cond_row;
+
+/* Encode request i (uncond: the classifier-free-guidance row, whose user
+ * and assistant text become <cfg> tokens); a pre-tokenized request is
+ * taken verbatim. row->seed is left 0 (hi3_cond_build sets it). Errors
+ * name FILE:LINE. */
+int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, int uncond, hi3_cond_row *row,
+                        hi3_error *err);
+void hi3_cond_row_release(hi3_cond_row *row);
+
+typedef struct hi3_cond_build_opts {
+	int per_row;                    /* 1: each request alone into its own conditions, then merged */
+	int pad_zero;                   /* pad position_ids with 0 (the upstream defect) */
+	int64_t max_length;             /* > 0: refuse rows longer than this */
+	int64_t seed_base;              /* seed of a request without "seed": seed_base + its index */
+} hi3_cond_build_opts;
+
+/* Build the conditions of a batch of requests (SPEC 5.1, 7). */
+int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
+                   hi3_error *err);
 
 /* ------------------------------------------------------------------ tools */
 

@@ -29,7 +29,8 @@ for cmd in $commands; do
 		page="$SRCDIR/man/hi3-$cmd.1" &&
 		test -f "$page" &&
 		render "$page" | grep -q "^NAME" &&
-		hi3 "$cmd" --help | head -n 1 | sed "s/^usage: //" | tr -s " " >want &&
+		hi3 "$cmd" --help | sed -n "/^usage: /,/^$/p" | sed "/^$/d; s/^usage: //; s/^ *or: //" |
+			tr -s " \n" "  " | sed "s/ $//" >want && echo >>want &&
 		synopsis "$page" >got &&
 		test_cmp want got
 	'
