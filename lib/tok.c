@@ -45,7 +45,9 @@ static size_t table_size(size_t n)
 	return cap;
 }
 
-/* A string -> int32 map over strings kept NUL-terminated in one arena. */
+/* A string -> int32 map over strings kept NUL-terminated in one arena.
+ * A slot holds the upper 32 bits of the key's hash and entry index + 1, so
+ * most probes are settled without touching the entry. */
 struct strmap {
 	struct tok_buf text;
 	struct smentry {
@@ -53,7 +55,7 @@ struct strmap {
 		int32_t val;
 	} *ent;
 	size_t n, cap_ent;
-	uint32_t *slot;                 /* entry index + 1; 0 = empty */
+	uint64_t *slot;                 /* hash >> 32 << 32 | (index + 1); 0 = empty */
 	size_t mask;
 };
 
@@ -70,74 +72,85 @@ static const char *strmap_key(const struct strmap *m, size_t i)
 	return m->text.p + m->ent[i].off;
 }
 
-/* Index of the entry for s, or -1. */
-static ptrdiff_t strmap_find(const struct strmap *m, const char *s, size_t n)
+static ptrdiff_t strmap_find_h(const struct strmap *m, const char *s, size_t n, uint64_t h)
 {
+	uint64_t tag = h >> 32 << 32;
+
 	if (!m->slot)
 		return -1;
-	for (size_t h = hash_bytes(s, n) & m->mask;; h = (h + 1) & m->mask) {
-		uint32_t e = m->slot[h];
+	for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+		uint64_t e = m->slot[i];
 		if (!e)
 			return -1;
-		e--;
-		if (m->ent[e].len == n && !memcmp(m->text.p + m->ent[e].off, s, n))
-			return e;
+		if ((e >> 32 << 32) == tag) {
+			uint32_t k = (uint32_t)e - 1;
+			if (m->ent[k].len == n && !memcmp(m->text.p + m->ent[k].off, s, n))
+				return k;
+		}
 	}
 }
 
-static int strmap_grow(struct strmap *m, hi3_error *err)
+/* Index of the entry for s, or -1. */
+static ptrdiff_t strmap_find(const struct strmap *m, const char *s, size_t n)
 {
-	size_t cap = table_size(m->n + 1);
-	uint32_t *slot;
+	return strmap_find_h(m, s, n, hash_bytes(s, n));
+}
 
+/* Make room for count entries with text_bytes of keys in all. */
+static int strmap_reserve(struct strmap *m, size_t count, size_t text_bytes, hi3_error *err)
+{
+	size_t cap = table_size(count);
+
+	if (count > m->cap_ent) {
+		struct smentry *v = realloc(m->ent, count * sizeof(*v));
+		if (!v)
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
+		m->ent = v;
+		m->cap_ent = count;
+	}
+	if (hi3i_tok_buf_reserve(&m->text, text_bytes, err))
+		return -1;
 	if (m->slot && cap <= m->mask + 1)
 		return 0;
-	slot = calloc(cap, sizeof(*slot));
-	if (!slot)
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-	for (size_t i = 0; i < m->n; i++) {
-		size_t h = hash_bytes(strmap_key(m, i), m->ent[i].len) & (cap - 1);
-		while (slot[h])
-			h = (h + 1) & (cap - 1);
-		slot[h] = (uint32_t)i + 1;
-	}
 	free(m->slot);
-	m->slot = slot;
+	m->slot = calloc(cap, sizeof(*m->slot));
+	if (!m->slot)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
 	m->mask = cap - 1;
+	for (size_t k = 0; k < m->n; k++) {
+		uint64_t h = hash_bytes(strmap_key(m, k), m->ent[k].len);
+		size_t i = h & m->mask;
+		while (m->slot[i])
+			i = (i + 1) & m->mask;
+		m->slot[i] = (h >> 32 << 32) | (k + 1);
+	}
 	return 0;
 }
 
 /* Set s -> val (a later value replaces an earlier one, as in a JSON object). */
 static int strmap_put(struct strmap *m, const char *s, size_t n, int32_t val, hi3_error *err)
 {
-	ptrdiff_t e = strmap_find(m, s, n);
-	size_t h;
+	uint64_t h = hash_bytes(s, n);
+	ptrdiff_t e = strmap_find_h(m, s, n, h);
+	size_t i;
 
 	if (e >= 0) {
 		m->ent[e].val = val;
 		return 0;
 	}
-	if (n >= UINT32_MAX || m->text.n + n + 1 >= UINT32_MAX)
+	if (n >= UINT32_MAX / 2 || m->text.n + n + 1 >= UINT32_MAX || m->n + 1 >= UINT32_MAX / 2)
 		return hi3_error_set(err, HI3_ERR_INPUT, "tokenizer: vocabulary too large");
-	if (m->n == m->cap_ent) {
-		size_t cap = m->cap_ent ? m->cap_ent * 2 : 256;
-		struct smentry *v = realloc(m->ent, cap * sizeof(*v));
-		if (!v)
-			return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-		m->ent = v;
-		m->cap_ent = cap;
-	}
-	if (strmap_grow(m, err))
+	if ((m->n + 1 > m->cap_ent || table_size(m->n + 1) > (m->slot ? m->mask + 1 : 0)) &&
+	    strmap_reserve(m, HI3_MAX(2 * m->n, 256), 0, err))
 		return -1;
 	m->ent[m->n].off = (uint32_t)m->text.n;
 	m->ent[m->n].len = (uint32_t)n;
 	m->ent[m->n].val = val;
 	if (hi3i_tok_buf_add(&m->text, s, n, err) || hi3i_tok_buf_add(&m->text, "", 1, err))
 		return -1;
-	h = hash_bytes(s, n) & m->mask;
-	while (m->slot[h])
-		h = (h + 1) & m->mask;
-	m->slot[h] = (uint32_t)m->n + 1;
+	for (i = h & m->mask; m->slot[i]; i = (i + 1) & m->mask)
+		;
+	m->slot[i] = (h >> 32 << 32) | (m->n + 1);
 	m->n++;
 	return 0;
 }
@@ -257,26 +270,38 @@ static int bad(hi3_error *err, const char *path, const char *what)
 	return hi3_error_set(err, HI3_ERR_INPUT, "%s: %s", path, what);
 }
 
-static int load_vocab(hi3_tok *t, json_t *vocab, const char *path, hi3_error *err)
+static int load_vocab(hi3_tok *t, const char *text, const struct tok_jspan *sp, const char *path, hi3_error *err)
 {
+	struct tok_jiter it;
 	const char *key;
 	size_t klen;
-	json_t *v;
-	int64_t max_id = -1;
+	int64_t id, max_id = -1;
+	int r;
 
-	if (!json_is_object(vocab))
+	if (!sp->found)
+		return bad(err, path, "model 'BPE': no \"vocab\"");
+	if (hi3i_tok_json_iter(&it, text, sp, '{', path, err))
 		return bad(err, path, "model 'BPE': \"vocab\" is not an object");
-	json_object_keylen_foreach(vocab, key, klen, v) {
-		json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-		if (id < 0 || id > INT32_MAX - 1)
-			return hi3_error_set(err, HI3_ERR_INPUT, "%s: model 'BPE': vocab entry '%s' has no valid id", path,
-			                     key);
+	if (strmap_reserve(&t->vocab, sp->count + 1, sp->end - sp->start, err))
+		goto fail;
+	while ((r = hi3i_tok_json_next_entry(&it, &key, &klen, &id, err)) == 1) {
+		if (id < 0 || id > INT32_MAX - 1) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: model 'BPE': vocab entry '%.*s' has no valid id", path,
+			              (int)HI3_MIN(klen, 200), key);
+			goto fail;
+		}
 		if (strmap_put(&t->vocab, key, klen, (int32_t)id, err))
-			return -1;
-		max_id = HI3_MAX(max_id, (int64_t)id);
+			goto fail;
+		max_id = HI3_MAX(max_id, id);
 	}
+	if (r < 0)
+		goto fail;
+	hi3i_tok_json_iter_release(&it);
 	t->n_ids = max_id + 1;
 	return 0;
+fail:
+	hi3i_tok_json_iter_release(&it);
+	return -1;
 }
 
 /* Make the id -> string tables once all ids are known. */
@@ -305,37 +330,41 @@ static int vocab_id(const hi3_tok *t, const char *s, size_t n)
 	return e < 0 ? -1 : t->vocab.ent[e].val;
 }
 
-static int load_merges(hi3_tok *t, json_t *merges, const char *path, hi3_error *err)
+static int load_merges(hi3_tok *t, const char *text, const struct tok_jspan *sp, const char *path,
+                       hi3_error *err)
 {
 	struct tok_buf joined = {0};
-	int rc = -1;
+	struct tok_jiter it;
+	const char *a, *b;
+	size_t na, nb;
+	int r, rc = -1;
 
-	if (!json_is_array(merges))
+	if (!sp->found)
+		return bad(err, path, "model 'BPE': no \"merges\"");
+	if (hi3i_tok_json_iter(&it, text, sp, '[', path, err))
 		return bad(err, path, "model 'BPE': \"merges\" is not a list");
-	if (pairmap_init(&t->merges, json_array_size(merges), err))
-		return -1;
-	for (size_t i = 0; i < json_array_size(merges); i++) {
-		json_t *m = json_array_get(merges, i);
-		const char *a, *b;
-		size_t na, nb;
+	if (pairmap_init(&t->merges, sp->count, err))
+		goto out;
+	for (size_t i = 0; (r = hi3i_tok_json_next_merge(&it, &a, &na, &b, &nb, err)) != 0; i++) {
 		int ia, ib, im;
 
-		if (json_is_string(m)) {
-			const char *s = json_string_value(m), *sp = memchr(s, ' ', json_string_length(m));
-			if (!sp || memchr(sp + 1, ' ', json_string_length(m) - (size_t)(sp + 1 - s))) {
-				hi3_error_set(err, HI3_ERR_INPUT, "%s: model 'BPE': merge %zu ('%s') is not two tokens "
-				              "separated by one space", path, i + 1, s);
-				goto out;
-			}
-			a = s, na = (size_t)(sp - s), b = sp + 1, nb = json_string_length(m) - na - 1;
-		} else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
-		           json_is_string(json_array_get(m, 1))) {
-			a = json_string_value(json_array_get(m, 0)), na = json_string_length(json_array_get(m, 0));
-			b = json_string_value(json_array_get(m, 1)), nb = json_string_length(json_array_get(m, 1));
-		} else {
+		if (r < 0)
+			goto out;
+		if (r == 2) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: model 'BPE': merge %zu is neither \"a b\" nor [a, b]", path,
 			              i + 1);
 			goto out;
+		}
+		if (!b) {   /* "a b" */
+			const char *sp1 = memchr(a, ' ', na);
+			if (!sp1 || memchr(sp1 + 1, ' ', na - (size_t)(sp1 + 1 - a))) {
+				hi3_error_set(err, HI3_ERR_INPUT, "%s: model 'BPE': merge %zu ('%.*s') is not two tokens "
+				              "separated by one space", path, i + 1, (int)HI3_MIN(na, 200), a);
+				goto out;
+			}
+			b = sp1 + 1;
+			nb = na - (size_t)(b - a);
+			na = (size_t)(sp1 - a);
 		}
 		if (nb < t->prefix_len) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: model 'BPE': merge %zu: '%.*s' is shorter than the "
@@ -360,6 +389,7 @@ static int load_merges(hi3_tok *t, json_t *merges, const char *path, hi3_error *
 	}
 	rc = 0;
 out:
+	hi3i_tok_json_iter_release(&it);
 	free(joined.p);
 	return rc;
 }
@@ -382,7 +412,8 @@ static int opt_string(json_t *model, const char *key, char **out, size_t *len, c
 	return 0;
 }
 
-static int load_model(hi3_tok *t, json_t *model, const char *path, hi3_error *err)
+static int load_model(hi3_tok *t, json_t *model, const char *text, const struct tok_jspan *vocab,
+                      const struct tok_jspan *merges, const char *path, hi3_error *err)
 {
 	const char *type;
 	json_t *v;
@@ -410,8 +441,7 @@ static int load_model(hi3_tok *t, json_t *model, const char *path, hi3_error *er
 	    opt_string(model, "end_of_word_suffix", &t->suffix, &t->suffix_len, path, err) ||
 	    opt_string(model, "unk_token", &unk, &unk_len, path, err))
 		goto out;
-	if (load_vocab(t, json_object_get(model, "vocab"), path, err) ||
-	    load_merges(t, json_object_get(model, "merges"), path, err))
+	if (load_vocab(t, text, vocab, path, err) || load_merges(t, text, merges, path, err))
 		goto out;
 	t->unk_id = -1;
 	if (unk) {
@@ -563,10 +593,11 @@ out:
 int hi3_tok_load(hi3_tok **out, const char *path, hi3_error *err)
 {
 	hi3_tok *t = NULL;
-	char *text = NULL;
+	char *text = NULL, *rest = NULL;
 	size_t len = 0;
 	json_t *root = NULL;
 	json_error_t jerr;
+	struct tok_jspan vocab, merges;
 	int rc = -1;
 
 	*out = NULL;
@@ -579,7 +610,23 @@ int hi3_tok_load(hi3_tok **out, const char *path, hi3_error *err)
 	}
 	pthread_mutex_init(&t->cache.lock, NULL);
 	snprintf(t->hash, sizeof(t->hash), "%016llx", (unsigned long long)hi3i_hash(HI3_HASH_INIT, text, len));
-	root = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);
+	/* vocab and merges are read from the text; jansson gets the rest */
+	if (hi3i_tok_json_find_model(text, len, &vocab, &merges, path, err)) {
+		root = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);   /* for its error message */
+		if (!root)
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: line %d column %d: %s", path, jerr.line, jerr.column,
+			              jerr.text);
+		goto out;
+	}
+	rest = malloc(len + 1);
+	if (!rest) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
+		goto out;
+	}
+	memcpy(rest, text, len + 1);
+	hi3i_tok_json_blank(rest, &vocab);
+	hi3i_tok_json_blank(rest, &merges);
+	root = json_loadb(rest, len, JSON_ALLOW_NUL, &jerr);
 	if (!root) {
 		hi3_error_set(err, HI3_ERR_INPUT, "%s: line %d column %d: %s", path, jerr.line, jerr.column, jerr.text);
 		goto out;
@@ -588,7 +635,7 @@ int hi3_tok_load(hi3_tok **out, const char *path, hi3_error *err)
 		bad(err, path, "not a JSON object");
 		goto out;
 	}
-	if (load_model(t, json_object_get(root, "model"), path, err) ||
+	if (load_model(t, json_object_get(root, "model"), text, &vocab, &merges, path, err) ||
 	    hi3i_tok_norm_parse(&t->norm, json_object_get(root, "normalizer"), path, err) ||
 	    hi3i_tok_pre_parse(&t->pre, json_object_get(root, "pre_tokenizer"), path, err) ||
 	    load_decoder(t, json_object_get(root, "decoder"), path, err) ||
@@ -601,6 +648,7 @@ int hi3_tok_load(hi3_tok **out, const char *path, hi3_error *err)
 out:
 	json_decref(root);
 	free(text);
+	free(rest);
 	hi3_tok_free(t);
 	return rc;
 }

@@ -114,6 +114,38 @@ int hi3i_tok_pre_parse(struct tok_pre **out, json_t *js, const char *path, hi3_e
 void hi3i_tok_pre_free(struct tok_pre *pt);
 int hi3i_tok_pre_apply(const struct tok_pre *pt, struct tok_work *w, hi3_error *err);
 
+/* Fast reading of model.vocab and model.merges (tok-json.c). */
+struct tok_jspan {
+	size_t start, end;               /* the value's bytes */
+	size_t count;                    /* members or elements */
+	int found;
+};
+
+struct tok_jiter {
+	const char *s, *path;
+	size_t i, end, n;
+	int done;
+	struct tok_buf a, b;             /* decoded strings with escapes */
+};
+
+/* Locate the two members; -1 (err: line and column) when the text is not
+ * well-formed around them. Absent members have found == 0. */
+int hi3i_tok_json_find_model(const char *s, size_t n, struct tok_jspan *vocab, struct tok_jspan *merges,
+                             const char *path, hi3_error *err);
+/* Replace a located object or array by {} or [] (newlines kept). */
+void hi3i_tok_json_blank(char *s, const struct tok_jspan *sp);
+/* Iterate over an object (open '{') or array ('['); -1 if the span is not one. */
+int hi3i_tok_json_iter(struct tok_jiter *it, const char *s, const struct tok_jspan *sp, char open, const char *path,
+                       hi3_error *err);
+void hi3i_tok_json_iter_release(struct tok_jiter *it);
+/* Next "key": integer member (val -1 when not a non-negative integer):
+ * 1, 0 at the end, -1 on error. Key and value may point into the iterator. */
+int hi3i_tok_json_next_entry(struct tok_jiter *it, const char **key, size_t *klen, int64_t *val, hi3_error *err);
+/* Next merge: a string (b NULL) or a pair of strings: 1, 0 at the end, 2 when
+ * the element is neither, -1 on error. */
+int hi3i_tok_json_next_merge(struct tok_jiter *it, const char **a, size_t *na, const char **b, size_t *nb,
+                             hi3_error *err);
+
 /* Read a boolean field that may be absent (then def). -1 if present but not
  * a boolean. */
 int hi3i_tok_json_bool(json_t *obj, const char *key, int def);

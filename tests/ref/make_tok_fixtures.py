@@ -23,12 +23,14 @@ tests/fixtures/tok/:
 
 Usage: HI3=bin/hi3 make_tok_fixtures.py --out tests/fixtures
 """
+import os
+os.environ.setdefault("RAYON_NUM_THREADS", "1")   # deterministic training
 import argparse
 import glob
 import gzip
 import json
-import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -192,7 +194,7 @@ def added(tid, content, special=False, lstrip=False, rstrip=False, single_word=F
             "normalized": (not special) if normalized is None else normalized, "special": special}
 
 
-def extras(mini_model, files):
+def extras(mini_model, files, out_dir):
     """Small tokenizers exercising the other components; all share the mini model."""
     n = len(mini_model["vocab"])
     out = {}
@@ -245,14 +247,26 @@ def extras(mini_model, files):
         split(r"(?i)[^\s\w]{2,}", "MergedWithNext"), BL_PLAIN]})
     out["regex-onig"] = t
 
-    # a char-level (not byte-level) BPE with unk, prefixes and no decoder
-    tok = Tokenizer(models.BPE(unk_token="[UNK]", fuse_unk=True, continuing_subword_prefix="##",
-                               end_of_word_suffix="</w>"))
-    tok.pre_tokenizer = pt.Split(Regex(r"\w+|[^\w\s]+"), "isolated")
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["[UNK]", "<|endoftext|>"], show_progress=False,
-                                  limit_alphabet=60, continuing_subword_prefix="##", end_of_word_suffix="</w>")
-    tok.train(files, trainer)
-    out["unk-prefix-nodecoder"] = json.loads(tok.to_str())
+    # a char-level (not byte-level) BPE with unk, prefixes and no decoder,
+    # trained on ASCII letters only: everything else is unknown. The trainer
+    # orders the prefixed alphabet differently from run to run, so a committed
+    # copy is kept.
+    kept = os.path.join(out_dir, "unk-prefix-nodecoder.json")
+    if os.path.exists(kept):
+        with open(kept, encoding="utf-8") as f:
+            out["unk-prefix-nodecoder"] = json.load(f)
+    else:
+        tok = Tokenizer(models.BPE(unk_token="[UNK]", fuse_unk=True, continuing_subword_prefix="##",
+                                   end_of_word_suffix="</w>"))
+        tok.pre_tokenizer = pt.Split(Regex(r"\w+|[^\w\s]+"), "isolated")
+        trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["[UNK]", "<|endoftext|>"],
+                                      show_progress=False, continuing_subword_prefix="##", end_of_word_suffix="</w>")
+        letters = []
+        for path in files:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                letters.append(re.sub(r"[^A-Za-z.,;'\s]", "", f.read()))
+        tok.train_from_iterator(letters, trainer)
+        out["unk-prefix-nodecoder"] = json.loads(tok.to_str())
 
     t = with_model(mini_model, pre_tokenizer={"type": "Sequence", "pretokenizers": [split(GPT4_SPLIT, "Isolated"),
                                                                                      BL_PLAIN]})
@@ -324,9 +338,12 @@ def decode_rows(tok, rnd, count=150):
 
 
 def write_jsonl(path, rows):
+    """Compact JSON lines; \\u escapes in upper case, as jansson writes them
+    (so that `hi3 tokenize --decode` output compares byte for byte)."""
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
+            line = json.dumps(r, ensure_ascii=False, separators=(",", ":"))
+            f.write(re.sub(r"\\u([0-9a-f]{4})", lambda m: "\\u" + m.group(1).upper(), line) + "\n")
 
 
 def main():
@@ -352,7 +369,7 @@ def main():
         toks["bpe"] = bpe
         mini = byte_level_bpe(files, 600, [], gpt4_pre())
         mini_model = json.loads(mini.to_str())["model"]
-        for name, d in extras(mini_model, files).items():
+        for name, d in extras(mini_model, files, out).items():
             toks[name] = load_json_tok(d)
             js_all = d
             with open(os.path.join(out, name + ".json"), "w", encoding="utf-8") as f:
