@@ -697,6 +697,53 @@ fail:
 	return -1;
 }
 
+int hi3_cond_select(hi3_cond **out, const hi3_cond *c, const int *rows, int n, int min_L, hi3_error *err)
+{
+	struct cond_impl *ci;
+	struct rowview *v = NULL;
+	int has_mask[3] = {c->gen_image_mask != NULL, c->cond_vit_mask != NULL, c->cond_vae_mask != NULL};
+	int pad_zero = !strcmp(hi3_cond_meta(c, "pad_positions"), "zero");
+
+	*out = NULL;
+	if (n < 1)
+		return hi3_error_set(err, HI3_ERR_USAGE, "no rows selected");
+	for (int i = 0; i < n; i++)
+		if (rows[i] < 0 || rows[i] >= c->B)
+			return hi3_error_set(err, HI3_ERR_USAGE, "%s: row %d selected of %d", impl(c)->name, rows[i], c->B);
+	if (!(ci = cond_new(impl(c)->name, err)))
+		return -1;
+	if (concat_meta(ci, &c, 1, pad_zero, err) != 0 || !(v = hi3i_calloc((size_t)n, sizeof(*v), err)))
+		goto fail;
+	if (impl(c)->cfg_factor == 1) {
+		/* the selected rows' requests */
+		json_t *all = json_loads(c->requests, 0, NULL), *sel = json_array();
+		char *text;
+		for (int i = 0; all && i < n; i++)
+			json_array_append(sel, json_array_get(all, (size_t)rows[i]));
+		text = json_dumps(sel, JSON_COMPACT | JSON_ENSURE_ASCII);
+		json_decref(all);
+		json_decref(sel);
+		if (!text || set_meta(ci, "requests", text, err) != 0) {
+			free(text);
+			goto fail;
+		}
+		free(text);
+	}
+	for (int i = 0; i < n; i++)
+		view_of_cond(c, rows[i], &v[i]);
+	if (cond_from_views(ci, v, n, HI3_MAX(min_L, 1), has_mask, c->pad_id, pad_zero, err) != 0)
+		goto fail;
+	ci->cfg_factor = impl(c)->cfg_factor;
+	bind_meta(ci);
+	free(v);
+	*out = &ci->c;
+	return 0;
+fail:
+	free(v);
+	hi3_cond_close(&ci->c);
+	return -1;
+}
+
 /* ----------------------------------------------------------------- build */
 
 void hi3_cond_row_release(hi3_cond_row *r)

@@ -211,6 +211,8 @@ int hi3_init_model(const char *dir, const hi3_init_opts *opts, hi3_error *err);
 
 typedef struct hi3_model hi3_model;
 typedef struct hi3_cond hi3_cond;      /* conditions, below */
+typedef struct hi3_template hi3_template;
+typedef struct hi3_requests hi3_requests;
 
 typedef struct hi3_model_opts {
 	const char *backend;     /* "cpu" (default) or "cuda" */
@@ -417,6 +419,60 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
                hi3_replay_report *rep, hi3_error *err);
 void hi3_replay_report_release(hi3_replay_report *rep);
 
+/* ----------------------------------------------------------------- parity */
+
+enum hi3_ablation {
+	HI3_ABLATE_NONE = 0,
+	HI3_ABLATE_DECODE_MASK,       /* decode attends every cache slot */
+	HI3_ABLATE_TOKEN_PLACEMENT,   /* new tokens appended at the padded tail */
+	HI3_ABLATE_POS_PAD,           /* pads get position id 0 */
+};
+
+typedef struct hi3_parity_opts {
+	const char *workdir;          /* every stage file goes here, and stays */
+	const int64_t *steps;         /* decode steps of each case */
+	int n_steps;
+	int greedy, sampled;          /* run greedy, and seeded sampling with `sampler` */
+	hi3_sampler sampler;
+	int64_t seed_base;            /* seed of a request without "seed": seed_base + index */
+	int ablate;                   /* enum hi3_ablation, applied to the batched runs only */
+	int pad_to;                   /* pad the batched constructions to at least this many columns */
+	hi3_dtype kv_dtype;
+	double tol;                   /* a case passes with equal tokens and max |d| <= tol */
+	hi3_progress_fn progress;
+	void *progress_ctx;
+} hi3_parity_opts;
+
+typedef struct hi3_parity_row {
+	int row;
+	int64_t n;                    /* its true prompt length */
+	int tokens_equal;
+	int64_t first_diff;           /* first differing token, -1 when none */
+	int64_t len_batched, len_alone;
+	double logp_max;              /* over the tokens both runs produced */
+	double kv_max, kv_slot0_max, kv_rest_max;  /* prefill K/V over slots [0, n) */
+} hi3_parity_row;
+
+typedef struct hi3_parity_case {
+	const char *construction;     /* "batch", "per-row+concat", "padded B=1" */
+	int sampled, steps, L, pass, tokens_equal;
+	double logp_max, kv_max, kv_slot0_max, kv_rest_max;
+	int n_rows;
+	hi3_parity_row *rows;
+} hi3_parity_case;
+
+typedef struct hi3_parity_report {
+	int B, n, pass;               /* pass: every case as expected (broken under an ablation) */
+	int64_t *real_pos;            /* (B) */
+	hi3_parity_case *cases;
+} hi3_parity_report;
+
+int hi3_parity(hi3_model *m, const hi3_template *t, const hi3_requests *rq, const hi3_parity_opts *o,
+               hi3_parity_report *rep, hi3_error *err);
+void hi3_parity_report_release(hi3_parity_report *rep);
+const char *hi3_parity_ablation_name(int ablation);
+int hi3_parity_ablation_parse(const char *name);   /* -1 when unknown */
+
 /* ------------------------------------------------------------------ bench */
 
 typedef struct hi3_bench_model_result {
@@ -519,6 +575,11 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err);
  * upstream defect), rope_pos (t, t), masks 0. */
 int hi3_cond_concat(hi3_cond **out, const hi3_cond *const *in, int n, int pad_zero, hi3_error *err);
 
+/* The given rows of c, in that order, right padded to the longest of them
+ * or min_L columns: one row with min_L 0 is that row alone, unpadded;
+ * with min_L = c->L it is a right-padded B = 1. Pads follow c's
+ * pad_positions. */
+int hi3_cond_select(hi3_cond **out, const hi3_cond *c, const int *rows, int n, int min_L, hi3_error *err);
 /* Requests: one JSON object per line (hi3-tokenize-concat(1)). */
 typedef struct hi3_requests hi3_requests;
 
