@@ -14,6 +14,7 @@
  * it is not fed, written or computed again (5.7).
  */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -125,6 +126,27 @@ out:
 	free(crow);
 	free(logits);
 	return rc;
+}
+
+/*
+ * Fault injection for the crash tests: HI3_TEST_KILL_AT=S:R makes the
+ * process kill itself with SIGKILL during step S of this call, after the
+ * step's payload is written and R rows are committed (R = 0: before any).
+ */
+static void test_kill_point(int64_t step, int committed)
+{
+	static int parsed;
+	static long long at_step = -1, at_rows = 0;
+	const char *v;
+
+	if (!parsed) {
+		parsed = 1;
+		v = getenv("HI3_TEST_KILL_AT");
+		if (v && sscanf(v, "%lld:%lld", &at_step, &at_rows) < 1)
+			at_step = -1;
+	}
+	if (at_step == step && at_rows == committed)
+		raise(SIGKILL);
 }
 
 static int is_stop(const hi3_cond *c, const hi3_decode_opts *o, int row, int64_t tok)
@@ -342,11 +364,15 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 		}
 		if (!o->no_fsync && hi3i_kv_flush(&kv, err) != 0)
 			goto out;
-		for (int i = 0; i < B; i++) {
-			if (kv.finished[i] || kv.gen_len[i] >= limit)
-				continue;
-			hi3i_kv_commit(&kv, i, kv.gen_len[i] + 1, stop_now[i]);
-			stats->tokens++;
+		{
+			int committed = 0;
+			for (int i = 0; i < B; i++) {
+				if (kv.finished[i] || kv.gen_len[i] >= limit)
+					continue;
+				test_kill_point(step, committed++);
+				hi3i_kv_commit(&kv, i, kv.gen_len[i] + 1, stop_now[i]);
+				stats->tokens++;
+			}
 		}
 		if (!o->no_fsync && hi3i_kv_flush(&kv, err) != 0)
 			goto out;
