@@ -44,14 +44,7 @@ int hi3i_tok_buf_add(struct tok_buf *b, const void *data, size_t n, hi3_error *e
 
 int hi3i_tok_spans_add(struct tok_spans *s, size_t off, size_t len, hi3_error *err)
 {
-	if (s->n == s->cap) {
-		size_t cap = s->cap ? s->cap * 2 : 64;
-		struct tok_span *v = realloc(s->v, cap * sizeof(*v));
-		if (!v)
-			return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-		s->v = v;
-		s->cap = cap;
-	}
+	TOK_GROW(s->v, s->n, s->cap, err, return -1);
 	s->v[s->n].off = off;
 	s->v[s->n].len = len;
 	s->n++;
@@ -60,14 +53,7 @@ int hi3i_tok_spans_add(struct tok_spans *s, size_t off, size_t len, hi3_error *e
 
 static int ranges_add(struct tok_work *w, size_t start, size_t end, int match, hi3_error *err)
 {
-	if (w->n_ranges == w->cap_ranges) {
-		size_t cap = w->cap_ranges ? w->cap_ranges * 2 : 64;
-		struct tok_range *v = realloc(w->ranges, cap * sizeof(*v));
-		if (!v)
-			return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-		w->ranges = v;
-		w->cap_ranges = cap;
-	}
+	TOK_GROW(w->ranges, w->n_ranges, w->cap_ranges, err, return -1);
 	w->ranges[w->n_ranges].start = start;
 	w->ranges[w->n_ranges].end = end;
 	w->ranges[w->n_ranges].match = match;
@@ -690,7 +676,7 @@ enum norm_type { NORM_SEQUENCE, NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_L
 
 struct tok_norm {
 	enum norm_type type;
-	struct tok_norm **kids;     /* Sequence */
+	void **kids;                /* Sequence: struct tok_norm * */
 	size_t n_kids;
 	char *text;                 /* Prepend: the prefix; Replace: the content */
 	size_t text_len;
@@ -703,7 +689,7 @@ void hi3i_tok_norm_free(struct tok_norm *nm)
 	if (!nm)
 		return;
 	for (size_t i = 0; i < nm->n_kids; i++)
-		hi3i_tok_norm_free(nm->kids[i]);
+		hi3i_tok_norm_free((struct tok_norm *)nm->kids[i]);
 	free(nm->kids);
 	free(nm->text);
 	hi3i_tok_re_release(&nm->re);
@@ -745,6 +731,43 @@ static const char *type_of(json_t *js)
 	return json_is_string(t) ? json_string_value(t) : NULL;
 }
 
+/* The components of a Sequence (a list under key), each parsed by one(). */
+static int parse_seq(json_t *js, const char *key, const char *what, const char *path, void ***kids, size_t *n,
+                     int (*one)(void **, json_t *, const char *, hi3_error *), hi3_error *err)
+{
+	json_t *list = json_object_get(js, key);
+
+	if (!json_is_array(list))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: %s 'Sequence' without a \"%s\" list", path, what, key);
+	*kids = calloc(json_array_size(list) + 1, sizeof(**kids));
+	if (!*kids)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
+	for (size_t k = 0; k < json_array_size(list); k++) {
+		if (one(&(*kids)[k], json_array_get(list, k), path, err))
+			return -1;
+		*n = k + 1;
+	}
+	return 0;
+}
+
+static int norm_one(void **out, json_t *js, const char *path, hi3_error *err)
+{
+	struct tok_norm *nm = NULL;
+	int rc = hi3i_tok_norm_parse(&nm, js, path, err);
+
+	*out = nm;
+	return rc;
+}
+
+static int pre_one(void **out, json_t *js, const char *path, hi3_error *err)
+{
+	struct tok_pre *pt = NULL;
+	int rc = hi3i_tok_pre_parse(&pt, js, path, err);
+
+	*out = pt;
+	return rc;
+}
+
 int hi3i_tok_norm_parse(struct tok_norm **out, json_t *js, const char *path, hi3_error *err)
 {
 	static const struct { const char *name; enum norm_type type; } types[] = {
@@ -772,24 +795,10 @@ int hi3i_tok_norm_parse(struct tok_norm **out, json_t *js, const char *path, hi3
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
 	nm->type = types[i].type;
 	switch (nm->type) {
-	case NORM_SEQUENCE: {
-		json_t *list = json_object_get(js, "normalizers");
-		if (!json_is_array(list)) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: normalizer 'Sequence' without a \"normalizers\" list", path);
+	case NORM_SEQUENCE:
+		if (parse_seq(js, "normalizers", "normalizer", path, &nm->kids, &nm->n_kids, norm_one, err))
 			goto fail;
-		}
-		nm->kids = calloc(json_array_size(list) + 1, sizeof(*nm->kids));
-		if (!nm->kids) {
-			hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-			goto fail;
-		}
-		for (size_t k = 0; k < json_array_size(list); k++) {
-			if (hi3i_tok_norm_parse(&nm->kids[k], json_array_get(list, k), path, err))
-				goto fail;
-			nm->n_kids = k + 1;
-		}
 		break;
-	}
 	case NORM_PREPEND:
 	case NORM_REPLACE: {
 		json_t *v = json_object_get(js, nm->type == NORM_PREPEND ? "prepend" : "content");
@@ -854,7 +863,7 @@ int hi3i_tok_norm_apply(const struct tok_norm *nm, struct tok_work *w, struct to
 	switch (nm->type) {
 	case NORM_SEQUENCE:
 		for (size_t k = 0; k < nm->n_kids; k++)
-			if (hi3i_tok_norm_apply(nm->kids[k], w, in, &in, err))
+			if (hi3i_tok_norm_apply((const struct tok_norm *)nm->kids[k], w, in, &in, err))
 				return -1;
 		*out = in;
 		return 0;
@@ -947,7 +956,7 @@ enum pre_type { PRE_SEQUENCE, PRE_SPLIT, PRE_BYTELEVEL, PRE_DIGITS };
 
 struct tok_pre {
 	enum pre_type type;
-	struct tok_pre **kids;          /* Sequence */
+	void **kids;                    /* Sequence: struct tok_pre * */
 	size_t n_kids;
 	struct tok_re re;               /* Split; ByteLevel with use_regex */
 	enum tok_split_behavior behavior;
@@ -965,7 +974,7 @@ void hi3i_tok_pre_free(struct tok_pre *pt)
 	if (!pt)
 		return;
 	for (size_t i = 0; i < pt->n_kids; i++)
-		hi3i_tok_pre_free(pt->kids[i]);
+		hi3i_tok_pre_free((struct tok_pre *)pt->kids[i]);
 	free(pt->kids);
 	hi3i_tok_re_release(&pt->re);
 	free(pt);
@@ -999,23 +1008,9 @@ int hi3i_tok_pre_parse(struct tok_pre **out, json_t *js, const char *path, hi3_e
 	if (!pt)
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
 	if (!strcmp(type, "Sequence")) {
-		json_t *list = json_object_get(js, "pretokenizers");
 		pt->type = PRE_SEQUENCE;
-		if (!json_is_array(list)) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: pre_tokenizer 'Sequence' without a \"pretokenizers\" list",
-			              path);
+		if (parse_seq(js, "pretokenizers", "pre_tokenizer", path, &pt->kids, &pt->n_kids, pre_one, err))
 			goto fail;
-		}
-		pt->kids = calloc(json_array_size(list) + 1, sizeof(*pt->kids));
-		if (!pt->kids) {
-			hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-			goto fail;
-		}
-		for (size_t k = 0; k < json_array_size(list); k++) {
-			if (hi3i_tok_pre_parse(&pt->kids[k], json_array_get(list, k), path, err))
-				goto fail;
-			pt->n_kids = k + 1;
-		}
 	} else if (!strcmp(type, "Split")) {
 		json_t *bh = json_object_get(js, "behavior");
 		pt->type = PRE_SPLIT;
@@ -1106,7 +1101,7 @@ int hi3i_tok_pre_apply(const struct tok_pre *pt, struct tok_work *w, hi3_error *
 
 	if (pt->type == PRE_SEQUENCE) {
 		for (size_t k = 0; k < pt->n_kids; k++)
-			if (hi3i_tok_pre_apply(pt->kids[k], w, err))
+			if (hi3i_tok_pre_apply((const struct tok_pre *)pt->kids[k], w, err))
 				return -1;
 		return 0;
 	}

@@ -699,14 +699,7 @@ struct ids {
 
 static int ids_add(struct ids *o, int64_t id, hi3_error *err)
 {
-	if (o->n == o->cap) {
-		size_t cap = o->cap ? o->cap * 2 : 256;
-		int64_t *v = realloc(o->v, cap * sizeof(*v));
-		if (!v)
-			return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-		o->v = v;
-		o->cap = cap;
-	}
+	TOK_GROW(o->v, o->n, o->cap, err, return -1);
 	o->v[o->n++] = id;
 	return 0;
 }
@@ -737,14 +730,7 @@ static int heap_push(struct heap *h, uint32_t rank, uint32_t pos, uint32_t id, h
 {
 	size_t i;
 
-	if (h->n == h->cap) {
-		size_t cap = h->cap ? h->cap * 2 : 64;
-		struct merge *v = realloc(h->v, cap * sizeof(*v));
-		if (!v)
-			return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-		h->v = v;
-		h->cap = cap;
-	}
+	TOK_GROW(h->v, h->n, h->cap, err, return -1);
 	i = h->n++;
 	h->v[i] = (struct merge){rank, pos, id};
 	while (i > 0 && merge_less(&h->v[i], &h->v[(i - 1) / 2])) {
@@ -788,14 +774,7 @@ struct bpe_work {
 
 static int sym_add(struct bpe_work *bw, size_t *n, int32_t id, size_t len, hi3_error *err)
 {
-	if (*n == bw->cap_sym) {
-		size_t cap = bw->cap_sym ? bw->cap_sym * 2 : 64;
-		struct sym *v = realloc(bw->sym, cap * sizeof(*v));
-		if (!v)
-			return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-		bw->sym = v;
-		bw->cap_sym = cap;
-	}
+	TOK_GROW(bw->sym, *n, bw->cap_sym, err, return -1);
 	bw->sym[*n] = (struct sym){id, (int32_t)*n - 1, (int32_t)*n + 1, (uint32_t)len};
 	(*n)++;
 	return 0;
@@ -1011,14 +990,7 @@ struct segs {
 
 static int seg_add(struct segs *s, size_t off, size_t len, int64_t id, hi3_error *err)
 {
-	if (s->n == s->cap) {
-		size_t cap = s->cap ? s->cap * 2 : 16;
-		struct seg *v = realloc(s->v, cap * sizeof(*v));
-		if (!v)
-			return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
-		s->v = v;
-		s->cap = cap;
-	}
+	TOK_GROW(s->v, s->n, s->cap, err, return -1);
 	s->v[s->n++] = (struct seg){off, len, id};
 	return 0;
 }
@@ -1102,7 +1074,7 @@ int hi3_tok_encode(const hi3_tok *t, const char *text, size_t len, int flags, in
 	*n = 0;
 	if (valid != len)
 		return hi3_error_set(err, HI3_ERR_INPUT, "text is not valid UTF-8 (byte %zu)", valid);
-	if (hi3i_tok_buf_add(&w.buf, text, len, err) ||
+	if (hi3i_tok_buf_reserve(&w.buf, len + 1, err) || hi3i_tok_buf_add(&w.buf, text, len, err) ||
 	    split_added(t, &t->raw_set, w.buf.p, (struct tok_span){0, len}, flags, &raw, err))
 		goto out;
 	for (size_t i = 0; i < raw.n; i++) {

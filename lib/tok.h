@@ -67,6 +67,22 @@ struct tok_range {
 	int match;
 };
 
+/* Make room for element n of the array arr of cap elements (doubling, 64 at
+ * first); when out of memory, set err and run on_fail. */
+#define TOK_GROW(arr, n, cap, err, on_fail)                                              \
+	do {                                                                             \
+		if ((n) >= (cap)) {                                                      \
+			size_t cap_ = (cap) ? 2 * (cap) : 64;                            \
+			void *p_ = realloc((arr), cap_ * sizeof(*(arr)));                \
+			if (!p_) {                                                       \
+				hi3_error_set((err), HI3_ERR_RUNTIME, "tokenizer: out of memory"); \
+				on_fail;                                                 \
+			}                                                                \
+			(arr) = p_;                                                      \
+			(cap) = cap_;                                                    \
+		}                                                                        \
+	} while (0)
+
 /* Arena and list helpers; each returns 0 or -1 (out of memory, err set). */
 int hi3i_tok_buf_reserve(struct tok_buf *b, size_t extra, hi3_error *err);
 int hi3i_tok_buf_add(struct tok_buf *b, const void *data, size_t n, hi3_error *err);

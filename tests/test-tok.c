@@ -187,7 +187,7 @@ out:
 /* Two threads encoding the same strings at once get the same ids. */
 struct job {
 	const hi3_tok *t;
-	int64_t sum;
+	uint64_t sum;
 	int failed;
 };
 
@@ -207,7 +207,7 @@ static void *encode_all(void *arg)
 				continue;
 			}
 			for (size_t k = 0; k < n; k++)
-				j->sum = j->sum * 31 + ids[k];
+				j->sum = j->sum * 31 + (uint64_t)ids[k];
 			free(ids);
 		}
 	return NULL;

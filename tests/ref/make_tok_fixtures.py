@@ -42,6 +42,13 @@ from tokenizers import trainers
 GPT4_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+DEEPSEEK_SPLITS = [r"[\r\n]", r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽ"
+                   "Ა-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭ"
+                   r"ℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲"
+                   r"𑢠-𑣟𞤀-𞥃]+", r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}+"]
+
 # The special tokens of SPEC section 4 (as hi3 init-model names them).
 SPECIALS = (["<|startoftext|>", "<|endoftext|>", "<pad>", "<boi>", "<eoi>", "<img>", "<cfg>", "<joint_img_sep>",
              "<timestep>", "<guidance>", "<answer>", "</answer>", "<think>", "</think>", "<recaption>",
@@ -237,6 +244,7 @@ def extras(mini_model, files, out_dir):
     out["nfkc-lower"] = t
 
     t = with_model(mini_model, normalizer={"type": "Sequence", "normalizers": [
+        {"type": "Strip", "strip_left": False, "strip_right": True},
         {"type": "NFC"}, {"type": "Replace", "pattern": {"String": "  "}, "content": " "},
         {"type": "Replace", "pattern": {"Regex": r"\d+"}, "content": "#"}, {"type": "Prepend", "prepend": ">"}]},
         pre_tokenizer={"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True})
@@ -267,6 +275,15 @@ def extras(mini_model, files, out_dir):
                 letters.append(re.sub(r"[^A-Za-z.,;'\s]", "", f.read()))
         tok.train_from_iterator(letters, trainer)
         out["unk-prefix-nodecoder"] = json.loads(tok.to_str())
+
+    # the pre-tokenizers of two released families, on the mini model
+    t = with_model(mini_model, normalizer={"type": "NFC"}, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        split(QWEN2_SPLIT, "Isolated"), BL_PLAIN]})
+    t["added_tokens"] = [added(n, "<|endoftext|>", special=True), added(n + 1, "<|im_start|>", special=True)]
+    out["qwen2-style"] = t
+    t = with_model(mini_model, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        split(p, "Isolated") for p in DEEPSEEK_SPLITS] + [BL_PLAIN]})
+    out["deepseek-style"] = t
 
     t = with_model(mini_model, pre_tokenizer={"type": "Sequence", "pretokenizers": [split(GPT4_SPLIT, "Isolated"),
                                                                                      BL_PLAIN]})
