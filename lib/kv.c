@@ -126,7 +126,7 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 	memset(kv, 0, sizeof(*kv));
 	if (hi3_st_open(&kv->st, path, HI3_ST_RDWR, err) != 0)
 		return -1;
-	if (hi3_st_expect_format(kv->st, "hi3.kv", err) != 0)
+	if (hi3_st_expect_format(kv->st, "hi3.kv", err) != 0 || hi3i_st_lock(kv->st, err) != 0)
 		goto fail;
 	fp = hi3_st_meta(kv->st, "model_fingerprint");
 	if (!fp || strcmp(fp, hi3_model_fingerprint(m))) {

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -450,6 +451,17 @@ int hi3_st_expect_format(const hi3_st *st, const char *format, hi3_error *err)
 	if (!v || strcmp(v, HI3_FORMAT_VERSION))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: expected format_version '%s', found '%s'", st->path,
 		                     HI3_FORMAT_VERSION, v ? v : "(none)");
+	return 0;
+}
+
+int hi3i_st_lock(hi3_st *st, hi3_error *err)
+{
+	if (st->fd < 0)
+		return hi3_error_set(err, HI3_ERR_USAGE, "%s: cannot lock standard input", st->path);
+	if (flock(st->fd, LOCK_EX | LOCK_NB) != 0)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: %s", st->path,
+		                     errno == EWOULDBLOCK ? "another process is updating this file (it is locked)"
+		                                          : strerror(errno));
 	return 0;
 }
 
