@@ -634,7 +634,9 @@ int hi3_diff(const char *path_a, const char *path_b, const hi3_diff_opts *o, hi3
 		if (t->n_compared && t->max_abs > 0 && (r->worst < 0 || t->max_abs > r->t[r->worst].max_abs))
 			r->worst = i;
 	}
-	r->equal = !r->n_differ && !r->format_differs;
+	/* with named tensors the user chose what to compare: a segment's
+	 * logprobs against a replay's, say; the format difference is shown */
+	r->equal = !r->n_differ && (!r->format_differs || o->n_tensors > 0);
 	*out = r;
 	r = NULL;
 	rc = 0;
