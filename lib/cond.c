@@ -1,6 +1,6 @@
 /*
  * cond.c -- conditions files (format hi3.conditions): open and validate,
- * build from encoded rows, merge, write. See docs/conditions-format.txt.
+ * build from encoded rows, merge, write. The format: hi3-files(5).
  *
  * Dimension letters: B rows, L columns (right padded), S full-attention
  * blocks per row, NS stop tokens per row, K <timestep> indices per row,
