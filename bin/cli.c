@@ -170,6 +170,31 @@ int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64
 	return n;
 }
 
+int cli_dtype(const char *opt, const char *arg, hi3_dtype *out)
+{
+	if (!strcmp(arg, "f32"))
+		*out = HI3_F32;
+	else if (!strcmp(arg, "bf16"))
+		*out = HI3_BF16;
+	else
+		return cli_usage_error("%s: expected f32 or bf16, found '%s'", opt, arg), -1;
+	return 0;
+}
+
+int cli_open_cond_model(const char *cond_path, hi3_cond **c, hi3_model **m, hi3_error *err)
+{
+	*c = NULL;
+	*m = NULL;
+	if (hi3_cond_open(c, cond_path, err) != 0)
+		return -1;
+	if (cli_open_model(m, err) != 0) {
+		hi3_cond_close(*c);
+		*c = NULL;
+		return -1;
+	}
+	return 0;
+}
+
 int cli_open_model(hi3_model **m, hi3_error *err)
 {
 	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = cli.batch_invariant};

@@ -63,8 +63,13 @@ int cli_double(const char *opt, const char *arg, double lo, double hi, double *o
 /* A comma-separated list of integers. Returns count or -1. */
 int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *out, int max);
 
+/* "f32" or "bf16" for an option (usage error otherwise). */
+int cli_dtype(const char *opt, const char *arg, hi3_dtype *out);
+
 /* Open the model named by -m (usage error when missing). */
 int cli_open_model(hi3_model **m, hi3_error *err);
+/* Open a conditions file, then the model; on failure nothing stays open. */
+int cli_open_cond_model(const char *cond_path, hi3_cond **c, hi3_model **m, hi3_error *err);
 
 /* Monotonic seconds. */
 double cli_now(void);

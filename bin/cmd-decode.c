@@ -182,12 +182,8 @@ int cmd_decode(int argc, char **argv)
 	if (o.placement == HI3_PLACE_TAIL)
 		cli_warn("--token-placement=tail reproduces a known upstream defect: new tokens go to the padded "
 		         "tail, so short rows re-read their own pad as input");
-	if (hi3_cond_open(&c, argv[optind], &err) != 0)
+	if (cli_open_cond_model(argv[optind], &c, &m, &err) != 0)
 		return cli_fail(&err);
-	if (cli_open_model(&m, &err) != 0) {
-		hi3_cond_close(c);
-		return cli_fail(&err);
-	}
 	rc = hi3_decode(m, c, argv[optind + 1], &o, out, &st, &err);
 	cli_progress_end();
 	if (rc == 0) {

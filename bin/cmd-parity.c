@@ -206,12 +206,8 @@ int cmd_parity(int argc, char **argv)
 			o.pad_to = (int)v;
 			break;
 		case OPT_KVDT:
-			if (!strcmp(optarg, "f32"))
-				o.kv_dtype = HI3_F32;
-			else if (!strcmp(optarg, "bf16"))
-				o.kv_dtype = HI3_BF16;
-			else
-				return cli_usage_error("--kv-dtype: expected f32 or bf16, found '%s'", optarg);
+			if (cli_dtype("--kv-dtype", optarg, &o.kv_dtype))
+				return HI3_ERR_USAGE;
 			break;
 		case OPT_TOL:
 			if (cli_double("--tol", optarg, 0.0, 1e30, &d))

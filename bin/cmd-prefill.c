@@ -57,12 +57,8 @@ int cmd_prefill(int argc, char **argv)
 			o.max_new = (int)v;
 			break;
 		case OPT_KV_DTYPE:
-			if (!strcmp(optarg, "f32"))
-				o.kv_dtype = HI3_F32;
-			else if (!strcmp(optarg, "bf16"))
-				o.kv_dtype = HI3_BF16;
-			else
-				return cli_usage_error("--kv-dtype: expected f32 or bf16, found '%s'", optarg);
+			if (cli_dtype("--kv-dtype", optarg, &o.kv_dtype))
+				return HI3_ERR_USAGE;
 			break;
 		case OPT_CHUNK:
 			if (cli_int("--chunk-tokens", optarg, 1, INT32_MAX, &v))
@@ -87,12 +83,8 @@ int cmd_prefill(int argc, char **argv)
 	if (!strcmp(out, "-"))
 		return cli_usage_error("-o: the KV file is updated in place by decode; it cannot be standard output");
 	cond_path = argv[optind];
-	if (hi3_cond_open(&c, cond_path, &err) != 0)
+	if (cli_open_cond_model(cond_path, &c, &m, &err) != 0)
 		return cli_fail(&err);
-	if (cli_open_model(&m, &err) != 0) {
-		hi3_cond_close(c);
-		return cli_fail(&err);
-	}
 	t0 = cli_now();
 	rc = hi3_prefill(m, c, cond_path, &o, out, &err);
 	cli_progress_end();
