@@ -140,6 +140,21 @@ static void cpu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *
 	hi3i_gemm(y, x, &w->packed, M);
 }
 
+static void cpu_matmul_group(hi3_backend *be, int n, float *const *y, const float *const *x,
+                             const hi3_wt *const *w, const int *M)
+{
+	const hi3_packed *pk[64];
+
+	if (n > 64 || !be->batch_invariant) {
+		for (int i = 0; i < n; i++)
+			cpu_matmul(be, y[i], x[i], w[i], M[i]);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		pk[i] = &w[i]->packed;
+	hi3i_gemm_group(n, y, x, pk, M);
+}
+
 static void cpu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M)
 {
 	size_t es = hi3_dtype_size(wte->raw_dtype), H = (size_t)wte->K;
@@ -512,6 +527,7 @@ int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_er
 	be->kv_layer = cpu_kv_layer;
 	be->kv_sync_host = cpu_kv_sync_host;
 	be->matmul = cpu_matmul;
+	be->matmul_group = cpu_matmul_group;
 	be->embed = cpu_embed;
 	be->rmsnorm = cpu_rmsnorm;
 	be->zero = cpu_zero;
