@@ -208,8 +208,13 @@ static void gemm_panels(float *y, const float *x, const hi3_packed *w, int m0, i
 	(void)wide;
 #endif
 
-	for (int k0 = 0; k0 < K; k0 += KC) {
-		int k1 = HI3_MIN(K, k0 + KC);
+	/* One row tile reuses nothing across panels: stream each panel whole
+	 * (K unblocked) rather than in KC slices strided over all panels. The
+	 * bits are the same either way: a C tile stored and reloaded is exact. */
+	const int kc = mc <= MR ? K : KC;
+
+	for (int k0 = 0; k0 < K; k0 += kc) {
+		int k1 = HI3_MIN(K, k0 + kc);
 		for (int p = p0; p < p1; p++) {
 			const unsigned char *blk = (const unsigned char *)w->p +
 			                           ((size_t)p * (size_t)K + (size_t)k0) * HI3_PANEL * es;
