@@ -389,13 +389,61 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, cons
 #define scores(...) scores_portable(__VA_ARGS__)
 #endif
 
-/* acc (d) += p * v (d): elementwise, so vectorising keeps every bit. */
-static inline void axpy(float *acc, float p, const float *v, int d)
+/* acc (d) = sum over keys j in [j0, j1) with p[j] != 0 of p[j] * v_j, in
+ * key order, one fused multiply-add per element and key. */
+static void pv_portable(float *acc, const float *p, const hi3_kv_src *vs, int64_t base, int j0, int j1, int d,
+                        float *vbuf)
 {
-#pragma omp simd
-	for (int i = 0; i < d; i++)
-		acc[i] += p * v[i];
+	memset(acc, 0, sizeof(float) * (size_t)d);
+	for (int j = j0; j < j1; j++) {
+		const float *v;
+		if (p[j] == 0.0f)
+			continue;
+		v = key_at(vs, base + j * vs->slot_stride, vbuf, d);
+		for (int i = 0; i < d; i++)
+			acc[i] = fmaf(p[j], v[i], acc[i]);
+	}
 }
+
+#if defined(__x86_64__)
+/* The same, with the accumulator in registers (d a multiple of 8, <= 128). */
+__attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float *p, const hi3_kv_src *vs,
+                                                        int64_t base, int j0, int j1, int d, float *vbuf)
+{
+	__m256 a[16];
+	const int nv = d / 8;
+
+	if (d % 8 || d > 128 || vs->dtype != HI3_F32) {
+		memset(acc, 0, sizeof(float) * (size_t)d);
+		for (int j = j0; j < j1; j++) {
+			const float *v;
+			if (p[j] == 0.0f)
+				continue;
+			v = key_at(vs, base + j * vs->slot_stride, vbuf, d);
+			for (int i = 0; i < d; i++)
+				acc[i] = fmaf(p[j], v[i], acc[i]);
+		}
+		return;
+	}
+	for (int i = 0; i < nv; i++)
+		a[i] = _mm256_setzero_ps();
+	for (int j = j0; j < j1; j++) {
+		const float *v = (const float *)vs->base + base + j * vs->slot_stride;
+		__m256 pj;
+		if (p[j] == 0.0f)
+			continue;
+		pj = _mm256_set1_ps(p[j]);
+		for (int i = 0; i < nv; i++)
+			a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
+	}
+	for (int i = 0; i < nv; i++)
+		_mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+#define pv(...) (cpu_has_avx2() ? pv_avx2(__VA_ARGS__) : pv_portable(__VA_ARGS__))
+#else
+#define pv(...) pv_portable(__VA_ARGS__)
+#endif
+
 
 static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *ks,
                           const hi3_kv_src *vs, const hi3_attn_q *q, const struct hi3_dims *dm, int M)
@@ -442,18 +490,20 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 						if (sc[j] > mx)
 							mx = sc[j];
 				}
-				memset(acc, 0, sizeof(float) * (size_t)d);
 				if (mx == -INFINITY) {               /* admits no key */
 					memset(o, 0, sizeof(float) * (size_t)d);
 					continue;
 				}
+				/* weights in place of the scores (0 for keys not admitted) */
 				for (j = 0; j < end; j++) {
-					if (sc[j] == -INFINITY)
+					if (sc[j] == -INFINITY) {
+						sc[j] = 0.0f;
 						continue;
-					float p = expf(sc[j] - mx);
-					sum += p;
-					axpy(acc, p, key_at(vs, base_v + j * vs->slot_stride, kbuf, d), d);
+					}
+					sc[j] = expf(sc[j] - mx);
+					sum += sc[j];
 				}
+				pv(acc, sc, vs, base_v, 0, end, d, kbuf);
 #pragma omp simd
 				for (int i = 0; i < d; i++)
 					o[i] = acc[i] / sum;
