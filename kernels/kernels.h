@@ -1,0 +1,94 @@
+/*
+ * kernels.h -- the launchers of the CUDA kernels (kernels/NAME.cu), called by
+ * the host side of the CUDA backend (lib/backend-cuda.c). A launcher
+ * enqueues its kernel(s) on stream s and returns cudaGetLastError(); it
+ * never synchronises. Every pointer is device memory; every layout is the
+ * one of the CPU op of the same name in lib/backend-cpu.c (see backend.h).
+ *
+ * Built by nvcc for the GPU, and (HI3_CUDA_EMU) by the host C++ compiler
+ * against tests/cuda-emu, which runs the same kernels on the CPU for
+ * `make check`; the launchers are then named hi3i_emu_* instead of
+ * hi3i_cu_* so both can live in one program.
+ *
+ * Shapes: M tokens, H hidden, W = (n_h + 2 n_kv) d the fused qkv width,
+ * g = n_h / n_kv, d head dim, C cache slots.
+ */
+#ifndef HI3_KERNELS_H
+#define HI3_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef HI3_CUDA_EMU
+#include "cuda-emu.h"
+#define HI3K(name) hi3i_emu_##name
+#else
+#include <cuda_runtime_api.h>
+#define HI3K(name) hi3i_cu_##name
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types, with the values of enum hi3_dtype (hi3.h). */
+enum { HI3K_F32 = 0, HI3K_F16 = 1, HI3K_BF16 = 2 };
+
+/* The attention plan of one query; same layout as hi3_attn_q (backend.h). */
+typedef struct hi3k_attn_q {
+	int32_t row, hi, blk_lo, blk_hi;
+} hi3k_attn_q;
+
+/* Where attention reads keys or values (hi3_kv_src), in elements. */
+typedef struct hi3k_src {
+	const void *base;
+	int dtype;                /* HI3K_F32 or HI3K_BF16 */
+	int64_t row_stride, head_stride, slot_stride;
+} hi3k_src;
+
+/* The largest head dim the attention and RoPE kernels take. */
+#define HI3K_MAX_D 256
+
+/* cudaSuccess when the current device can run these kernels (the build
+ * holds code for its architecture). */
+cudaError_t HI3K(probe)(void);
+/* x (M, H) = rows ids (M) of wte (V, H) of dtype F32, BF16 or F16 */
+cudaError_t HI3K(embed)(cudaStream_t s, float *x, const int64_t *ids, const void *wte, int dtype, int M,
+                        int H);
+/* y (M, n) = x / rms(x) * w (n), per row; y may equal x */
+cudaError_t HI3K(rmsnorm)(cudaStream_t s, float *y, const float *x, const float *w, int M, int n, float eps);
+/* x (n) += y (n) */
+cudaError_t HI3K(add)(cudaStream_t s, float *x, const float *y, size_t n);
+/* y (M, inter) = a * silu(b), ab (M, 2 inter) = [a | b] */
+cudaError_t HI3K(swiglu)(cudaStream_t s, float *y, const float *ab, int M, int inter);
+/* y (n) = bf16(x (n)), round to nearest even (the GEMM input of bf16 weights) */
+cudaError_t HI3K(to_bf16)(cudaStream_t s, uint16_t *y, const float *x, size_t n);
+/* dst (n, w) = src rows idx (n) */
+cudaError_t HI3K(gather)(cudaStream_t s, float *dst, const float *src, const int32_t *idx, int n, int w);
+/* dst[idx[i]] += scale[i] * src[i], rows of width w; idx has no repeats */
+cudaError_t HI3K(scatter_add)(cudaStream_t s, float *dst, const float *src, const int32_t *idx,
+                              const float *scale, int n, int w);
+/* In place on qkv (M, W): RoPE on each query and key head at pos (M, 2)
+ * (y, x) with theta (d/2), then, when qn and kn are not NULL, RMSNorm over
+ * d with qn (d) for query heads and kn (d) for key heads. */
+cudaError_t HI3K(rope_qk)(cudaStream_t s, float *qkv, const int32_t *pos, const float *theta, const float *qn,
+                          const float *kn, int n_kv, int g, int d, float eps, int M);
+/* keep (M) = 1 where token m is stored: slot[m] >= 0 and no later token
+ * has the same (row, slot); then K and V of qkv (M, W) go to
+ * k, v (B, n_kv, C, d) of dtype F32 or BF16 at [row[m], :, slot[m], :]. */
+cudaError_t HI3K(kv_store)(cudaStream_t s, void *k, void *v, int dtype, int C, const float *qkv, const int32_t *row,
+                           const int64_t *slot, uint8_t *keep, int n_kv, int g, int d, int M);
+/* out (M, n_h d) = softmax(q k^T / sqrt(d)) v over the keys each query
+ * admits (hi3_attn_q), q from qkv (M, W). Keys are the call's own tokens
+ * (self: k, v index qkv, consecutive queries share a row): a tiled kernel
+ * over 32 queries per block. Otherwise (a cache): one block per (query, kv
+ * head, split) over nsplit slices of its keys, combined through part
+ * (M, n_h, nsplit, d + 2) when nsplit > 1. */
+cudaError_t HI3K(attention)(cudaStream_t s, float *out, const float *qkv, const hi3k_src *k, const hi3k_src *v,
+                            const hi3k_attn_q *q, int n_kv, int g, int d, int M, int self, int nsplit,
+                            float *part);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
