@@ -5,10 +5,11 @@
  * that admits no key outputs zeros.
  *
  * Two kernels, one rule:
- *  - tiled (prefill, replay: keys are the call's own tokens): a block takes
- *    32 consecutive queries of one query head, and walks the keys 32 at a
- *    time through shared memory, so each key tile serves 32 queries. Queries
- *    of several rows in one block are taken one row per pass.
+ *  - tiled (prefill, replay: keys are the call's own tokens; d a multiple
+ *    of 4): a block takes 32 consecutive queries of one query head, and
+ *    walks the keys 32 at a time through shared memory, so each key tile
+ *    serves 32 queries. Queries of several rows in one block are taken one
+ *    row per pass.
  *  - split (decode and any cache read): a block takes one query and the g
  *    query heads of one kv head (one warp each), so each key tile serves g
  *    heads; a long key range is cut into nsplit slices run by separate
@@ -98,8 +99,15 @@ static __device__ __forceinline__ void softmax_tile(float sc, float &mx, float &
 	}
 }
 
-/* grid (M / BQ, n_h), block 128, dynamic shared memory
- * (BQ d + TILE (d + 1) + TILE d) floats. */
+/* grid (M / BQ, n_h), block 128, d a multiple of 4, dynamic shared memory
+ * (BQ d + TILE (d + 4) + TILE d + BQ TILE) floats.
+ *
+ * Each warp owns 8 queries. Scores: lane kk holds key kk of the tile and
+ * walks d four elements at a time, one 16-byte load of its key serving the
+ * 8 queries (broadcast loads); key rows are padded to d + 4 floats so the
+ * lanes' 16-byte loads fall in distinct banks. Values: the 8 queries'
+ * probabilities go through shared memory (ps), and each value element a
+ * lane loads serves the 8 queries. */
 template <int DR>
 static __global__ void __launch_bounds__(TILED_WARPS * 32)
 attn_tiled_kernel(float *out, const float *qkv, hi3k_src ks, hi3k_src vs, const hi3k_attn_q *plan, int n_kv, int g,
@@ -107,17 +115,20 @@ attn_tiled_kernel(float *out, const float *qkv, hi3k_src ks, hi3k_src vs, const 
 {
 	HI3K_DYN_SMEM(float, sm);
 	float *qs = sm;                          /* (BQ, d) the block's queries */
-	float *kt = qs + BQ * d;                 /* (TILE, d + 1) padded: no bank conflicts */
-	float *vt = kt + TILE * (d + 1);         /* (TILE, d) */
+	float *kt = qs + BQ * d;                 /* (TILE, d + 4) */
+	float *vt = kt + TILE * (d + 4);         /* (TILE, d) */
+	float *ps = vt + TILE * d;               /* (BQ, TILE) probabilities of the tile */
 	__shared__ hi3k_attn_q pl[BQ];
 	__shared__ int active[BQ], done[BQ];
 	__shared__ int pass_any, pass_row, pass_kend;
 	const int q0 = blockIdx.x * BQ, h = blockIdx.y, j = h / g, n_h = n_kv * g;
-	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, d4 = d / 4;
 	const int nq = M - q0 < BQ ? M - q0 : BQ;
 	const size_t W = (size_t)n_kv * (size_t)(g + 2) * (size_t)d;
 	const size_t qoff = ((size_t)j * (size_t)(g + 2) + (size_t)(h % g)) * (size_t)d;
 	const float scale = 1.0f / sqrtf((float)d);
+	const float4 *q4 = reinterpret_cast<const float4 *>(qs + warp * QPW * d);
+	const float4 *k4 = reinterpret_cast<const float4 *>(kt + lane * (d + 4));
 
 	if (threadIdx.x < BQ) {
 		if ((int)threadIdx.x < nq)
@@ -163,21 +174,70 @@ attn_tiled_kernel(float *out, const float *qkv, hi3k_src ks, hi3k_src vs, const 
 		}
 		for (int t0 = 0; t0 < kend; t0 += TILE) {
 			int use = threadIdx.x < BQ && active[threadIdx.x] && admits_tile(pl[threadIdx.x], t0);
+			float s[QPW];
+			/* a barrier too: the last tile is read before this one is loaded */
 			if (!__syncthreads_or(use))
 				continue;
-			load_tile(kt, d + 1, ks, row, j, t0, kend, d);
+			load_tile(kt, d + 4, ks, row, j, t0, kend, d);
 			load_tile(vt, d, vs, row, j, t0, kend, d);
 			__syncthreads();
+			/* scores of the warp's 8 queries against key t0 + lane */
+#pragma unroll
+			for (int qq = 0; qq < QPW; qq++)
+				s[qq] = 0.0f;
+			for (int i4 = 0; i4 < d4; i4++) {
+				const float4 kv = k4[i4];
+#pragma unroll
+				for (int qq = 0; qq < QPW; qq++) {
+					const float4 qv = q4[qq * d4 + i4];
+					s[qq] += qv.x * kv.x;
+					s[qq] += qv.y * kv.y;
+					s[qq] += qv.z * kv.z;
+					s[qq] += qv.w * kv.w;
+				}
+			}
+			/* online softmax per query; probabilities to ps */
 #pragma unroll
 			for (int qq = 0; qq < QPW; qq++) {
 				const int q = warp * QPW + qq, t = t0 + lane;
-				if (!active[q])  /* the same in the whole warp */
-					continue;
-				float sc = t < kend && admits(pl[q], t) ? dot(qs + q * d, kt + lane * (d + 1), d) * scale
-				                                        : -INFINITY;
-				softmax_tile<DR>(sc, mx[qq], l[qq], acc[qq], vt, d);
+				float p = 0.0f;
+				if (active[q]) {  /* the same in the whole warp */
+					float sc = t < kend && admits(pl[q], t) ? s[qq] * scale : -INFINITY;
+					float nm = fmaxf(mx[qq], warp_max(sc));
+					if (nm != -INFINITY) {
+						float corr = expf(mx[qq] - nm);
+						p = sc == -INFINITY ? 0.0f : expf(sc - nm);
+						l[qq] = l[qq] * corr + warp_sum(p);
+						mx[qq] = nm;
+#pragma unroll
+						for (int r = 0; r < DR; r++)
+							acc[qq][r] *= corr;
+					}
+				}
+				ps[q * TILE + lane] = p;
 			}
-			__syncthreads();      /* the tile is read; the next load may overwrite it */
+			__syncwarp();
+			/* acc[q][r] += sum over the tile's keys of p[q][kk] v[kk][lane + 32 r] */
+			for (int kk4 = 0; kk4 < TILE / 4; kk4++) {
+				float4 p4[QPW];
+#pragma unroll
+				for (int qq = 0; qq < QPW; qq++)
+					p4[qq] = reinterpret_cast<const float4 *>(ps + (warp * QPW + qq) * TILE)[kk4];
+#pragma unroll
+				for (int c = 0; c < 4; c++) {
+					const float *vrow = vt + (kk4 * 4 + c) * d;
+#pragma unroll
+					for (int r = 0; r < DR; r++) {
+						const int i = lane + 32 * r;
+						const float v = i < d ? vrow[i] : 0.0f;
+#pragma unroll
+						for (int qq = 0; qq < QPW; qq++) {
+							const float pk = c == 0 ? p4[qq].x : c == 1 ? p4[qq].y : c == 2 ? p4[qq].z : p4[qq].w;
+							acc[qq][r] += pk * v;
+						}
+					}
+				}
+			}
 		}
 #pragma unroll
 		for (int qq = 0; qq < QPW; qq++) {
@@ -294,8 +354,8 @@ static cudaError_t launch(cudaStream_t s, float *out, const float *qkv, const hi
 	cudaError_t e;
 	size_t smem;
 
-	if (self) {
-		smem = (size_t)(BQ * d + TILE * (d + 1) + TILE * d) * sizeof(float);
+	if (self && d % 4 == 0) {
+		smem = (size_t)(BQ * d + TILE * (d + 4) + TILE * d + BQ * TILE) * sizeof(float);
 		if (smem > 48 * 1024 &&
 		    (e = cudaFuncSetAttribute(attn_tiled_kernel<DR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 		                              (int)smem)) != cudaSuccess)

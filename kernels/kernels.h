@@ -80,8 +80,8 @@ cudaError_t HI3K(kv_store)(cudaStream_t s, void *k, void *v, int dtype, int C, c
                            const int64_t *slot, uint8_t *keep, int n_kv, int g, int d, int M);
 /* out (M, n_h d) = softmax(q k^T / sqrt(d)) v over the keys each query
  * admits (hi3_attn_q), q from qkv (M, W). Keys are the call's own tokens
- * (self: k, v index qkv, consecutive queries share a row): a tiled kernel
- * over 32 queries per block. Otherwise (a cache): one block per (query, kv
+ * (self: k, v index qkv, consecutive queries share a row) and d is a
+ * multiple of 4: a tiled kernel over 32 queries per block. Otherwise (a cache): one block per (query, kv
  * head, split) over nsplit slices of its keys, combined through part
  * (M, n_h, nsplit, d + 2) when nsplit > 1. */
 cudaError_t HI3K(attention)(cudaStream_t s, float *out, const float *qkv, const hi3k_src *k, const hi3k_src *v,

@@ -4,9 +4,11 @@
  * a prefill of B rows of L tokens into a host KV cache, then greedy decode
  * steps of one token per row from the cache.
  *
- *   bench-cuda -m DIR [--backend cpu|cuda] [-B ROWS] [-L LEN] [-n STEPS]
- *              [--reps N] [--kv-dtype f32|bf16] [--label NAME]
+ *   bench-cuda -m DIR [--backend cpu|cuda] [-B ROWS] [-L LEN] [-D ROWS]
+ *              [-n STEPS] [--reps N] [--kv-dtype f32|bf16] [--label NAME]
  *
+ * -D decodes only the first ROWS rows of the prefill (default all B), so
+ * one run can time a wide prefill and a B = 1 decode.
  * What a step must move and compute comes from the checkpoint itself:
  * decode bytes = every weight read once per step (the experts actually
  * routed to in that step, counted from the routing the forward reports;
@@ -16,7 +18,7 @@
  * (4 d n_h per admitted key) are reported apart.
  *
  * Prints a readable summary and, last, one line
- *   RESULT label=... backend=... B=... L=... prefill_s=... prefill_tok_s=...
+ *   RESULT label=... backend=... B=... L=... D=... prefill_s=... prefill_tok_s=...
  *          prefill_tflops=... attn_tflop=... decode_ms=... decode_tok_s=...
  *          decode_gb=... decode_gbs=...
  * which scripts/gpu-check.sh turns into its table. Times are the best of
@@ -113,7 +115,7 @@ int main(int argc, char **argv)
 		{"kv-dtype", required_argument, NULL, 'k'}, {"label", required_argument, NULL, 'l'},
 		{NULL, 0, NULL, 0}};
 	const char *dir = NULL, *backend = "cuda", *label = "model";
-	int B = 1, Lp = 128, steps = 32, reps = 3, c, rc = 1;
+	int B = 1, Lp = 128, D = 0, steps = 32, reps = 3, c, rc = 1;
 	hi3_dtype kv_dt = HI3_BF16;
 	hi3_error err = {0};
 	hi3_model *m = NULL;
@@ -121,35 +123,44 @@ int main(int argc, char **argv)
 	hi3_kvcache kv = {0};
 	struct cost cost = {0};
 	int64_t *ids = NULL, *slot = NULL;
-	int32_t *rope = NULL, *hi = NULL, *at = NULL;
+	int32_t *rope = NULL, *hi = NULL, *at = NULL, *crow = NULL;
 	int16_t *rid = NULL;
 	float *rw = NULL, *logits = NULL;
 	int n_moe, K, V, Cs, *moe_layer = NULL;
 	double prefill_s = 1e30, attn_flop = 0.0, gemm_flop, dec_s = 0.0, dec_bytes = 0.0;
 
-	while ((c = getopt_long(argc, argv, "m:B:L:n:", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:B:L:D:n:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': dir = optarg; break;
 		case 'b': backend = optarg; break;
 		case 'l': label = optarg; break;
 		case 'B': if (int_arg("-B", optarg, 1, 4096, &B)) return 2; break;
 		case 'L': if (int_arg("-L", optarg, 1, 1 << 20, &Lp)) return 2; break;
+		case 'D': if (int_arg("-D", optarg, 1, 4096, &D)) return 2; break;
 		case 'n': if (int_arg("-n", optarg, 1, 1 << 20, &steps)) return 2; break;
 		case 'r': if (int_arg("--reps", optarg, 1, 1000, &reps)) return 2; break;
 		case 'k':
-			if (hi3_dtype_parse(optarg, &kv_dt) != 0 || (kv_dt != HI3_F32 && kv_dt != HI3_BF16)) {
+			if (!strcmp(optarg, "f32") || !strcmp(optarg, "bf16")) {
+				kv_dt = optarg[0] == 'f' ? HI3_F32 : HI3_BF16;
+			} else {
 				fprintf(stderr, "bench-cuda: --kv-dtype: expected f32 or bf16, found '%s'\n", optarg);
 				return 2;
 			}
 			break;
 		default:
-			fprintf(stderr, "usage: bench-cuda -m DIR [--backend cpu|cuda] [-B ROWS] [-L LEN] [-n STEPS] "
-			        "[--reps N] [--kv-dtype f32|bf16] [--label NAME]\n");
+			fprintf(stderr, "usage: bench-cuda -m DIR [--backend cpu|cuda] [-B ROWS] [-L LEN] [-D ROWS] "
+			        "[-n STEPS] [--reps N] [--kv-dtype f32|bf16] [--label NAME]\n");
 			return 2;
 		}
 	}
 	if (!dir || optind != argc) {
 		fprintf(stderr, "bench-cuda: give the model with -m DIR (and nothing else)\n");
+		return 2;
+	}
+	if (D == 0)
+		D = B;
+	if (D > B) {
+		fprintf(stderr, "bench-cuda: -D %d: cannot decode more rows than the %d of the prefill\n", D, B);
 		return 2;
 	}
 	{
@@ -173,11 +184,12 @@ int main(int argc, char **argv)
 	rw = calloc((size_t)B * Lp * (n_moe ? n_moe : 1) * (K ? K : 1), sizeof(*rw));
 	logits = calloc((size_t)B * V, sizeof(*logits));
 	moe_layer = calloc((size_t)(n_moe ? n_moe : 1), sizeof(*moe_layer));
+	crow = calloc((size_t)D, sizeof(*crow));
 	kv = (hi3_kvcache){.n_layers = cfg->num_hidden_layers, .B = B, .n_kv = cfg->num_key_value_heads, .C = Cs,
 	                   .d = cfg->attention_head_dim, .dtype = kv_dt};
 	kv.k = calloc((size_t)kv.n_layers, sizeof(void *));
 	kv.v = calloc((size_t)kv.n_layers, sizeof(void *));
-	if (!ids || !slot || !rope || !hi || !at || !rid || !rw || !logits || !moe_layer || !kv.k || !kv.v)
+	if (!ids || !slot || !rope || !hi || !at || !rid || !rw || !logits || !moe_layer || !crow || !kv.k || !kv.v)
 		goto oom;
 	for (int l = 0; l < kv.n_layers; l++) {
 		size_t n = (size_t)B * kv.n_kv * (size_t)Cs * (size_t)kv.d * hi3_dtype_size(kv_dt);
@@ -218,16 +230,17 @@ int main(int argc, char **argv)
 
 	/* decode: one token per row at index p = L + s, attending slots [0, p] */
 	for (int s = 0; s < steps + 2; s++) {
-		hi3_batch db = {.B = B, .T = 1, .mode = HI3_ATTN_CACHE, .ids = ids, .rope = rope, .hi = hi, .slot = slot,
-		                .n_logits = B, .logit_at = at, .logits = logits, .route_ids = n_moe ? rid : NULL,
-		                .route_w = n_moe ? rw : NULL};
-		double t0, bytes = cost.dense_bytes + cost.head_bytes + (double)B * cost.row_bytes;
-		for (int r = 0; r < B; r++) {
+		hi3_batch db = {.B = D, .T = 1, .mode = HI3_ATTN_CACHE, .ids = ids, .rope = rope, .hi = hi, .slot = slot,
+		                .cache_row = crow, .n_logits = D, .logit_at = at, .logits = logits,
+		                .route_ids = n_moe ? rid : NULL, .route_w = n_moe ? rw : NULL};
+		double t0, bytes = cost.dense_bytes + cost.head_bytes + (double)D * cost.row_bytes;
+		for (int r = 0; r < D; r++) {
 			int p = Lp + s, best = 0;
 			for (int v = 1; v < V; v++)
 				if (logits[(size_t)r * V + v] > logits[(size_t)r * V + best])
 					best = v;
 			ids[r] = best;
+			crow[r] = r;
 			rope[2 * r] = rope[2 * r + 1] = p;
 			hi[r] = p;
 			slot[r] = p;
@@ -244,7 +257,7 @@ int main(int argc, char **argv)
 		for (int j = 0; j < n_moe; j++) {  /* the experts this step read */
 			int l = moe_layer[j], E = cfg->num_experts[l], used = 0;
 			unsigned char seen[1024] = {0};
-			for (int r = 0; r < B; r++)
+			for (int r = 0; r < D; r++)
 				for (int q = 0; q < K; q++) {
 					int e = rid[((size_t)r * n_moe + j) * K + q];
 					if (e >= 0 && e < E && e < 1024 && !seen[e]) {
@@ -261,12 +274,12 @@ int main(int argc, char **argv)
 	printf("%s on %s: prefill %d x %d tokens in %.4f s (%.0f tokens/s, GEMMs %.3f TFLOP/s, attention %.3f TFLOP)\n",
 	       label, hi3_model_backend(m), B, Lp, prefill_s, B * Lp / prefill_s, gemm_flop / prefill_s / 1e12,
 	       attn_flop / 1e12);
-	printf("%s on %s: decode B=%d: %.3f ms/step (%.1f tokens/s), %.3f GB read per step, %.1f GB/s\n", label,
-	       hi3_model_backend(m), B, dec_s * 1e3, B / dec_s, dec_bytes / 1e9, dec_bytes / dec_s / 1e9);
-	printf("RESULT label=%s backend=%s B=%d L=%d prefill_s=%.6f prefill_tok_s=%.1f prefill_tflops=%.4f "
+	printf("%s on %s: decode %d rows: %.3f ms/step (%.1f tokens/s), %.3f GB read per step, %.1f GB/s\n", label,
+	       hi3_model_backend(m), D, dec_s * 1e3, D / dec_s, dec_bytes / 1e9, dec_bytes / dec_s / 1e9);
+	printf("RESULT label=%s backend=%s B=%d L=%d D=%d prefill_s=%.6f prefill_tok_s=%.1f prefill_tflops=%.4f "
 	       "attn_tflop=%.6f decode_ms=%.4f decode_tok_s=%.2f decode_gb=%.6f decode_gbs=%.2f\n",
-	       label, hi3_model_backend(m), B, Lp, prefill_s, B * Lp / prefill_s, gemm_flop / prefill_s / 1e12,
-	       attn_flop / 1e12, dec_s * 1e3, B / dec_s, dec_bytes / 1e9, dec_bytes / dec_s / 1e9);
+	       label, hi3_model_backend(m), B, Lp, D, prefill_s, B * Lp / prefill_s, gemm_flop / prefill_s / 1e12,
+	       attn_flop / 1e12, dec_s * 1e3, D / dec_s, dec_bytes / 1e9, dec_bytes / dec_s / 1e9);
 	rc = 0;
 	goto out;
 oom:
@@ -293,5 +306,6 @@ out:
 	free(rw);
 	free(logits);
 	free(moe_layer);
+	free(crow);
 	return rc;
 }

@@ -22,6 +22,10 @@ struct dim3 {
 	dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
+struct alignas(16) float4 {
+	float x, y, z, w;
+};
+
 struct emu_thread {
 	dim3 tid, bid, bdim, gdim;
 };
