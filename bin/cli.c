@@ -9,7 +9,7 @@
 #include <unistd.h>
 #include "cli.h"
 
-struct cli_globals cli = {.backend = "cpu"};
+struct cli_globals cli = {.backend = "cpu", .batch_invariant = 1};
 
 void cli_print_help(void)
 {
@@ -31,6 +31,11 @@ int cli_other_option(int c, const char *arg)
 		if (strcmp(arg, "cpu") && strcmp(arg, "cuda"))
 			return cli_usage_error("--backend: expected 'cpu' or 'cuda', found '%s'", arg);
 		cli.backend = arg;
+		return -1;
+	case CLI_OPT_BATCH_INVARIANT:
+		if (strcmp(arg, "on") && strcmp(arg, "off"))
+			return cli_usage_error("--batch-invariant: expected on or off, found '%s'", arg);
+		cli.batch_invariant = !strcmp(arg, "on");
 		return -1;
 	case 't':
 		if (cli_int("--threads", arg, 0, 4096, &v))
@@ -165,9 +170,34 @@ int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64
 	return n;
 }
 
+int cli_dtype(const char *opt, const char *arg, hi3_dtype *out)
+{
+	if (!strcmp(arg, "f32"))
+		*out = HI3_F32;
+	else if (!strcmp(arg, "bf16"))
+		*out = HI3_BF16;
+	else
+		return cli_usage_error("%s: expected f32 or bf16, found '%s'", opt, arg), -1;
+	return 0;
+}
+
+int cli_open_cond_model(const char *cond_path, hi3_cond **c, hi3_model **m, hi3_error *err)
+{
+	*c = NULL;
+	*m = NULL;
+	if (hi3_cond_open(c, cond_path, err) != 0)
+		return -1;
+	if (cli_open_model(m, err) != 0) {
+		hi3_cond_close(*c);
+		*c = NULL;
+		return -1;
+	}
+	return 0;
+}
+
 int cli_open_model(hi3_model **m, hi3_error *err)
 {
-	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = 1};
+	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = cli.batch_invariant};
 
 	if (!cli.model_dir) {
 		hi3_error_set(err, HI3_ERR_USAGE, "no model: give -m DIR (a directory made by 'hi3 init-model' "
@@ -175,6 +205,14 @@ int cli_open_model(hi3_model **m, hi3_error *err)
 		return -1;
 	}
 	return hi3_model_open(m, cli.model_dir, &o, err);
+}
+
+double cli_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int progress_shown;

@@ -12,19 +12,22 @@ struct cli_globals {
 	const char *backend;     /* --backend */
 	int threads;             /* -t/--threads */
 	int quiet, verbose;      /* -q, -v */
+	int batch_invariant;     /* --batch-invariant=on|off (default on) */
 	const char *cmd;         /* the running command's name */
 };
 extern struct cli_globals cli;
 
 enum {
 	CLI_OPT_BACKEND = 0x1000,
+	CLI_OPT_BATCH_INVARIANT,
 	CLI_OPT_FIRST_LOCAL = 0x1100,  /* commands number their long-only options from here */
 };
 
-#define CLI_GLOBAL_SHORT "+m:t:qvh"
+#define CLI_GLOBAL_SHORT "m:t:qvh"
 #define CLI_GLOBAL_LONGOPTS                                      \
 	{"model", required_argument, NULL, 'm'},                 \
 	{"backend", required_argument, NULL, CLI_OPT_BACKEND},   \
+	{"batch-invariant", required_argument, NULL, CLI_OPT_BATCH_INVARIANT}, \
 	{"threads", required_argument, NULL, 't'},               \
 	{"quiet", no_argument, NULL, 'q'},                       \
 	{"verbose", no_argument, NULL, 'v'},                     \
@@ -60,8 +63,16 @@ int cli_double(const char *opt, const char *arg, double lo, double hi, double *o
 /* A comma-separated list of integers. Returns count or -1. */
 int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *out, int max);
 
+/* "f32" or "bf16" for an option (usage error otherwise). */
+int cli_dtype(const char *opt, const char *arg, hi3_dtype *out);
+
 /* Open the model named by -m (usage error when missing). */
 int cli_open_model(hi3_model **m, hi3_error *err);
+/* Open a conditions file, then the model; on failure nothing stays open. */
+int cli_open_cond_model(const char *cond_path, hi3_cond **c, hi3_model **m, hi3_error *err);
+
+/* Monotonic seconds. */
+double cli_now(void);
 
 /* Progress on stderr when it is a terminal and not quiet. */
 void cli_progress(const char *what, int64_t done, int64_t total);

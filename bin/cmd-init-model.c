@@ -51,14 +51,8 @@ int cmd_init_model(int argc, char **argv)
 			o.seed = (uint64_t)v;
 			break;
 		case OPT_DTYPE:
-			if (!strcmp(optarg, "f32"))
-				o.dtype = HI3_F32;
-			else if (!strcmp(optarg, "bf16"))
-				o.dtype = HI3_BF16;
-			else {
-				cli_usage_error("--dtype: expected f32 or bf16, found '%s'", optarg);
+			if (cli_dtype("--dtype", optarg, &o.dtype))
 				goto usage;
-			}
 			break;
 		case OPT_SET: {
 			char *eq = strchr(optarg, '=');

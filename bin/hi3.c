@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli.h"
 #include "config.h"
 
@@ -18,6 +19,15 @@
 #define CMD(str, name, summary) {str, cmd_##name, summary, cmd_##name##_help}
 static const struct cli_command commands[] = {
 	CMD("init-model", init_model, "write a deterministic random-init checkpoint"),
+	CMD("prefill", prefill, "run a prompt batch and write its KV cache file"),
+	CMD("decode", decode, "decode new tokens into the KV file and write a segment"),
+	CMD("replay", replay, "teacher-forced log-probs of a segment and the rollout/replay report"),
+	CMD("parity", parity, "prove a batch equals its rows run alone, or show where not"),
+	CMD("bench", bench, "measure bandwidth, GEMMs, prefill and decode side by side"),
+	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
+	CMD("diff", diff, "compare two safetensors files tensor by tensor"),
+	CMD("tokenize", tokenize, "text lines to token id arrays with a tokenizer.json, and back"),
+	CMD("tokenize-concat", tokenize_concat, "encode requests into a conditions file, or merge conditions"),
 };
 
 static int cmd_help(int argc, char **argv);
@@ -50,6 +60,10 @@ static void print_main_help(FILE *f)
 	fputs("\nglobal options (also accepted after the command name):\n"
 	      "  -m, --model DIR      model directory (config.json, *.safetensors, tokenizer.json)\n"
 	      "      --backend NAME   cpu (default) or cuda\n"
+	      "      --batch-invariant=on|off\n"
+	      "                       on (default): reductions in an order independent of the\n"
+	      "                       batch, so a row gives the same bits alone or batched;\n"
+	      "                       off: OpenBLAS sgemm (CPU)\n"
 	      "  -t, --threads N      worker threads (default: all cores)\n"
 	      "  -q, --quiet          only errors and warnings on stderr\n"
 	      "  -v, --verbose        more detail on stderr\n"
@@ -74,6 +88,23 @@ static int cmd_help(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * OpenMP worker threads that spin while waiting (libgomp's default) starve
+ * each other when the cores are shared: measured on a loaded 2-core
+ * machine, a decode step took 20x longer with spinning than with sleeping
+ * workers. libgomp reads OMP_WAIT_POLICY before main runs, so when the
+ * user has not chosen a policy we choose passive and re-execute once.
+ */
+static void choose_wait_policy(char **argv)
+{
+	if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("HI3_REEXEC"))
+		return;
+	setenv("OMP_WAIT_POLICY", "passive", 1);
+	setenv("HI3_REEXEC", "1", 1);
+	execv("/proc/self/exe", argv);
+	/* no /proc: carry on with the default policy */
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {CLI_GLOBAL_LONGOPTS, {"version", no_argument, NULL, 'V'},
@@ -81,8 +112,9 @@ int main(int argc, char **argv)
 	const struct cli_command *c;
 	int opt, rc;
 
+	choose_wait_policy(argv);
 	opterr = 1;
-	while ((opt = getopt_long(argc, argv, CLI_GLOBAL_SHORT, opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "+" CLI_GLOBAL_SHORT, opts, NULL)) != -1) {
 		if (opt == 'h') {
 			print_main_help(stdout);
 			return 0;

@@ -14,6 +14,10 @@
 #include "backend.h"
 #include "gemm.h"
 
+/* Fork threads for an elementwise op only when it has this much work:
+ * below it the fork/join costs more than it saves (decode at small B). */
+#define PAR(work) ((work) >= ((size_t)1 << 16))
+
 struct hi3_wt {
 	int kind;
 	int N, K;                 /* matrix (N, K); vector n = N; rows (N = V, K = H) */
@@ -141,7 +145,7 @@ static void cpu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_w
 	size_t es = hi3_dtype_size(wte->raw_dtype), H = (size_t)wte->K;
 
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * H))
 	for (int m = 0; m < M; m++)
 		hi3_to_f32(x + (size_t)m * H, (const unsigned char *)wte->raw + (size_t)ids[m] * H * es,
 		           wte->raw_dtype, H);
@@ -162,7 +166,7 @@ static inline void rms_row(float *y, const float *x, const float *w, int n, floa
 static void cpu_rmsnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M, int n, float eps)
 {
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * n))
 	for (int m = 0; m < M; m++)
 		rms_row(y + (size_t)m * n, x + (size_t)m * n, w->f32, n, eps);
 }
@@ -176,7 +180,7 @@ static void cpu_zero(hi3_backend *be, float *x, size_t n)
 static void cpu_add(hi3_backend *be, float *x, const float *y, size_t n)
 {
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(n))
 	for (size_t i = 0; i < n; i++)
 		x[i] += y[i];
 }
@@ -198,7 +202,7 @@ static void cpu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const f
 	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
 
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * W))
 	for (int m = 0; m < M; m++) {
 		float cs[512], sn[512];
 		float *row = qkv + (size_t)m * W;
@@ -239,7 +243,7 @@ static void cpu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qk
 	(void)be;
 	/* Parallel over kv heads; each thread stores its head for all tokens
 	 * in order, so duplicate slots resolve to the last token. */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * W))
 	for (int j = 0; j < dm->n_kv; j++) {
 		for (int m = 0; m < M; m++) {
 			if (slot[m] < 0)
@@ -252,24 +256,70 @@ static void cpu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qk
 	}
 }
 
-static inline void load_vec(float *out, const hi3_kv_src *s, int64_t off, int d)
+/* The key or value vector at off: in place for f32, widened into buf for bf16. */
+static inline const float *key_at(const hi3_kv_src *s, int64_t off, float *buf, int d)
 {
 	if (s->dtype == HI3_BF16) {
 		const uint16_t *p = (const uint16_t *)s->base + off;
 		for (int i = 0; i < d; i++)
-			out[i] = hi3_bf16_to_f32(p[i]);
-	} else {
-		memcpy(out, (const float *)s->base + off, sizeof(float) * (size_t)d);
+			buf[i] = hi3_bf16_to_f32(p[i]);
+		return buf;
 	}
+	return (const float *)s->base + off;
 }
 
-static inline float dot(const float *a, const float *b, int d)
+/* q . k over d, as eight lane sums combined in a fixed tree: the same
+ * bits from the AVX2 and the portable version, for any batch. */
+static float dot_portable(const float *a, const float *b, int d)
 {
-	float s = 0.0f;
+	float l[8] = {0};
+	int i = 0;
 
+	for (; i + 8 <= d; i += 8)
+		for (int j = 0; j < 8; j++)
+			l[j] = fmaf(a[i + j], b[i + j], l[j]);
+	for (; i < d; i++)
+		l[0] = fmaf(a[i], b[i], l[0]);
+	return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, int d)
+{
+	__m256 acc = _mm256_setzero_ps();
+	float l[8];
+	int i = 0;
+
+	for (; i + 8 <= d; i += 8)
+		acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+	_mm256_storeu_ps(l, acc);
+	for (; i < d; i++)
+		l[0] = fmaf(a[i], b[i], l[0]);
+	return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+static int cpu_has_avx2(void)
+{
+	static int v = -1;
+
+	if (v < 0) {
+		__builtin_cpu_init();
+		v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+	}
+	return v;
+}
+#define dot(a, b, d) (cpu_has_avx2() ? dot_avx2(a, b, d) : dot_portable(a, b, d))
+#else
+#define dot(a, b, d) dot_portable(a, b, d)
+#endif
+
+/* acc (d) += p * v (d): elementwise, so vectorising keeps every bit. */
+static inline void axpy(float *acc, float p, const float *v, int d)
+{
+#pragma omp simd
 	for (int i = 0; i < d; i++)
-		s += a[i] * b[i];
-	return s;
+		acc[i] += p * v[i];
 }
 
 static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *ks,
@@ -305,12 +355,13 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 					HI3_ASSERT(sc);
 				}
 				for (j = 0; j < end; j++) {
+					const float *kp;
 					if (j > aq->hi && j < aq->blk_lo) {
 						sc[j] = -INFINITY;
 						continue;
 					}
-					load_vec(kbuf, ks, base_k + j * ks->slot_stride, d);
-					sc[j] = dot(qh, kbuf, d) * scale;
+					kp = key_at(ks, base_k + j * ks->slot_stride, kbuf, d);
+					sc[j] = dot(qh, kp, d) * scale;
 					if (sc[j] > mx)
 						mx = sc[j];
 				}
@@ -324,10 +375,9 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 						continue;
 					float p = expf(sc[j] - mx);
 					sum += p;
-					load_vec(kbuf, vs, base_v + j * vs->slot_stride, d);
-					for (int i = 0; i < d; i++)
-						acc[i] += p * kbuf[i];
+					axpy(acc, p, key_at(vs, base_v + j * vs->slot_stride, kbuf, d), d);
 				}
+#pragma omp simd
 				for (int i = 0; i < d; i++)
 					o[i] = acc[i] / sum;
 			}
@@ -339,7 +389,7 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 static void cpu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int inter)
 {
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * inter))
 	for (int m = 0; m < M; m++) {
 		const float *a = ab + (size_t)m * 2 * inter, *b = a + inter;
 		float *o = y + (size_t)m * inter;
@@ -351,7 +401,7 @@ static void cpu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int in
 static void cpu_gather(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
 {
 	(void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
 	for (int i = 0; i < n; i++)
 		memcpy(dst + (size_t)i * w, src + (size_t)idx[i] * w, sizeof(float) * (size_t)w);
 }
@@ -361,7 +411,7 @@ static void cpu_scatter_add(hi3_backend *be, float *dst, const float *src, const
 {
 	(void)be;
 	/* idx may repeat across calls but not within one (one expert per token). */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
 	for (int i = 0; i < n; i++) {
 		float *dr = dst + (size_t)idx[i] * w;
 		const float *sr = src + (size_t)i * w;

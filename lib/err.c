@@ -28,7 +28,16 @@ int hi3_error_prefix(hi3_error *err, const char *fmt, ...)
 	vsnprintf(prefix, sizeof(prefix), fmt, ap);
 	va_end(ap);
 	memcpy(old, err->msg, sizeof(old));
-	snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+	/* keep the tail of a long message rather than warn about truncation */
+	{
+		size_t np = strlen(prefix);
+		if (np + 2 < sizeof(err->msg)) {
+			memcpy(err->msg, prefix, np);
+			memcpy(err->msg + np, ": ", 2);
+			snprintf(err->msg + np + 2, sizeof(err->msg) - np - 2, "%.*s",
+			         (int)(sizeof(err->msg) - np - 3), old);
+		}
+	}
 	if (!err->status)
 		err->status = HI3_ERR_RUNTIME;
 	return -1;

@@ -97,6 +97,7 @@ kern(int mr, const float *x, size_t K, const void *b, int bf16, int k0, int k1, 
 {
 	__m256 acc[MR][2];
 
+#pragma GCC unroll 6
 	for (int i = 0; i < mr; i++) {
 		if (accumulate) {
 			acc[i][0] = _mm256_loadu_ps(c + i * ldc);
@@ -119,12 +120,14 @@ kern(int mr, const float *x, size_t K, const void *b, int bf16, int k0, int k1, 
 			b0 = _mm256_load_ps(bp);
 			b1 = _mm256_load_ps(bp + 8);
 		}
+#pragma GCC unroll 6
 		for (int i = 0; i < mr; i++) {
 			__m256 a = _mm256_broadcast_ss(x + i * K + k);
 			acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
 			acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
 		}
 	}
+#pragma GCC unroll 6
 	for (int i = 0; i < mr; i++) {
 		_mm256_storeu_ps(c + i * ldc, acc[i][0]);
 		_mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
@@ -205,7 +208,7 @@ void hi3i_gemm(float *y, const float *x, const hi3_packed *w, int M)
 		memset(y, 0, sizeof(float) * (size_t)M * (size_t)N);
 		return;
 	}
-#pragma omp parallel
+#pragma omp parallel if (np > 1 && (double)M * N * K >= 1 << 18)
 	{
 		int nt = omp_get_num_threads(), id = omp_get_thread_num();
 		int p0 = (int)((int64_t)np * id / nt), p1 = (int)((int64_t)np * (id + 1) / nt);

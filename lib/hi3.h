@@ -210,6 +210,9 @@ int hi3_init_model(const char *dir, const hi3_init_opts *opts, hi3_error *err);
 /* ------------------------------------------------------------------ model */
 
 typedef struct hi3_model hi3_model;
+typedef struct hi3_cond hi3_cond;      /* conditions, below */
+typedef struct hi3_template hi3_template;
+typedef struct hi3_requests hi3_requests;
 
 typedef struct hi3_model_opts {
 	const char *backend;     /* "cpu" (default) or "cuda" */
@@ -267,7 +270,8 @@ typedef struct hi3_batch {
 	float *hidden_out;           /* (n_layers + 1, B, T, H): input of each layer and ln_f input */
 	int16_t *route_ids;          /* (B, T, n_moe, k) chosen experts, -1 padded */
 	float *route_w;              /* (B, T, n_moe, k) their weights */
-	const int16_t *force_route;  /* (B, T, n_moe, k) experts to use instead of top-k, or NULL */
+	const int16_t *force_route;  /* (B, T, n_moe, k) experts to use instead of top-k, or NULL;
+	                              * a token whose first entry is -1 routes freely */
 	const float *force_route_w;  /* (B, T, n_moe, k) weights to use with force_route, or NULL */
 } hi3_batch;
 
@@ -277,6 +281,216 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 /* Bring the backend's copy of rows of the cache into kv's host memory
  * (a no-op on the CPU backend). */
 int hi3_kv_sync_host(hi3_model *m, hi3_kvcache *kv, hi3_error *err);
+
+/* --------------------------------------------------------------- sampling */
+
+/* SPEC section 6. Temperature, then top-k, then top-p, then one draw from
+ * Philox-4x32-10 keyed by the row's seed at counter = step (the index of
+ * the token being generated in that row), so a row samples the same tokens
+ * in any batch. greedy (or temperature 0) takes the argmax, ties to the
+ * lowest id. */
+typedef struct hi3_sampler {
+	int greedy;
+	double temperature;       /* > 0 unless greedy */
+	int top_k;                /* 0: off */
+	double top_p;             /* 1: off */
+} hi3_sampler;
+
+/* Philox-4x32-10 on a counter, in place. */
+void hi3_philox4x32(uint32_t ctr[4], const uint32_t key[2]);
+/* The uniform draw in [0, 1) for (seed, step). */
+double hi3_uniform(uint64_t seed, uint64_t step);
+int64_t hi3_argmax(const float *logits, int V);
+/* log-softmax of logits (V) at token tok, temperature 1. */
+double hi3_logprob(const float *logits, int V, int64_t tok);
+/* Sample one token; scratch holds hi3_sample_scratch_size(V) bytes. */
+int64_t hi3_sample(const float *logits, int V, const hi3_sampler *s, uint64_t seed, uint64_t step,
+                   void *scratch);
+size_t hi3_sample_scratch_size(int V);
+
+/* ---------------------------------------------------- prefill and decode */
+
+typedef void (*hi3_progress_fn)(void *ctx, int64_t done, int64_t total);
+
+typedef struct hi3_prefill_opts {
+	int max_new;              /* cache slots beyond L: C = L + max_new */
+	hi3_dtype kv_dtype;       /* HI3_F32 or HI3_BF16 */
+	int max_tokens;           /* tokens per forward chunk (0: 8192) */
+	hi3_progress_fn progress;
+	void *progress_ctx;
+} hi3_prefill_opts;
+
+/* Run the prompts of c through the model and write the KV file at kv_path
+ * (format hi3.kv: the cache, kv_len, next_logits from column n_i - 1 of
+ * each row, finished), atomically. cond_path is recorded in metadata. */
+int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi3_prefill_opts *o,
+                const char *kv_path, hi3_error *err);
+
+enum hi3_decode_mask {
+	HI3_MASK_CAUSAL = 0,      /* row i's query at index p attends slots [0, p] */
+	HI3_MASK_NONE = 1,        /* upstream defect: attends every slot of the cache */
+};
+enum hi3_placement {
+	HI3_PLACE_INDEX = 0,      /* token p of row i is fed at index p, slot p */
+	HI3_PLACE_TAIL = 1,       /* upstream defect: new tokens appended at column L + s */
+};
+
+typedef struct hi3_decode_opts {
+	hi3_sampler sampler;
+	int have_seed;            /* seed overrides the conditions' per-row seeds */
+	uint64_t seed;
+	int have_stop;            /* stop replaces the conditions' stop tokens */
+	const int64_t *stop;
+	int n_stop;
+	int steps;                /* at most this many steps in this call; <= 0: until done */
+	int max_new;              /* tokens per row, at most the cache's max_new; 0: the cache's */
+	int decode_mask;          /* enum hi3_decode_mask */
+	int placement;            /* enum hi3_placement */
+	int record_routing;       /* store MoE routing of generated tokens in the segment */
+	int no_fsync;             /* keep step commits ordered but skip msync */
+	hi3_progress_fn progress;
+	void *progress_ctx;
+} hi3_decode_opts;
+
+typedef struct hi3_decode_stats {
+	int64_t steps;            /* decode steps run in this call */
+	int64_t tokens;           /* tokens generated in this call */
+	int64_t total_tokens;     /* tokens in the segment */
+	int rows, finished;       /* rows, rows finished */
+	int64_t resumed_from;     /* tokens already generated before this call */
+	double seconds;
+} hi3_decode_stats;
+
+/* Decode from the KV file (updated in place) and write the segment file
+ * (format hi3.segment) with every row's tokens so far, atomically. */
+int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_decode_opts *o,
+               const char *seg_path, hi3_decode_stats *stats, hi3_error *err);
+
+/* ----------------------------------------------------------------- replay */
+
+/* A segment file (format hi3.segment): packed responses in batch order. */
+typedef struct hi3_segment {
+	int B;
+	int64_t T;
+	const int64_t *tokens;        /* (T) */
+	const float *logprobs;        /* (T) recorded at rollout */
+	const int64_t *cu_seqlens;    /* (B + 1) */
+	const uint8_t *stop_reason;   /* (B) 0 unfinished, 1 stop token, 2 length */
+	const int16_t *route_ids;     /* (T, n_moe, k) or NULL */
+	const float *route_w;         /* (T, n_moe, k) or NULL */
+	int n_moe, k;
+	const char *model_fingerprint, *conditions_hash;
+	hi3_st *st;
+} hi3_segment;
+
+int hi3_segment_open(hi3_segment **out, const char *path, hi3_error *err);
+void hi3_segment_close(hi3_segment *s);
+
+typedef struct hi3_replay_opts {
+	int batched;              /* rows right padded into batches, else one row per forward */
+	int max_tokens;           /* token budget of a batched forward (0: 8192) */
+	int routing_recorded;     /* force the segment's recorded experts */
+	int weights_recorded;     /* ... and their recorded weights */
+	hi3_progress_fn progress;
+	void *progress_ctx;
+} hi3_replay_opts;
+
+typedef struct hi3_replay_row {
+	int64_t tokens;           /* 0: empty response, nothing to compare */
+	double mean_abs, max_abs; /* |replay - rollout| log-prob */
+	double ratio_mean, ratio_min, ratio_max;   /* exp(replay - rollout) */
+	int64_t worst;            /* index within the row of the largest gap */
+	double mean_abs_free, max_abs_free;        /* without routing replay */
+	int64_t routing_flips, routing_tokens;
+} hi3_replay_row;
+
+typedef struct hi3_replay_report {
+	int B;
+	hi3_replay_row *rows;     /* (B) */
+	int64_t tokens, empty_rows, worst;         /* worst: index in the segment */
+	double mean_abs, max_abs, ratio_mean, ratio_min, ratio_max;
+	double mean_abs_free, max_abs_free;
+	int64_t routing_flips, routing_tokens;
+	double seconds;
+} hi3_replay_report;
+
+/* Teacher-forced log-probs of the segment's tokens into logprobs (T). */
+int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, float *logprobs,
+               hi3_replay_report *rep, hi3_error *err);
+void hi3_replay_report_release(hi3_replay_report *rep);
+
+/* ----------------------------------------------------------------- parity */
+
+enum hi3_ablation {
+	HI3_ABLATE_NONE = 0,
+	HI3_ABLATE_DECODE_MASK,       /* decode attends every cache slot */
+	HI3_ABLATE_TOKEN_PLACEMENT,   /* new tokens appended at the padded tail */
+	HI3_ABLATE_POS_PAD,           /* pads get position id 0 */
+};
+
+typedef struct hi3_parity_opts {
+	const char *workdir;          /* every stage file goes here, and stays */
+	const int64_t *steps;         /* decode steps of each case */
+	int n_steps;
+	int greedy, sampled;          /* run greedy, and seeded sampling with `sampler` */
+	hi3_sampler sampler;
+	int64_t seed_base;            /* seed of a request without "seed": seed_base + index */
+	int ablate;                   /* enum hi3_ablation, applied to the batched runs only */
+	int pad_to;                   /* pad the batched constructions to at least this many columns */
+	hi3_dtype kv_dtype;
+	double tol;                   /* a case passes with equal tokens and max |d| <= tol */
+	hi3_progress_fn progress;
+	void *progress_ctx;
+} hi3_parity_opts;
+
+typedef struct hi3_parity_row {
+	int row;
+	int64_t n;                    /* its true prompt length */
+	int tokens_equal;
+	int64_t first_diff;           /* first differing token, -1 when none */
+	int64_t len_batched, len_alone;
+	double logp_max;              /* over the tokens both runs produced */
+	double kv_max, kv_slot0_max, kv_rest_max;  /* prefill K/V over slots [0, n) */
+} hi3_parity_row;
+
+typedef struct hi3_parity_case {
+	const char *construction;     /* "batch", "per-row+concat", "padded B=1" */
+	int sampled, steps, L, pass, tokens_equal;
+	double logp_max, kv_max, kv_slot0_max, kv_rest_max;
+	int n_rows;
+	hi3_parity_row *rows;
+} hi3_parity_case;
+
+typedef struct hi3_parity_report {
+	int B, n, pass;               /* pass: every case as expected (broken under an ablation) */
+	int64_t *real_pos;            /* (B) */
+	hi3_parity_case *cases;
+} hi3_parity_report;
+
+int hi3_parity(hi3_model *m, const hi3_template *t, const hi3_requests *rq, const hi3_parity_opts *o,
+               hi3_parity_report *rep, hi3_error *err);
+void hi3_parity_report_release(hi3_parity_report *rep);
+const char *hi3_parity_ablation_name(int ablation);
+int hi3_parity_ablation_parse(const char *name);   /* -1 when unknown */
+
+/* ------------------------------------------------------------------ bench */
+
+typedef struct hi3_bench_model_result {
+	double prefill_s, prefill_tok_s, prefill_flops;
+	double decode_s, decode_tok_s;
+} hi3_bench_model_result;
+
+/* Best-of-reps read bandwidth over a buffer of bytes, in bytes/s. */
+double hi3_bench_membw(size_t bytes, int reps);
+/* One layer's prefill GEMMs at M tokens: total flops, and the best times
+ * of OpenBLAS sgemm (f32 weights) and hi3's packed GEMM (weights wdt). */
+int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *flops, double *t_blas,
+                   double *t_hi3);
+/* Bytes one B = 1 decode step reads at ctx cached slots. */
+double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, int ctx);
+/* In-memory prefill of B x P tokens, then N greedy decode steps. */
+int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r, hi3_error *err);
+hi3_dtype hi3_model_weight_dtype(const hi3_model *m);
 
 /* -------------------------------------------------------------- tokenizer */
 
@@ -301,6 +515,11 @@ int64_t hi3_tok_id(const hi3_tok *t, const char *token);   /* -1 when absent */
 const char *hi3_tok_token(const hi3_tok *t, int64_t id);   /* NULL when absent */
 int64_t hi3_tok_vocab_size(const hi3_tok *t);              /* largest id + 1 */
 const char *hi3_tok_hash(const hi3_tok *t);                /* 16 hex digits of the file's bytes */
+/* The id of the token a tokenizer_config.json names under key (e.g.
+ * "bos_token", "eos_token"; a string or an object with "content"). The
+ * error names the file and the key when it is missing or unknown. */
+int hi3_tok_config_id(const hi3_tok *t, const char *config_path, const char *key, int64_t *id,
+                      hi3_error *err);
 
 /* ------------------------------------------------------------- conditions */
 
@@ -334,8 +553,204 @@ typedef struct hi3_cond {
 
 int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err);
 void hi3_cond_close(hi3_cond *c);
-/* Refuse conditions made for another model (both fingerprints named). */
+/* Refuse conditions made for another model (both fingerprints named; a
+ * file without a fingerprint is not checked), and token ids or stop tokens
+ * outside the model's vocabulary. */
 int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err);
+/* A metadata value of the conditions (format, mode, cfg_factor, pad_id,
+ * pad_positions, requests, ...); NULL when absent. */
+const char *hi3_cond_meta(const hi3_cond *c, const char *key);
+/* Rows per request: 1 for gen_text, 2 for gen_image (rows are ordered
+ * cond_0 .. cond_{R-1}, uncond_0 .. uncond_{R-1}). */
+int hi3_cond_cfg_factor(const hi3_cond *c);
+/* Write conditions (built, merged or opened) atomically; "-" is stdout.
+ * Built and merged conditions live in memory (st is NULL); every
+ * hi3_cond is released with hi3_cond_close. */
+int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err);
+/* Merge conditions of any B and L into one (row groups kept in order: all
+ * cond rows, then all uncond rows). Inputs must agree on mode, template,
+ * cfg_factor, pad id, tokenizer and model ("" agrees with anything); the
+ * error names both files and the field. Pads are rebuilt: input_ids get
+ * the pad id, position_ids continue each row's indices (pad_zero: 0, the
+ * upstream defect), rope_pos (t, t), masks 0. */
+int hi3_cond_concat(hi3_cond **out, const hi3_cond *const *in, int n, int pad_zero, hi3_error *err);
+
+/* The given rows of c, in that order, right padded to the longest of them
+ * or min_L columns: one row with min_L 0 is that row alone, unpadded;
+ * with min_L = c->L it is a right-padded B = 1. Pads follow c's
+ * pad_positions. */
+int hi3_cond_select(hi3_cond **out, const hi3_cond *c, const int *rows, int n, int min_L, hi3_error *err);
+/* Requests: one JSON object per line (hi3-tokenize-concat(1)). */
+typedef struct hi3_requests hi3_requests;
+
+/* Parse JSONL text; name is used in messages ("FILE:LINE: ..."). */
+int hi3_requests_parse(hi3_requests **out, const char *text, size_t len, const char *name, hi3_error *err);
+/* Read and parse a JSONL file ("-" reads standard input). */
+int hi3_requests_read(hi3_requests **out, const char *path, hi3_error *err);
+void hi3_requests_free(hi3_requests *r);
+int hi3_requests_count(const hi3_requests *r);
+/* 1 when some request has a prompt (needs the tokenizer and template). */
+int hi3_requests_need_tokenizer(const hi3_requests *r);
+
+/* The sequence template of SPEC 4 with what it needs: the tokenizer (only
+ * for requests with a prompt), special token ids looked up by name, the
+ * image settings of config.json and the pad id. */
+typedef struct hi3_template hi3_template;
+
+typedef struct hi3_template_opts {
+	const char *model_dir;     /* config.json, tokenizer_config.json, generation_config.json,
+	                            * tokenizer.json; NULL: none */
+	const char *tokenizer;     /* tokenizer.json to use instead of MODEL/tokenizer.json, or NULL */
+	int load_tokenizer;        /* 1: load the tokenizer (needed for prompts) */
+	int fingerprint;           /* 1: fingerprint the checkpoint in model_dir */
+	const char *name;          /* "pretrain" or "instruct"; NULL: generation_config.json's
+	                            * sequence_template, else "pretrain" */
+	int drop_think;            /* drop <think>...</think> sections of cot text */
+	int64_t pad_id;            /* >= 0: the pad id; -1: from tokenizer_config.json or config.json */
+} hi3_template_opts;
+
+int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error *err);
+void hi3_template_free(hi3_template *t);
+int64_t hi3_template_pad_id(const hi3_template *t);     /* -1 when unknown */
+const char *hi3_template_name(const hi3_template *t);  /* "pretrain" or "instruct" */
+const hi3_tok *hi3_template_tok(const hi3_template *t); /* NULL when not loaded */
+const char *hi3_template_fingerprint(const hi3_template *t); /* the model's, or "" */
+
+/* One encoded row, before padding: what the template gives for a request. */
+typedef struct hi3_cond_row {
+	int64_t n;                      /* tokens */
+	int64_t *ids;                   /* (n) */
+	int32_t *rope;                  /* (n, 2) RoPE (y, x) */
+	int n_blocks;
+	int32_t *blocks;                /* (n_blocks, 2) full-attention [start, stop) */
+	uint8_t *gen_image_mask;        /* (n) or NULL */
+	uint8_t *cond_vit_mask;         /* (n) or NULL */
+	uint8_t *cond_vae_mask;         /* (n) or NULL */
+	int n_ts;
+	int64_t *timestep_index;        /* (n_ts) positions of <timestep> tokens */
+	int n_stop;
+	int64_t *stop_tokens;           /* (n_stop) */
+	int64_t seed;
+} hi3_cond_row;
+
+/* Encode request i (uncond: the classifier-free-guidance row, whose user
+ * and assistant text become <cfg> tokens); a pre-tokenized request is
+ * taken verbatim. row->seed is left 0 (hi3_cond_build sets it). Errors
+ * name FILE:LINE. */
+int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, int uncond, hi3_cond_row *row,
+                        hi3_error *err);
+void hi3_cond_row_release(hi3_cond_row *row);
+
+typedef struct hi3_cond_build_opts {
+	int per_row;                    /* 1: each request alone into its own conditions, then merged */
+	int pad_zero;                   /* pad position_ids with 0 (the upstream defect) */
+	int64_t max_length;             /* > 0: refuse rows longer than this */
+	int64_t seed_base;              /* seed of a request without "seed": seed_base + its index */
+} hi3_cond_build_opts;
+
+/* Build the conditions of a batch of requests (SPEC 5.1, 7). */
+int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
+                   hi3_error *err);
+
+/* ------------------------------------------------------------------ tools */
+
+/* Statistics of a tensor of any dtype: min, max and mean over the finite
+ * elements (NaN when there are none), and how many are NaN and +-Inf.
+ * Deterministic for any thread count (threads 0: the OpenMP default). */
+typedef struct hi3_stats {
+	int64_t n, n_nan, n_inf;
+	double min, max, mean;
+} hi3_stats;
+int hi3_tensor_stats(const hi3_tensor *t, int threads, hi3_stats *s, hi3_error *err);
+
+/* Write an 8-bit RGB image (height rows of width * 3 bytes) as a PNG,
+ * atomically; "-" writes standard output. */
+int hi3_png_write_rgb(const char *path, int width, int height, const uint8_t *rgb, hi3_error *err);
+
+/* hi3 inspect (see hi3-inspect(1)). path is a safetensors file or a
+ * checkpoint directory (model.safetensors or model.safetensors.index.json). */
+typedef struct hi3_inspect_opts {
+	int json;                /* one JSON object instead of text */
+	const char *tensor;      /* print this tensor's values (or render it with png) */
+	const char *slice;       /* numpy-style selection of tensor, e.g. "0,:,3:7" */
+	const char *png;         /* render a heatmap / attention mask / slot map here */
+	int64_t row;             /* conditions file: the row whose mask png renders; -1: none */
+	int scale;               /* png pixels per element; 0: automatic */
+	int threads;             /* 0: the OpenMP default */
+} hi3_inspect_opts;
+/* Run inspect; the report (text or JSON, possibly empty) is returned in
+ * *report (malloc'd, NUL-terminated; free it). A bad selection is a usage
+ * error (status 2), an unreadable file an input error (status 3). */
+int hi3_inspect(const char *path, const hi3_inspect_opts *o, char **report, size_t *len,
+                hi3_error *err);
+
+/* hi3 diff (see hi3-diff(1)): two safetensors files compared tensor by tensor. */
+typedef struct hi3_diff_opts {
+	double atol, rtol;       /* an element differs when |a - b| > atol + rtol * |b| */
+	int valid_only;          /* kv files: only each row's valid slots / generated steps */
+	int64_t row_a, row_b;    /* compare row row_a of A with row row_b of B; -1: all rows */
+	const char *const *tensors;  /* restrict to these names (n_tensors of them) */
+	int n_tensors;
+	int threads;             /* 0: the OpenMP default */
+} hi3_diff_opts;
+
+enum hi3_diff_status {
+	HI3_DIFF_OK,             /* compared: every element within tolerance */
+	HI3_DIFF_OVER,           /* compared: some element over tolerance */
+	HI3_DIFF_ONLY_A,         /* the tensor is only in A */
+	HI3_DIFF_ONLY_B,         /* the tensor is only in B */
+	HI3_DIFF_DTYPE,          /* dtypes differ (not compared) */
+	HI3_DIFF_SHAPE,          /* shapes differ (not compared) */
+	HI3_DIFF_LENGTH,         /* --row on segments: the rows' lengths differ (the overlap compared) */
+	HI3_DIFF_SKIPPED,        /* --row: the tensor has no row axis */
+};
+
+/* An element: its index in A's tensor, and the same place named by the
+ * meaning of each dimension where the file format is known. */
+typedef struct hi3_diff_loc {
+	int ndim;
+	int64_t idx[HI3_MAX_DIMS];        /* index into A's tensor */
+	int n_named;                      /* 0: no names, use idx */
+	const char *label[HI3_MAX_DIMS];  /* "row", "head", "slot", "col", "pos", ... */
+	int64_t val[HI3_MAX_DIMS];
+	double a, b;                      /* the two values there */
+} hi3_diff_loc;
+
+typedef struct hi3_diff_tensor {
+	char *name;
+	int status;                       /* enum hi3_diff_status */
+	hi3_dtype dtype_a, dtype_b;
+	int ndim_a, ndim_b;
+	int64_t shape_a[HI3_MAX_DIMS], shape_b[HI3_MAX_DIMS];
+	int64_t n_compared, n_over;
+	int64_t len_a, len_b;             /* HI3_DIFF_LENGTH: the two rows' lengths */
+	double max_abs;                   /* max |a - b|; +Inf for NaN against a number */
+	hi3_diff_loc worst;               /* the first element where |a - b| = max_abs (max_abs > 0) */
+	hi3_diff_loc first;               /* the first element over tolerance (n_over > 0) */
+} hi3_diff_tensor;
+
+typedef struct hi3_diff_result {
+	char *path_a, *path_b;
+	char *format_a, *format_b;        /* "" when the file names none */
+	hi3_diff_opts opts;               /* as run (tensors not kept) */
+	int valid_only;                   /* in effect (--row on kv files implies it) */
+	int n;
+	hi3_diff_tensor *t;               /* natural name order (k.2 before k.10); kv files: k.0, v.0, k.1, ... first */
+	int n_differ;                     /* tensors with a status other than OK and SKIPPED */
+	int first, worst;                 /* indices into t (first differing, largest max_abs); -1: none */
+	int format_differs;               /* the files name different formats */
+	int equal;                        /* no tensor differs and the formats agree */
+} hi3_diff_result;
+
+/* Compare A and B. Returns 0 with *out filled whether or not they differ
+ * (see n_differ); -1 when a file cannot be read (status 3) or the options
+ * do not fit the files (status 2). */
+int hi3_diff(const char *path_a, const char *path_b, const hi3_diff_opts *o, hi3_diff_result **out,
+             hi3_error *err);
+void hi3_diff_free(hi3_diff_result *r);
+/* The report: one line per tensor and a summary line, or one JSON object.
+ * *text is malloc'd (free it); returns 0 or -1 when out of memory. */
+int hi3_diff_report(const hi3_diff_result *r, int json, char **text, size_t *len, hi3_error *err);
 
 #ifdef __cplusplus
 }

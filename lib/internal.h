@@ -48,6 +48,13 @@ int hi3i_commit_tmpfile(int fd, const char *tmp, const char *path, hi3_error *er
 int hi3i_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int hi3i_parse_f64(const char *s, double *out);
 
+/* Take an exclusive lock on an open file (released when it is closed);
+ * fails at once when another process holds it. */
+int hi3i_st_lock(hi3_st *st, hi3_error *err);
+
+/* How many elements of a float array are NaN or infinite (0 for integer dtypes). */
+int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n);
+
 /* The model's backend ops table (lib/backend.h). */
 struct hi3_backend;
 

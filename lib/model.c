@@ -25,17 +25,11 @@ static hi3_wt *load_w(hi3_model *m, const char *name, int kind, hi3_error *err)
 		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is missing", m->dir, name);
 		return NULL;
 	}
-	if (hi3_dtype_is_float(t->dtype) && t->dtype != HI3_F8_E4M3 && t->dtype != HI3_F8_E5M2) {
-		/* Warn about non-finite weights once per tensor. */
-		int64_t n = hi3_tensor_numel(t), bad = 0;
-		for (int64_t i = 0; i < n; i++) {
-			double v = hi3_elem_f64(t->data, t->dtype, (size_t)i);
-			if (!isfinite(v))
-				bad++;
-		}
+	{
+		int64_t bad = hi3i_count_nonfinite(t->data, t->dtype, (size_t)hi3_tensor_numel(t));
 		if (bad)
 			hi3_log(HI3_LOG_WARN, "%s: tensor '%s' holds %lld NaN/Inf values of %lld",
-			        hi3_ckpt_file_of(m->ck, name), name, (long long)bad, (long long)n);
+			        hi3_ckpt_file_of(m->ck, name), name, (long long)bad, (long long)hi3_tensor_numel(t));
 	}
 	w = m->be->weight(m->be, t, kind, err);
 	if (!w)
@@ -231,6 +225,13 @@ const char *hi3_model_backend(const hi3_model *m) { return m->be->name; }
 int hi3_model_n_moe_layers(const hi3_model *m) { return m->n_moe; }
 int hi3_model_max_topk(const hi3_model *m) { return m->max_k; }
 
+hi3_dtype hi3_model_weight_dtype(const hi3_model *m)
+{
+	const hi3_tensor *t = hi3_ckpt_find(m->ck, "model.layers.0.self_attn.qkv_proj.weight");
+
+	return t ? t->dtype : HI3_F32;
+}
+
 /* Make sure the scratch buffers hold M tokens and n_logit logit rows. */
 static int work_reserve(hi3_model *m, size_t M, size_t n_logit, hi3_error *err)
 {
@@ -365,7 +366,8 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 	be->download(be, rl, m->w.rl, sizeof(float) * (size_t)M * (size_t)E);
 	for (int t = 0; t < M; t++) {
 		size_t rec = ((size_t)t * NM + (size_t)L->moe_index) * (size_t)K;
-		const int16_t *force = b->force_route ? b->force_route + rec : NULL;
+		/* a token whose record starts with -1 routes freely */
+		const int16_t *force = b->force_route && b->force_route[rec] >= 0 ? b->force_route + rec : NULL;
 		if (force)
 			for (int j = 0; j < k; j++)
 				if (force[j] < 0 || force[j] >= E) {

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -249,7 +250,8 @@ static int parse_header(hi3_st *st, hi3_error *err)
 		if (parse_tensor(st, name, val, &st->t[st->n - 1], data_size, err) != 0)
 			goto out;
 	}
-	qsort(st->t, (size_t)st->n, sizeof(hi3_tensor), offset_cmp);
+	if (st->n > 1)
+		qsort(st->t, (size_t)st->n, sizeof(hi3_tensor), offset_cmp);
 	pos = 0;
 	for (i = 0; i < st->n; i++) {
 		size_t b = (size_t)((unsigned char *)st->t[i].data - (st->map + 8 + st->header_size));
@@ -278,7 +280,8 @@ static int parse_header(hi3_st *st, hi3_error *err)
 	}
 	for (i = 0; i < st->n; i++)
 		st->by_name[i] = i;
-	qsort_r(st->by_name, (size_t)st->n, sizeof(int), name_cmp_ctx_st_sort, st->t);
+	if (st->n > 1)
+		qsort_r(st->by_name, (size_t)st->n, sizeof(int), name_cmp_ctx_st_sort, st->t);
 	rc = 0;
 out:
 	json_decref(root);
@@ -389,10 +392,10 @@ static int check_tensor(const char *path, const char *name, const hi3_tensor *t,
 	for (int i = 0; ok && i < ndim; i++)
 		ok = shape[i] < 0 || shape[i] == t->shape[i];
 	if (!ok) {
-		int64_t w[HI3_MAX_DIMS];
+		int64_t w[HI3_MAX_DIMS] = {0};
 		size_t off = 0;
 
-		for (int i = 0; i < ndim; i++)
+		for (int i = 0; i < ndim && i < HI3_MAX_DIMS; i++)
 			w[i] = shape[i];
 		hi3_shape_str(want, sizeof(want), ndim, w);
 		for (int i = 0; i < ndim; i++)
@@ -448,6 +451,17 @@ int hi3_st_expect_format(const hi3_st *st, const char *format, hi3_error *err)
 	if (!v || strcmp(v, HI3_FORMAT_VERSION))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: expected format_version '%s', found '%s'", st->path,
 		                     HI3_FORMAT_VERSION, v ? v : "(none)");
+	return 0;
+}
+
+int hi3i_st_lock(hi3_st *st, hi3_error *err)
+{
+	if (st->fd < 0)
+		return hi3_error_set(err, HI3_ERR_USAGE, "%s: cannot lock standard input", st->path);
+	if (flock(st->fd, LOCK_EX | LOCK_NB) != 0)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: %s", st->path,
+		                     errno == EWOULDBLOCK ? "another process is updating this file (it is locked)"
+		                                          : strerror(errno));
 	return 0;
 }
 
@@ -638,7 +652,8 @@ int hi3_stw_write(hi3_st_writer *w, const char *path, hi3_error *err)
 	char *hdr = NULL, *tmp = NULL;
 	size_t hlen = 0, total;
 
-	qsort(w->t, (size_t)w->n, sizeof(*w->t), layout_cmp);
+	if (w->n > 1)
+		qsort(w->t, (size_t)w->n, sizeof(*w->t), layout_cmp);
 	hdr = build_header(w, &hlen);
 	if (!hdr)
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory building the header", path);
@@ -828,7 +843,8 @@ int hi3_ckpt_open(hi3_ckpt **out, const char *dir, hi3_error *err)
 		}
 		ck->n = hi3_st_count(ck->files[0]);
 	}
-	qsort(ck->e, (size_t)ck->n, sizeof(*ck->e), ck_cmp);
+	if (ck->n > 1)
+		qsort(ck->e, (size_t)ck->n, sizeof(*ck->e), ck_cmp);
 	*out = ck;
 	rc = 0;
 out:

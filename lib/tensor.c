@@ -215,3 +215,37 @@ const char *hi3_shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
 		snprintf(buf + off, n - off, ")");
 	return buf;
 }
+
+int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n)
+{
+	const unsigned char *p = data;
+	int64_t bad = 0;
+
+	switch (dt) {
+	case HI3_F32:
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (n >= (1u << 20))
+		for (size_t i = 0; i < n; i++) {
+			uint32_t u;
+			memcpy(&u, p + 4 * i, 4);
+			bad += (u & 0x7f800000u) == 0x7f800000u;
+		}
+		return bad;
+	case HI3_BF16:
+	case HI3_F16: {
+		uint16_t mask = dt == HI3_BF16 ? 0x7f80 : 0x7c00;
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (n >= (1u << 20))
+		for (size_t i = 0; i < n; i++) {
+			uint16_t u;
+			memcpy(&u, p + 2 * i, 2);
+			bad += (u & mask) == mask;
+		}
+		return bad;
+	}
+	default:
+		if (!hi3_dtype_is_float(dt))
+			return 0;
+		for (size_t i = 0; i < n; i++)
+			bad += !isfinite(hi3_elem_f64(data, dt, i));
+		return bad;
+	}
+}

@@ -1,0 +1,126 @@
+/* cmd-bench.c -- hi3 bench: side-by-side CPU measurements in one run. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+#include "commands.h"
+
+const char cmd_bench_help[] =
+	"usage: hi3 bench -m MODEL [--batch B] [--prompt-len P] [--new N] [--reps R] [--json]\n"
+	"\n"
+	"Measure, in one run: the memory read bandwidth; OpenBLAS sgemm against hi3's\n"
+	"packed GEMM on one layer's prefill shapes at B*P tokens; an in-memory prefill\n"
+	"of B x P tokens and N greedy decode steps through the model; and the decode\n"
+	"floor of a B = 1 step: the bytes it must read (active weights and KV) over the\n"
+	"measured bandwidth. No files are written. Use --batch-invariant=off to time the\n"
+	"OpenBLAS path of the model instead of the batch-invariant one.\n"
+	"\n"
+	"  -b, --batch B        rows (default 1)\n"
+	"  -p, --prompt-len P   prompt tokens per row (default 512)\n"
+	"  -n, --new N          decode steps (default 64)\n"
+	"      --reps R         repetitions of the micro benchmarks, best kept (default 3)\n"
+	"      --json           one JSON object on standard output instead of the table\n";
+
+enum { OPT_REPS = CLI_OPT_FIRST_LOCAL, OPT_JSON };
+
+int cmd_bench(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		CLI_GLOBAL_LONGOPTS,
+		{"batch", required_argument, NULL, 'b'},
+		{"prompt-len", required_argument, NULL, 'p'},
+		{"new", required_argument, NULL, 'n'},
+		{"reps", required_argument, NULL, OPT_REPS},
+		{"json", no_argument, NULL, OPT_JSON},
+		{NULL, 0, NULL, 0},
+	};
+	int64_t B = 1, P = 512, N = 64, reps = 3, v;
+	int json = 0, ch, rc;
+	hi3_model *m = NULL;
+	hi3_error err = {0};
+	hi3_bench_model_result r;
+	double bw, gflops, tb, th, bytes, floor_s, step_s;
+	const hi3_config *c;
+	hi3_dtype wdt;
+
+	while ((ch = getopt_long(argc, argv, CLI_GLOBAL_SHORT "b:p:n:", opts, NULL)) != -1) {
+		switch (ch) {
+		case 'b':
+			if (cli_int("--batch", optarg, 1, 4096, &B))
+				return HI3_ERR_USAGE;
+			break;
+		case 'p':
+			if (cli_int("--prompt-len", optarg, 1, 1 << 20, &P))
+				return HI3_ERR_USAGE;
+			break;
+		case 'n':
+			if (cli_int("--new", optarg, 0, 1 << 20, &N))
+				return HI3_ERR_USAGE;
+			break;
+		case OPT_REPS:
+			if (cli_int("--reps", optarg, 1, 1000, &v))
+				return HI3_ERR_USAGE;
+			reps = v;
+			break;
+		case OPT_JSON:
+			json = 1;
+			break;
+		default:
+			if ((rc = cli_other_option(ch, optarg)) >= 0)
+				return rc;
+		}
+	}
+	if (optind != argc)
+		return cli_usage_error("unexpected argument '%s'", argv[optind]);
+	if (cli_open_model(&m, &err) != 0)
+		return cli_fail(&err);
+	c = hi3_model_config(m);
+	wdt = hi3_model_weight_dtype(m);
+	cli_info("measuring memory bandwidth");
+	bw = hi3_bench_membw((size_t)1 << 30, (int)reps);
+	cli_info("timing GEMMs at M = %lld", (long long)(B * P));
+	if (hi3_bench_gemm(c, (int)(B * P), wdt, (int)reps, &gflops, &tb, &th) != 0) {
+		hi3_error_set(&err, HI3_ERR_RUNTIME, "out of memory for the GEMM benchmark");
+		hi3_model_close(m);
+		return cli_fail(&err);
+	}
+	cli_info("prefill %lld x %lld, decode %lld steps", (long long)B, (long long)P, (long long)N);
+	if (hi3_bench_model(m, (int)B, (int)P, (int)N, &r, &err) != 0) {
+		hi3_model_close(m);
+		return cli_fail(&err);
+	}
+	bytes = hi3_bench_step_bytes(c, wdt, HI3_F32, (int)(P + N / 2));
+	floor_s = bytes / bw;
+	step_s = N ? r.decode_s / (double)N : 0.0;
+	if (json) {
+		json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+		                      "s:f, s:f, s:f}",
+		                      "impl", "hi3", "model", cli.model_dir, "weights", hi3_dtype_name(wdt),
+		                      "batch", (json_int_t)B, "prompt_len", (json_int_t)P, "new", (json_int_t)N,
+		                      "batch_invariant", cli.batch_invariant, "mem_read_gb_s", bw / 1e9,
+		                      "sgemm_gflop_s", gflops / tb / 1e9, "hi3_gemm_gflop_s", gflops / th / 1e9,
+		                      "prefill_s", r.prefill_s, "prefill_tok_s", r.prefill_tok_s,
+		                      "prefill_gflop_s", r.prefill_flops / r.prefill_s / 1e9, "decode_s", r.decode_s,
+		                      "decode_tok_s", r.decode_tok_s, "decode_step_ms", step_s * 1e3,
+		                      "decode_floor_step_ms", floor_s * 1e3, "step_bytes_mb", bytes / 1e6);
+		json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
+		fputc('\n', stdout);
+		json_decref(o);
+	} else {
+		printf("model %s (%s weights), B = %lld, prompt %lld, %lld new, batch-invariant %s\n", cli.model_dir,
+		       hi3_dtype_name(wdt), (long long)B, (long long)P, (long long)N, cli.batch_invariant ? "on" : "off");
+		printf("  memory read bandwidth         %8.2f GB/s\n", bw / 1e9);
+		printf("  one layer's prefill GEMMs     OpenBLAS sgemm %8.2f GFLOP/s   hi3 packed %8.2f GFLOP/s\n",
+		       gflops / tb / 1e9, gflops / th / 1e9);
+		printf("  prefill                       %8.1f tokens/s  %8.2f GFLOP/s (%.0f%% of sgemm)\n",
+		       r.prefill_tok_s, r.prefill_flops / r.prefill_s / 1e9,
+		       100.0 * (r.prefill_flops / r.prefill_s) / (gflops / tb));
+		printf("  decode                        %8.1f tokens/s  %8.2f ms/step\n", r.decode_tok_s, step_s * 1e3);
+		if (B == 1)
+			printf("  decode floor (B = 1)          %8.2f ms/step (%.1f MB/step at %.2f GB/s); measured %.2fx\n",
+			       floor_s * 1e3, bytes / 1e6, bw / 1e9, step_s / floor_s);
+	}
+	hi3_model_close(m);
+	return 0;
+}

@@ -1,0 +1,227 @@
+/* cmd-replay.c -- hi3 replay: teacher-forced log-probs and the ratio report. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+#include "commands.h"
+
+const char cmd_replay_help[] =
+	"usage: hi3 replay -m MODEL [options] COND SEG -o REPLAY\n"
+	"\n"
+	"Recompute, teacher-forced, the log-prob of every response token of the segment\n"
+	"SEG (made by 'hi3 decode' from COND): for each row one causal forward over its\n"
+	"true prompt (its first n_i tokens, no padding) and its response; token j is\n"
+	"scored by the logits at index n_i - 1 + j at temperature 1. Writes REPLAY\n"
+	"(format hi3.replay: logprobs aligned with the segment) and prints a JSON report\n"
+	"on standard output: per row and overall the token count, mean and max\n"
+	"|replay - rollout| log-prob, the ratio exp(replay - rollout) mean/min/max and\n"
+	"the worst token. Rows with empty responses are reported as such.\n"
+	"\n"
+	"      --batched                 right-pad the rows into batches (same log-probs)\n"
+	"      --chunk-tokens N          token budget of a batched forward (default 8192)\n"
+	"      --routing=free|recorded   recorded: force the experts the segment recorded\n"
+	"                                (decode --record-routing); the report then shows\n"
+	"                                the gap with and without routing replay\n"
+	"      --routing-weights=router|recorded\n"
+	"                                with --routing=recorded: recompute the expert\n"
+	"                                weights from the router (default) or use the\n"
+	"                                recorded ones\n"
+	"      --threshold X             exit 1 when the max |gap| exceeds X\n"
+	"  -o, --output REPLAY           the replay file to write (atomically)\n";
+
+enum { OPT_BATCHED = CLI_OPT_FIRST_LOCAL, OPT_CHUNK, OPT_ROUTING, OPT_WEIGHTS, OPT_THRESHOLD };
+
+static void progress(void *ctx, int64_t done, int64_t total)
+{
+	(void)ctx;
+	cli_progress("replay rows", done, total);
+}
+
+static json_t *num(double v)
+{
+	return isfinite(v) ? json_real(v) : json_null();
+}
+
+static json_t *row_json(const hi3_replay_row *r, int i, int routed, int have_routes)
+{
+	json_t *o = json_object();
+
+	if (i >= 0)
+		json_object_set_new(o, "row", json_integer(i));
+	json_object_set_new(o, "tokens", json_integer(r->tokens));
+	if (r->tokens == 0) {
+		json_object_set_new(o, "empty", json_true());
+		return o;
+	}
+	json_object_set_new(o, "mean_abs_dlogp", num(r->mean_abs));
+	json_object_set_new(o, "max_abs_dlogp", num(r->max_abs));
+	json_object_set_new(o, "ratio", json_pack("{s:o, s:o, s:o}", "mean", num(r->ratio_mean), "min",
+	                                          num(r->ratio_min), "max", num(r->ratio_max)));
+	json_object_set_new(o, "worst_token", json_integer(r->worst));
+	if (routed) {
+		json_object_set_new(o, "max_abs_dlogp_free_routing", num(r->max_abs_free));
+		json_object_set_new(o, "mean_abs_dlogp_free_routing", num(r->mean_abs_free));
+	}
+	if (have_routes) {
+		json_object_set_new(o, "routing_flips", json_integer(r->routing_flips));
+		json_object_set_new(o, "routing_tokens", json_integer(r->routing_tokens));
+	}
+	return o;
+}
+
+static int write_replay(const char *path, const hi3_model *m, const hi3_segment *s, const float *lp,
+                        const char *seg_path, const hi3_replay_opts *o, hi3_error *err)
+{
+	hi3_st_writer *w = hi3_stw_new();
+	int64_t shape[1] = {s->T};
+	int rc;
+
+	if (!w)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	hi3_stw_meta(w, "format", "hi3.replay");
+	hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION);
+	hi3_stw_meta(w, "model_fingerprint", hi3_model_fingerprint(m));
+	hi3_stw_meta(w, "conditions_hash", s->conditions_hash ? s->conditions_hash : "");
+	hi3_stw_meta(w, "segment_file", seg_path);
+	hi3_stw_meta(w, "mode", o->batched ? "batched" : "per-row");
+	hi3_stw_meta(w, "routing", o->routing_recorded ? (o->weights_recorded ? "recorded+weights" : "recorded")
+	                                               : "free");
+	if (hi3_stw_add(w, "logprobs", HI3_F32, 1, shape, lp) != 0) {
+		hi3_stw_free(w);
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	}
+	rc = hi3_stw_write(w, path, err);
+	hi3_stw_free(w);
+	return rc;
+}
+
+int cmd_replay(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		CLI_GLOBAL_LONGOPTS,
+		{"batched", no_argument, NULL, OPT_BATCHED},
+		{"chunk-tokens", required_argument, NULL, OPT_CHUNK},
+		{"routing", required_argument, NULL, OPT_ROUTING},
+		{"routing-weights", required_argument, NULL, OPT_WEIGHTS},
+		{"threshold", required_argument, NULL, OPT_THRESHOLD},
+		{"output", required_argument, NULL, 'o'},
+		{NULL, 0, NULL, 0},
+	};
+	hi3_replay_opts o = {.progress = progress};
+	hi3_replay_report rep = {0};
+	const char *out = NULL;
+	double threshold = -1;
+	hi3_model *m = NULL;
+	hi3_cond *c = NULL;
+	hi3_segment *s = NULL;
+	hi3_error err = {0};
+	float *lp = NULL;
+	int ch, rc, weights_flag = 0;
+	int64_t v;
+
+	while ((ch = getopt_long(argc, argv, CLI_GLOBAL_SHORT "o:", opts, NULL)) != -1) {
+		switch (ch) {
+		case OPT_BATCHED:
+			o.batched = 1;
+			break;
+		case OPT_CHUNK:
+			if (cli_int("--chunk-tokens", optarg, 1, INT32_MAX, &v))
+				return HI3_ERR_USAGE;
+			o.max_tokens = (int)v;
+			break;
+		case OPT_ROUTING:
+			if (!strcmp(optarg, "recorded"))
+				o.routing_recorded = 1;
+			else if (strcmp(optarg, "free"))
+				return cli_usage_error("--routing: expected free or recorded, found '%s'", optarg);
+			break;
+		case OPT_WEIGHTS:
+			weights_flag = 1;
+			if (!strcmp(optarg, "recorded"))
+				o.weights_recorded = 1;
+			else if (strcmp(optarg, "router"))
+				return cli_usage_error("--routing-weights: expected router or recorded, found '%s'", optarg);
+			break;
+		case OPT_THRESHOLD:
+			if (cli_double("--threshold", optarg, 0.0, 1e30, &threshold))
+				return HI3_ERR_USAGE;
+			break;
+		case 'o':
+			out = optarg;
+			break;
+		default:
+			if ((rc = cli_other_option(ch, optarg)) >= 0)
+				return rc;
+		}
+	}
+	if (optind + 2 != argc)
+		return cli_usage_error("expected COND and SEG, found %d arguments", argc - optind);
+	if (!out)
+		return cli_usage_error("-o REPLAY is required");
+	if (weights_flag && !o.routing_recorded)
+		return cli_usage_error("--routing-weights needs --routing=recorded");
+	if (hi3_cond_open(&c, argv[optind], &err) != 0 || hi3_segment_open(&s, argv[optind + 1], &err) != 0 ||
+	    cli_open_model(&m, &err) != 0) {
+		rc = cli_fail(&err);
+		goto out;
+	}
+	lp = calloc((size_t)s->T + 1, sizeof(float));
+	if (!lp) {
+		hi3_error_set(&err, HI3_ERR_RUNTIME, "out of memory");
+		rc = cli_fail(&err);
+		goto out;
+	}
+	rc = hi3_replay(m, c, s, &o, lp, &rep, &err);
+	cli_progress_end();
+	if (rc == 0)
+		rc = write_replay(out, m, s, lp, argv[optind + 1], &o, &err);
+	if (rc != 0) {
+		rc = cli_fail(&err);
+		goto out;
+	}
+	{
+		json_t *root = json_object(), *rows = json_array();
+		hi3_replay_row all = {
+			.tokens = rep.tokens, .mean_abs = rep.mean_abs, .max_abs = rep.max_abs,
+			.ratio_mean = rep.ratio_mean, .ratio_min = rep.ratio_min, .ratio_max = rep.ratio_max,
+			.worst = rep.worst, .mean_abs_free = rep.mean_abs_free, .max_abs_free = rep.max_abs_free,
+			.routing_flips = rep.routing_flips, .routing_tokens = rep.routing_tokens,
+		};
+		int have_routes = s->route_ids != NULL && hi3_model_n_moe_layers(m) > 0;
+		json_t *ov;
+
+		for (int i = 0; i < rep.B; i++)
+			json_array_append_new(rows, row_json(&rep.rows[i], i, o.routing_recorded, have_routes));
+		ov = row_json(&all, -1, o.routing_recorded, have_routes);
+		if (rep.tokens) {
+			int64_t worst_row = 0;
+			while (worst_row + 1 < s->B && s->cu_seqlens[worst_row + 1] <= rep.worst)
+				worst_row++;
+			json_object_set_new(ov, "worst_row", json_integer(worst_row));
+			json_object_set_new(ov, "worst_token", json_integer(rep.worst - s->cu_seqlens[worst_row]));
+		}
+		json_object_set_new(ov, "empty_rows", json_integer(rep.empty_rows));
+		json_object_set_new(root, "mode", json_string(o.batched ? "batched" : "per-row"));
+		json_object_set_new(root, "routing", json_string(o.routing_recorded ? "recorded" : "free"));
+		json_object_set_new(root, "rows", rows);
+		json_object_set_new(root, "overall", ov);
+		json_object_set_new(root, "seconds", json_real(rep.seconds));
+		json_object_set_new(root, "tokens_per_s",
+		                    json_real(rep.seconds > 0 ? (double)rep.tokens / rep.seconds : 0.0));
+		json_dumpf(root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+		fputc('\n', stdout);
+		json_decref(root);
+	}
+	if (threshold >= 0 && !(rep.max_abs <= threshold)) {
+		cli_warn("max |replay - rollout| log-prob %.3g exceeds --threshold %.3g", rep.max_abs, threshold);
+		rc = HI3_ERR_RUNTIME;
+	}
+out:
+	free(lp);
+	hi3_replay_report_release(&rep);
+	hi3_model_close(m);
+	hi3_segment_close(s);
+	hi3_cond_close(c);
+	return rc;
+}
