@@ -75,9 +75,19 @@ cudaError_t HI3K(rope_qk)(cudaStream_t s, float *qkv, const int32_t *pos, const 
                           const float *kn, int n_kv, int g, int d, float eps, int M);
 /* keep (M) = 1 where token m is stored: slot[m] >= 0 and no later token
  * has the same (row, slot); then K and V of qkv (M, W) go to
- * k, v (B, n_kv, C, d) of dtype F32 or BF16 at [row[m], :, slot[m], :]. */
+ * k, v (B, n_kv, C, d) of dtype F32 or BF16 at [row[m], :, slot[m], :].
+ * dirty (B, 2), when not NULL, widens each row's [first, last] slot
+ * written since the last sync to the host. */
 cudaError_t HI3K(kv_store)(cudaStream_t s, void *k, void *v, int dtype, int C, const float *qkv, const int32_t *row,
-                           const int64_t *slot, uint8_t *keep, int n_kv, int g, int d, int M);
+                           const int64_t *slot, uint8_t *keep, int32_t *dirty, int n_kv, int g, int d, int M);
+/* Gather slot ranges of a KV mirror into dst, for one copy to the host.
+ * mem holds n_layers x (K, V) blocks of layer_bytes, each (B, n_kv, C, d)
+ * of es-byte elements (d es a multiple of 4). Range i is row ranges[3i],
+ * slots ranges[3i+1] .. + ranges[3i+2] - 1; it lands, for block b = 2 l +
+ * (0 for K, 1 for V) and kv head j, at word b block_words + offs[i] +
+ * j ranges[3i+2] d es / 4. */
+cudaError_t HI3K(kv_pack)(cudaStream_t s, uint32_t *dst, const void *mem, size_t layer_bytes, int n_layers, int n_kv,
+                          int C, int d, int es, const int32_t *ranges, const int64_t *offs, int n, size_t block_words);
 /* out (M, n_h d) = softmax(q k^T / sqrt(d)) v over the keys each query
  * admits (hi3_attn_q), q from qkv (M, W). Keys are the call's own tokens
  * (self: k, v index qkv, consecutive queries share a row) and d is a

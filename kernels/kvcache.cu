@@ -37,7 +37,8 @@ static __global__ void kv_keep_kernel(uint8_t *keep, const int32_t *row, const i
 
 /* grid (M, n_kv), block 128: token m's key and value head j */
 static __global__ void kv_store_kernel(void *k, void *v, int dtype, int C, const float *qkv, const int32_t *row,
-                                       const int64_t *slot, const uint8_t *keep, int n_kv, int g, int d)
+                                       const int64_t *slot, const uint8_t *keep, int32_t *dirty, int n_kv, int g,
+                                       int d)
 {
 	const int m = blockIdx.x, j = blockIdx.y;
 	const size_t W = (size_t)n_kv * (size_t)(g + 2) * (size_t)d;
@@ -46,6 +47,10 @@ static __global__ void kv_store_kernel(void *k, void *v, int dtype, int C, const
 
 	if (!keep[m])
 		return;
+	if (dirty && j == 0 && threadIdx.x == 0) {
+		atomicMin(&dirty[2 * row[m]], (int32_t)slot[m]);
+		atomicMax(&dirty[2 * row[m] + 1], (int32_t)slot[m]);
+	}
 	off = (((size_t)row[m] * (size_t)n_kv + (size_t)j) * (size_t)C + (size_t)slot[m]) * (size_t)d;
 	for (int i = threadIdx.x; i < d; i += blockDim.x) {
 		store_elem(k, dtype, off + (size_t)i, blk[(size_t)g * d + i]);
@@ -54,8 +59,8 @@ static __global__ void kv_store_kernel(void *k, void *v, int dtype, int C, const
 }
 
 extern "C" cudaError_t HI3K(kv_store)(cudaStream_t s, void *k, void *v, int dtype, int C, const float *qkv,
-                                      const int32_t *row, const int64_t *slot, uint8_t *keep, int n_kv, int g,
-                                      int d, int M)
+                                      const int32_t *row, const int64_t *slot, uint8_t *keep, int32_t *dirty,
+                                      int n_kv, int g, int d, int M)
 {
 	cudaError_t e;
 
@@ -64,7 +69,36 @@ extern "C" cudaError_t HI3K(kv_store)(cudaStream_t s, void *k, void *v, int dtyp
 	HI3K_LAUNCH(kv_keep_kernel, dim3(div_up((size_t)M, KEEP_BLOCK)), dim3(KEEP_BLOCK), 0, s)(keep, row, slot, M);
 	if ((e = cudaGetLastError()) != cudaSuccess)
 		return e;
-	HI3K_LAUNCH(kv_store_kernel, dim3(M, n_kv), dim3(128), 0, s)(k, v, dtype, C, qkv, row, slot, keep, n_kv, g,
-	                                                             d);
+	HI3K_LAUNCH(kv_store_kernel, dim3(M, n_kv), dim3(128), 0, s)(k, v, dtype, C, qkv, row, slot, keep, dirty, n_kv,
+	                                                             g, d);
+	return cudaGetLastError();
+}
+
+/* grid (n, 2 n_layers n_kv), block 256: range i of one (layer, K or V,
+ * kv head), as 32-bit words */
+static __global__ void kv_pack_kernel(uint32_t *dst, const uint32_t *mem, size_t layer_words, int n_kv, int C,
+                                      int dw, const int32_t *ranges, const int64_t *offs, size_t block_words)
+{
+	const int i = blockIdx.x, b = blockIdx.y / n_kv, j = blockIdx.y % n_kv;
+	const int row = ranges[3 * i], lo = ranges[3 * i + 1], cnt = ranges[3 * i + 2];
+	const uint32_t *src = mem + (size_t)b * layer_words +
+	                      (((size_t)row * (size_t)n_kv + (size_t)j) * (size_t)C + (size_t)lo) * (size_t)dw;
+	uint32_t *out = dst + (size_t)b * block_words + (size_t)offs[i] + (size_t)j * (size_t)cnt * (size_t)dw;
+	const size_t n = (size_t)cnt * (size_t)dw;
+
+	for (size_t e = threadIdx.x; e < n; e += blockDim.x)
+		out[e] = src[e];
+}
+
+extern "C" cudaError_t HI3K(kv_pack)(cudaStream_t s, uint32_t *dst, const void *mem, size_t layer_bytes,
+                                     int n_layers, int n_kv, int C, int d, int es, const int32_t *ranges,
+                                     const int64_t *offs, int n, size_t block_words)
+{
+	if ((d * es) % 4 || layer_bytes % 4)
+		return cudaErrorInvalidValue;
+	if (n > 0)
+		HI3K_LAUNCH(kv_pack_kernel, dim3(n, 2 * n_layers * n_kv), dim3(256), 0, s)(
+			dst, static_cast<const uint32_t *>(mem), layer_bytes / 4, n_kv, C, d * es / 4, ranges, offs,
+			block_words);
 	return cudaGetLastError();
 }

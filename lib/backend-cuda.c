@@ -15,7 +15,9 @@
  *    weights are F32; embedding rows keep F32, BF16 or F16.
  *  - The KV cache lives on the device: kv_attach copies a host cache (the
  *    mmap'd KV file) up, kv_sync_host copies it back, so files stay the
- *    interface.
+ *    interface. kv_store notes, per cache row, the first and last slot it
+ *    wrote since the last sync, and the sync copies only those (one gather
+ *    kernel, one copy): a decode step moves its new slots, not the cache.
  *  - batch_invariant is not offered: cuBLAS may pick another algorithm, and
  *    attention another split, for another batch size.
  *
@@ -53,6 +55,14 @@ struct kv_mirror {
 	hi3_kvcache *kv;
 	unsigned char *mem;       /* (n_layers, 2, B, n_kv, C, d): K then V of each layer */
 	size_t layer_bytes;       /* one K or V of one layer */
+	size_t total;             /* bytes of mem */
+	int32_t *dirty;           /* (B, 2) device: first and last slot written since the last sync */
+	int32_t *dirty_h;         /* (B, 2) host */
+	void *ranges;             /* device: (B, 3) int32 ranges, then (B) int64 offsets */
+	void *pack;               /* device: the gathered slots */
+	void *pack_h;             /* host: the same, copied */
+	size_t pack_cap, pack_h_cap;
+	int pack_h_pinned;
 	struct kv_mirror *next;
 };
 
@@ -291,6 +301,42 @@ static struct kv_mirror *find_kv(struct cuda *c, const hi3_kvcache *kv)
 	return NULL;
 }
 
+/* The mirror holding device address p, or NULL. */
+static struct kv_mirror *kv_of(struct cuda *c, const void *p)
+{
+	for (struct kv_mirror *m = c->kvs; m; m = m->next)
+		if ((const unsigned char *)p >= m->mem && (const unsigned char *)p < m->mem + m->total)
+			return m;
+	return NULL;
+}
+
+/* Mark every row clean: first slot C, last -1. */
+static int kv_clean(struct cuda *c, struct kv_mirror *m, hi3_error *err)
+{
+	for (int r = 0; r < m->kv->B; r++) {
+		m->dirty_h[2 * r] = m->kv->C;
+		m->dirty_h[2 * r + 1] = -1;
+	}
+	return CUDA_CHECK(err, cudaMemcpyAsync(m->dirty, m->dirty_h, sizeof(int32_t) * 2 * (size_t)m->kv->B,
+	                                       cudaMemcpyHostToDevice, c->stream));
+}
+
+static void kv_mirror_free(struct kv_mirror *m)
+{
+	if (!m)
+		return;
+	cudaFree(m->mem);
+	cudaFree(m->dirty);
+	cudaFree(m->ranges);
+	cudaFree(m->pack);
+	if (m->pack_h_pinned)
+		cudaFreeHost(m->pack_h);
+	else
+		free(m->pack_h);
+	free(m->dirty_h);
+	free(m);
+}
+
 static int cu_kv_attach(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 {
 	struct cuda *c = be->ctx;
@@ -307,25 +353,39 @@ static int cu_kv_attach(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 	if (!(m = hi3i_calloc(1, sizeof(*m), err)))
 		return -1;
 	if (cudaMalloc((void **)&m->mem, total ? total : 256) != cudaSuccess) {
+		m->mem = NULL;
 		snprintf(what, sizeof(what), "the KV cache (%d layers, %d rows, %d kv heads, %d slots, head dim %d, %s)",
 		         kv->n_layers, kv->B, kv->n_kv, kv->C, kv->d, hi3_dtype_name(kv->dtype));
 		oom(err, total, what);
-		free(m);
-		return -1;
+		goto fail;
 	}
 	m->kv = kv;
 	m->layer_bytes = lb;
+	m->total = total;
+	if (!(m->dirty_h = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)kv->B, err)))
+		goto fail;
+	if (cudaMalloc((void **)&m->dirty, sizeof(int32_t) * 2 * (size_t)kv->B) != cudaSuccess ||
+	    cudaMalloc(&m->ranges, (3 * sizeof(int32_t) + sizeof(int64_t)) * (size_t)kv->B) != cudaSuccess) {
+		oom(err, (3 * sizeof(int32_t) + sizeof(int64_t) + 2 * sizeof(int32_t)) * (size_t)kv->B,
+		    "the KV cache bookkeeping");
+		goto fail;
+	}
 	for (int l = 0; l < kv->n_layers && lb; l++)
 		if (CUDA_CHECK(err, cudaMemcpyAsync(m->mem + 2 * l * lb, kv->k[l], lb, cudaMemcpyHostToDevice, c->stream)) ||
 		    CUDA_CHECK(err, cudaMemcpyAsync(m->mem + (2 * l + 1) * lb, kv->v[l], lb, cudaMemcpyHostToDevice,
 		                                    c->stream))) {
-			cudaFree(m->mem);
-			free(m);
-			return hi3_error_prefix(err, "copying the KV cache to the GPU");
+			hi3_error_prefix(err, "copying the KV cache to the GPU");
+			goto fail;
 		}
+	if (kv_clean(c, m, err) != 0)
+		goto fail;
 	m->next = c->kvs;
 	c->kvs = m;
 	return 0;
+fail:
+	(void)cudaGetLastError();
+	kv_mirror_free(m);
+	return -1;
 }
 
 static void cu_kv_detach(hi3_backend *be, hi3_kvcache *kv)
@@ -336,8 +396,8 @@ static void cu_kv_detach(hi3_backend *be, hi3_kvcache *kv)
 		if ((*pm)->kv == kv) {
 			struct kv_mirror *m = *pm;
 			*pm = m->next;
-			CUDA_CHECK(NULL, cudaFree(m->mem));
-			free(m);
+			CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));
+			kv_mirror_free(m);
 			return;
 		}
 }
@@ -351,23 +411,114 @@ static void cu_kv_layer(hi3_backend *be, hi3_kvcache *kv, int layer, void **k, v
 	*v = m->mem + (2 * (size_t)layer + 1) * m->layer_bytes;
 }
 
+/* Copy the slots written since the last sync, gathered on the device:
+ * ranges (n, 3) row, first slot, count; slots in all. */
+static int kv_sync_ranges(struct cuda *c, struct kv_mirror *m, const int32_t *ranges, const int64_t *offs, int n,
+                          size_t slots, hi3_error *err)
+{
+	hi3_kvcache *kv = m->kv;
+	const size_t es = hi3_dtype_size(kv->dtype), dw = (size_t)kv->d * es / 4;
+	const size_t block_words = (size_t)kv->n_kv * slots * dw, bytes = 2 * (size_t)kv->n_layers * block_words * 4;
+	void *dr = m->ranges, *doff = (int32_t *)m->ranges + 3 * (size_t)kv->B;
+
+	if (bytes > m->pack_cap) {
+		cudaFree(m->pack);
+		m->pack_cap = 0;
+		if (cudaMalloc(&m->pack, bytes) != cudaSuccess) {
+			m->pack = NULL;
+			return oom(err, bytes, "the KV cache sync");
+		}
+		m->pack_cap = bytes;
+	}
+	if (bytes > m->pack_h_cap) {
+		if (m->pack_h_pinned)
+			cudaFreeHost(m->pack_h);
+		else
+			free(m->pack_h);
+		m->pack_h_cap = 0;
+		m->pack_h_pinned = cudaHostAlloc(&m->pack_h, bytes, cudaHostAllocDefault) == cudaSuccess;
+		if (!m->pack_h_pinned) {
+			(void)cudaGetLastError();
+			if (!(m->pack_h = hi3i_malloc(bytes, err)))
+				return -1;
+		}
+		m->pack_h_cap = bytes;
+	}
+	if (CUDA_CHECK(err, cudaMemcpyAsync(dr, ranges, sizeof(int32_t) * 3 * (size_t)n, cudaMemcpyHostToDevice,
+	                                    c->stream)) ||
+	    CUDA_CHECK(err, cudaMemcpyAsync(doff, offs, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream)) ||
+	    CUDA_CHECK(err, HI3K(kv_pack)(c->stream, m->pack, m->mem, m->layer_bytes, kv->n_layers, kv->n_kv, kv->C, kv->d,
+	                                  (int)es, dr, doff, n, block_words)) ||
+	    CUDA_CHECK(err, cudaMemcpyAsync(m->pack_h, m->pack, bytes, cudaMemcpyDeviceToHost, c->stream)) ||
+	    CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
+		return -1;
+	for (int l = 0; l < kv->n_layers; l++)
+		for (int part = 0; part < 2; part++) {
+			const uint32_t *blk = (const uint32_t *)m->pack_h + (2 * (size_t)l + part) * block_words;
+			unsigned char *host = part ? kv->v[l] : kv->k[l];
+			for (int i = 0; i < n; i++)
+				for (int j = 0; j < kv->n_kv; j++) {
+					const int row = ranges[3 * i], lo = ranges[3 * i + 1], cnt = ranges[3 * i + 2];
+					size_t off = (((size_t)row * kv->n_kv + (size_t)j) * (size_t)kv->C + (size_t)lo) * dw * 4;
+					memcpy(host + off, blk + (size_t)offs[i] + (size_t)j * (size_t)cnt * dw, (size_t)cnt * dw * 4);
+				}
+		}
+	return 0;
+}
+
 static int cu_kv_sync_host(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 {
 	struct cuda *c = be->ctx;
 	struct kv_mirror *m = find_kv(c, kv);
-	size_t lb;
+	int32_t *ranges = NULL;
+	int64_t *offs = NULL;
+	size_t lb, slots = 0, dw;
+	int n = 0, rc = -1;
 
 	if (!m)
 		return 0;
 	lb = m->layer_bytes;
-	for (int l = 0; l < kv->n_layers && lb; l++)
-		if (CUDA_CHECK(err, cudaMemcpyAsync(kv->k[l], m->mem + 2 * l * lb, lb, cudaMemcpyDeviceToHost, c->stream)) ||
-		    CUDA_CHECK(err, cudaMemcpyAsync(kv->v[l], m->mem + (2 * l + 1) * lb, lb, cudaMemcpyDeviceToHost,
-		                                    c->stream)))
-			return hi3_error_prefix(err, "copying the KV cache from the GPU");
-	if (CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
-		return hi3_error_prefix(err, "copying the KV cache from the GPU");
-	return 0;
+	dw = (size_t)kv->d * hi3_dtype_size(kv->dtype) / 4;
+	if (CUDA_CHECK(err, cudaMemcpyAsync(m->dirty_h, m->dirty, sizeof(int32_t) * 2 * (size_t)kv->B,
+	                                    cudaMemcpyDeviceToHost, c->stream)) ||
+	    CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
+		goto out;
+	if (!(ranges = hi3i_malloc(sizeof(int32_t) * 3 * (size_t)kv->B, err)) ||
+	    !(offs = hi3i_malloc(sizeof(int64_t) * (size_t)kv->B, err)))
+		goto out;
+	for (int r = 0; r < kv->B; r++) {
+		int lo = m->dirty_h[2 * r], hi = m->dirty_h[2 * r + 1];
+		if (hi < lo)
+			continue;
+		ranges[3 * n] = r;
+		ranges[3 * n + 1] = lo;
+		ranges[3 * n + 2] = hi - lo + 1;
+		offs[n] = (int64_t)((size_t)kv->n_kv * slots * dw);
+		slots += (size_t)(hi - lo + 1);
+		n++;
+	}
+	if (slots && 2 * slots <= (size_t)kv->B * (size_t)kv->C) {
+		if (kv_sync_ranges(c, m, ranges, offs, n, slots, err) != 0)
+			goto out;
+	} else if (slots) {      /* most of the cache: copy it whole */
+		for (int l = 0; l < kv->n_layers && lb; l++)
+			if (CUDA_CHECK(err, cudaMemcpyAsync(kv->k[l], m->mem + 2 * l * lb, lb, cudaMemcpyDeviceToHost,
+			                                    c->stream)) ||
+			    CUDA_CHECK(err, cudaMemcpyAsync(kv->v[l], m->mem + (2 * l + 1) * lb, lb, cudaMemcpyDeviceToHost,
+			                                    c->stream)))
+				goto out;
+		if (CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
+			goto out;
+	}
+	if (slots && kv_clean(c, m, err) != 0)
+		goto out;
+	rc = 0;
+out:
+	free(ranges);
+	free(offs);
+	if (rc)
+		hi3_error_prefix(err, "copying the KV cache from the GPU");
+	return rc;
 }
 
 /* ---------------------------------------------------------------- ops */
@@ -449,12 +600,13 @@ static void cu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv
                         const int64_t *slot, const struct hi3_dims *dm, int M)
 {
 	struct cuda *c = be->ctx;
+	struct kv_mirror *mir = kv_of(c, dst->k);
 
 	if (M <= 0)
 		return;
 	grow(c, &c->keep, &c->keep_cap, (size_t)M, "the KV store plan");
 	CUDA_CHECK(NULL, HI3K(kv_store)(c->stream, dst->k, dst->v, (int)dst->dtype, dst->C, qkv, row, slot, c->keep,
-	                                dm->n_kv, dm->n_h / dm->n_kv, dm->d, M));
+	                                mir ? mir->dirty : NULL, dm->n_kv, dm->n_h / dm->n_kv, dm->d, M));
 	op_done(c, "kv_store");
 }
 

@@ -495,48 +495,87 @@ static void test_attention_cache(const struct shape *s, hi3_dtype dt, int M)
 }
 
 /* kv_attach copies a host cache up, kv_layer points into the copy, ops
- * write it there, kv_sync_host brings it back. */
-static void test_kv_mirror(void)
-{
-	const struct shape s = {4, 2, 32, 1};
-	const struct hi3_dims dm = dims_of(&s);
-	const int L = 2, B = 2, C = 8, d = 32, M = 3, W = (s.n_h + 2 * s.n_kv) * d;
-	size_t ln = (size_t)B * s.n_kv * C * d;
-	float *host[4], *ref[4], *qkv = randn((size_t)M * W, 1.0f);
-	int32_t row[3] = {1, 0, 1};
-	int64_t slot[3] = {2, 7, 3};
-	void *k[2], *v[2], *dk, *dv, *dqkv = dev_copy(qkv, sizeof(float) * M * W);
-	void *drow = dev_copy(row, sizeof(row)), *dslot = dev_copy(slot, sizeof(slot));
-	hi3_kvcache kv = {.n_layers = L, .B = B, .n_kv = s.n_kv, .C = C, .d = d, .dtype = HI3_F32, .k = k, .v = v};
-	hi3_error err = {0};
-	int same = 1;
+ * write it there, kv_sync_host brings back what they wrote: a few slots
+ * (gathered on the device), most of the cache (copied whole), or nothing. */
+struct mirror_test {
+	struct shape s;
+	struct hi3_dims dm;
+	int L, B, C, W;
+	size_t ln;                /* floats of one K or V of one layer */
+	float *host[4], *ref[4];  /* K0 V0 K1 V1: the attached cache, and the CPU's copy */
+	hi3_kvcache kv;
+	void *k[2], *v[2];
+};
 
-	for (int i = 0; i < 4; i++) {
-		host[i] = randn(ln, 1.0f);
-		ref[i] = malloc(ln * sizeof(float));
-		memcpy(ref[i], host[i], ln * sizeof(float));
-	}
-	k[0] = host[0], v[0] = host[1], k[1] = host[2], v[1] = host[3];
-	ok(gpu->kv_attach(gpu, &kv, &err) == 0, "kv_attach: %s", err.msg[0] ? err.msg : "copied to the device");
-	gpu->kv_layer(gpu, &kv, 1, &dk, &dv);
-	gpu->kv_store(gpu, &(hi3_kv_dst){dk, dv, HI3_F32, C}, dqkv, drow, dslot, &dm, M);
-	for (int i = 0; i < 4; i++)              /* the host copy is untouched until a sync */
-		same &= !memcmp(host[i], ref[i], ln * sizeof(float));
-	ok(same, "kv_store into the device copy leaves the host cache as it was");
-	cpu->kv_store(cpu, &(hi3_kv_dst){ref[2], ref[3], HI3_F32, C}, qkv, row, slot, &dm, M);
-	ok(gpu->kv_sync_host(gpu, &kv, &err) == 0, "kv_sync_host: %s", err.msg[0] ? err.msg : "copied back");
-	for (int i = 0; i < 4; i++)
-		same &= !memcmp(host[i], ref[i], ln * sizeof(float));
-	ok(same, "the synced host cache holds the stores of layer 1 and layer 0 unchanged");
-	gpu->kv_detach(gpu, &kv);
-	for (int i = 0; i < 4; i++) {
-		free(host[i]);
-		free(ref[i]);
-	}
+/* Store M random tokens at (row, slot) into layer l on both sides. */
+static void mirror_store(struct mirror_test *t, int l, const int32_t *row, const int64_t *slot, int M)
+{
+	float *qkv = randn((size_t)M * t->W, 1.0f);
+	void *dqkv = dev_copy(qkv, sizeof(float) * M * t->W), *drow = dev_copy(row, sizeof(*row) * M);
+	void *dslot = dev_copy(slot, sizeof(*slot) * M), *dk, *dv;
+
+	gpu->kv_layer(gpu, &t->kv, l, &dk, &dv);
+	gpu->kv_store(gpu, &(hi3_kv_dst){dk, dv, HI3_F32, t->C}, dqkv, drow, dslot, &t->dm, M);
+	cpu->kv_store(cpu, &(hi3_kv_dst){t->ref[2 * l], t->ref[2 * l + 1], HI3_F32, t->C}, qkv, row, slot, &t->dm, M);
 	free(qkv);
 	gpu->free(gpu, dqkv);
 	gpu->free(gpu, drow);
 	gpu->free(gpu, dslot);
+}
+
+static int mirror_same(const struct mirror_test *t)
+{
+	int same = 1;
+
+	for (int i = 0; i < 4; i++)
+		same &= !memcmp(t->host[i], t->ref[i], t->ln * sizeof(float));
+	return same;
+}
+
+static void test_kv_mirror(void)
+{
+	struct mirror_test t = {.s = {4, 2, 32, 1}, .L = 2, .B = 3, .C = 8};
+	int32_t row1[3] = {1, 0, 1}, row2[2] = {2, 2}, rowf[24];
+	int64_t slot1[3] = {2, 7, 3}, slot2[2] = {5, 0}, slotf[24];
+	hi3_error err = {0};
+	int untouched = 1;
+
+	t.dm = dims_of(&t.s);
+	t.W = (t.s.n_h + 2 * t.s.n_kv) * t.s.d;
+	t.ln = (size_t)t.B * t.s.n_kv * t.C * t.s.d;
+	for (int i = 0; i < 4; i++) {
+		t.host[i] = randn(t.ln, 1.0f);
+		t.ref[i] = malloc(t.ln * sizeof(float));
+		memcpy(t.ref[i], t.host[i], t.ln * sizeof(float));
+	}
+	t.k[0] = t.host[0], t.v[0] = t.host[1], t.k[1] = t.host[2], t.v[1] = t.host[3];
+	t.kv = (hi3_kvcache){.n_layers = t.L, .B = t.B, .n_kv = t.s.n_kv, .C = t.C, .d = t.s.d, .dtype = HI3_F32,
+	                     .k = t.k, .v = t.v};
+	ok(gpu->kv_attach(gpu, &t.kv, &err) == 0, "kv_attach: %s", err.msg[0] ? err.msg : "copied to the device");
+	mirror_store(&t, 1, row1, slot1, 3);
+	for (int i = 0; i < 4; i++)               /* the host copy is untouched until a sync */
+		untouched &= i < 2 ? !memcmp(t.host[i], t.ref[i], t.ln * sizeof(float))
+		                   : !!memcmp(t.host[i], t.ref[i], t.ln * sizeof(float));
+	ok(untouched, "kv_store into the device copy leaves the host cache as it was");
+	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
+	   "kv_sync_host after 3 stores in layer 1 (a few slots): host equals the CPU's cache %s", err.msg);
+	mirror_store(&t, 0, row2, slot2, 2);
+	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
+	   "again after 2 more in layer 0 (only those are new) %s", err.msg);
+	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t), "a sync with nothing new %s", err.msg);
+	for (int i = 0; i < 24; i++) {            /* every slot of every row: the whole cache comes back */
+		rowf[i] = i % t.B;
+		slotf[i] = i / t.B;
+	}
+	mirror_store(&t, 1, rowf, slotf, 24);
+	mirror_store(&t, 0, row1, slot1, 3);
+	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
+	   "after stores to every slot: host equals the CPU's cache %s", err.msg);
+	gpu->kv_detach(gpu, &t.kv);
+	for (int i = 0; i < 4; i++) {
+		free(t.host[i]);
+		free(t.ref[i]);
+	}
 }
 
 /* Out of device memory and unsupported weights are errors, not crashes. */

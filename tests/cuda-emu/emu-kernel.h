@@ -69,6 +69,28 @@ template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_
 	return __shfl_sync(mask, v, emu_lane() ^ lane_mask, width);
 }
 
+/* Threads of a block run one at a time: atomics are plain updates. */
+template <class T> static inline T atomicAdd(T *p, T v)
+{
+	T old = *p;
+	*p = old + v;
+	return old;
+}
+
+template <class T> static inline T atomicMin(T *p, T v)
+{
+	T old = *p;
+	*p = v < old ? v : old;
+	return old;
+}
+
+template <class T> static inline T atomicMax(T *p, T v)
+{
+	T old = *p;
+	*p = v > old ? v : old;
+	return old;
+}
+
 static inline float __uint_as_float(uint32_t u)
 {
 	float f;
