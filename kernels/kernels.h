@@ -98,6 +98,22 @@ cudaError_t HI3K(attention)(cudaStream_t s, float *out, const float *qkv, const 
                             const hi3k_attn_q *q, int n_kv, int g, int d, int M, int self, int nsplit,
                             float *part);
 
+/* The most candidates (top-k) a row's draw can keep. */
+#define HI3K_SAMPLE_MAX_K 1024
+
+/* Per row of logits (R, V): argmax (R) as hi3_argmax, and logprob (R) the
+ * log-softmax at tok[r] (at the argmax when tok is NULL) as hi3_logprob.
+ * argmax or logprob may be NULL. */
+cudaError_t HI3K(logsoftmax_argmax)(cudaStream_t s, const float *logits, int R, int V, const int64_t *tok,
+                                    int64_t *argmax, double *logprob);
+/* tok (R) = hi3_sample of each row of logits (R, V) with the row's seed
+ * and step; scratch holds R V keys. Sampling (not greedy, temperature > 0)
+ * keeps at most HI3K_SAMPLE_MAX_K candidates: top_k (or V when top_k is 0
+ * or >= V) above that is cudaErrorInvalidValue. */
+cudaError_t HI3K(sample)(cudaStream_t s, const float *logits, int R, int V, const uint64_t *seed,
+                         const uint64_t *step, int greedy, double temperature, int top_k, double top_p,
+                         uint64_t *scratch, int64_t *tok);
+
 #ifdef __cplusplus
 }
 #endif
