@@ -98,6 +98,13 @@ cudaError_t HI3K(attention)(cudaStream_t s, float *out, const float *qkv, const 
                             const hi3k_attn_q *q, int n_kv, int g, int d, int M, int self, int nsplit,
                             float *part);
 
+/* The most rows the gemv kernel takes; larger batches go to cuBLAS. */
+#define HI3K_GEMV_MAX_M 8
+
+/* y (M, N) = x (M, K) . W^T, W (N, K) F32 or BF16 (x rounded to bf16 for
+ * it, like the cuBLAS path), M <= HI3K_GEMV_MAX_M: one pass over W. */
+cudaError_t HI3K(gemv)(cudaStream_t s, float *y, const float *x, const void *w, int dtype, int M, int N, int K);
+
 /* The most candidates (top-k) a row's draw can keep. */
 #define HI3K_SAMPLE_MAX_K 1024
 

@@ -523,8 +523,9 @@ out:
 
 /* ---------------------------------------------------------------- ops */
 
-/* y (M, N) = x (M, K) . W^T: in cuBLAS's column-major terms y^T = W x^T,
- * with W (N, K) row-major read as its transpose. */
+/* y (M, N) = x (M, K) . W^T: a few rows through the gemv kernel; more
+ * through cuBLAS, in whose column-major terms y^T = W x^T with W (N, K)
+ * row-major read as its transpose. */
 static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M)
 {
 	struct cuda *c = be->ctx;
@@ -534,6 +535,11 @@ static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 
 	if (M <= 0)
 		return;
+	if (M <= HI3K_GEMV_MAX_M) {   /* decode: one pass over W, no cast, no cuBLAS */
+		CUDA_CHECK(NULL, HI3K(gemv)(c->stream, y, x, w->d, w->dtype, M, w->N, w->K));
+		op_done(c, "matmul");
+		return;
+	}
 	if (w->dtype == HI3K_BF16) {
 		size_t n = (size_t)M * (size_t)w->K;
 		b = grow(c, &c->xb, &c->xb_cap, n * 2, "the bf16 GEMM input");

@@ -26,6 +26,10 @@ struct alignas(16) float4 {
 	float x, y, z, w;
 };
 
+struct alignas(16) uint4 {
+	uint32_t x, y, z, w;
+};
+
 struct emu_thread {
 	dim3 tid, bid, bdim, gdim;
 };
