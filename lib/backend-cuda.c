@@ -58,7 +58,7 @@ struct kv_mirror {
 	size_t total;             /* bytes of mem */
 	int32_t *dirty;           /* (B, 2) device: first and last slot written since the last sync */
 	int32_t *dirty_h;         /* (B, 2) host */
-	void *ranges;             /* device: (B, 3) int32 ranges, then (B) int64 offsets */
+	void *ranges;             /* device: (B) int64 offsets, then (B, 3) int32 ranges */
 	void *pack;               /* device: the gathered slots */
 	void *pack_h;             /* host: the same, copied */
 	size_t pack_cap, pack_h_cap;
@@ -419,7 +419,7 @@ static int kv_sync_ranges(struct cuda *c, struct kv_mirror *m, const int32_t *ra
 	hi3_kvcache *kv = m->kv;
 	const size_t es = hi3_dtype_size(kv->dtype), dw = (size_t)kv->d * es / 4;
 	const size_t block_words = (size_t)kv->n_kv * slots * dw, bytes = 2 * (size_t)kv->n_layers * block_words * 4;
-	void *dr = m->ranges, *doff = (int32_t *)m->ranges + 3 * (size_t)kv->B;
+	void *doff = m->ranges, *dr = (int64_t *)m->ranges + kv->B;
 
 	if (bytes > m->pack_cap) {
 		cudaFree(m->pack);

@@ -15,7 +15,6 @@
  * Built against the GPU (make check-cuda) and the CPU emulation (make check).
  */
 #include "config.h"
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,38 +22,14 @@
 #include <unistd.h>
 #include "internal.h"
 #include "tap.h"
+#include "cuda-test.h"
 
 enum { B = 3, L = 29, STEPS = 3, C = L + STEPS, S = 1 };
 static const int n_real[B] = {13, 29, 7};
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
-
 static uint32_t rnd(uint32_t n)
 {
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return (uint32_t)((rng_state >> 11) % n);
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
-static double rel_err(const float *out, const float *ref, size_t n)
-{
-	double num = 0.0, den = 0.0;
-
-	for (size_t i = 0; i < n; i++) {
-		double e = (double)out[i] - (double)ref[i];
-		num += e * e;
-		den += (double)ref[i] * (double)ref[i];
-	}
-	return den > 0.0 ? sqrt(num / den) : sqrt(num);
+	return (uint32_t)(urand() * n);
 }
 
 static int argmax(const float *x, int n)
@@ -255,6 +230,6 @@ int main(void)
 			continue;
 		run(dir, cases[i].label, cases[i].kv, cases[i].tol);
 	}
-	nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	rm_tree(root);
 	return done_testing();
 }

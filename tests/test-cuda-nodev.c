@@ -6,19 +6,11 @@
  * a GPU is present.
  */
 #include "config.h"
-#include <ftw.h>
 #include <stdio.h>
 #include <string.h>
 #include "backend.h"
 #include "tap.h"
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
+#include "cuda-test.h"
 
 int main(void)
 {
@@ -50,6 +42,6 @@ int main(void)
 	ok(hi3_model_open(&m, dir, &mo, &merr) == -1 && m == NULL, "hi3_model_open with backend cuda fails");
 	ok(merr.status == HI3_ERR_RUNTIME && !strcmp(merr.msg, err.msg), "with status %d and the same message: %s",
 	   merr.status, merr.msg);
-	nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	rm_tree(dir);
 	return done_testing();
 }

@@ -16,20 +16,11 @@
 #include <string.h>
 #include "backend.h"
 #include "tap.h"
+#include "cuda-test.h"
 
 static hi3_backend *cpu, *gpu;
 
 /* ---------------------------------------------------------------- helpers */
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dULL;
-
-static double urand(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return (double)(rng_state >> 11) / 9007199254740992.0;
-}
 
 static float nrand(void)
 {
@@ -76,18 +67,6 @@ static void *fetch(const void *d, size_t bytes)
 	HI3_ASSERT(h);
 	HI3_ASSERT(gpu->download(gpu, h, d, bytes) == 0);
 	return h;
-}
-
-static double rel_err(const float *out, const float *ref, size_t n)
-{
-	double num = 0.0, den = 0.0;
-
-	for (size_t i = 0; i < n; i++) {
-		double e = (double)out[i] - (double)ref[i];
-		num += e * e;
-		den += (double)ref[i] * (double)ref[i];
-	}
-	return den > 0.0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* Compare a device output with the CPU's, then free it. */

@@ -13,6 +13,7 @@
 #include "internal.h"
 #include "kernels.h"
 #include "tap.h"
+#include "cuda-test.h"
 
 #define CK(call)                                                                                   \
 	do {                                                                                       \
@@ -26,16 +27,6 @@
 enum { R = 6, V = 3001, VS = 700, STEPS = 24 };
 
 static cudaStream_t st;
-static uint64_t rng_state = 0x853c49e6748fea9bULL;
-
-static double urand(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
 static void *dev(const void *h, size_t n)
 {
 	void *d;
@@ -166,6 +157,7 @@ int main(void)
 		return 1;
 	}
 	CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+	diag("%d rows of %d logits; draws at %d steps per row", R, V, STEPS);
 	HI3_ASSERT(x && xs);
 	make_logits(x, V);
 	make_logits(xs, VS);
