@@ -53,6 +53,7 @@ _Static_assert((int)HI3K_F32 == (int)HI3_F32 && (int)HI3K_F16 == (int)HI3_F16 &&
 /* A host KV cache and its device copy. */
 struct kv_mirror {
 	hi3_kvcache *kv;
+	hi3_kvcache shape;        /* kv as attached: its dims must not change */
 	unsigned char *mem;       /* (n_layers, 2, B, n_kv, C, d): K then V of each layer */
 	size_t layer_bytes;       /* one K or V of one layer */
 	size_t total;             /* bytes of mem */
@@ -184,7 +185,9 @@ static void *cu_alloc(hi3_backend *be, size_t n)
 
 static void cu_free(hi3_backend *be, void *p)
 {
-	(void)be;
+	struct cuda *c = be->ctx;
+
+	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));    /* no kernel still uses it */
 	CUDA_CHECK(NULL, cudaFree(p));
 }
 
@@ -239,12 +242,12 @@ static size_t cu_mem_free(hi3_backend *be)
 
 static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err)
 {
+	struct cuda *c = be->ctx;
 	size_t n = (size_t)hi3_tensor_numel(t), bytes;
 	float *tmp = NULL;
 	hi3_wt *w;
 	int raw;
 
-	(void)be;
 	if (t->dtype != HI3_F32 && t->dtype != HI3_BF16 && t->dtype != HI3_F16 && t->dtype != HI3_F64) {
 		hi3_error_set(err, HI3_ERR_INPUT, "dtype %s is not supported (expected F32, BF16, F16 or F64)",
 		              hi3_dtype_name(t->dtype));
@@ -270,7 +273,11 @@ static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_err
 			goto fail;
 		hi3_to_f32(tmp, t->data, t->dtype, n);
 	}
-	if (bytes && CUDA_CHECK(err, cudaMemcpy(w->d, raw ? t->data : tmp, bytes, cudaMemcpyHostToDevice)))
+	/* on the backend's stream (a plain cudaMemcpy goes to the legacy stream,
+	 * which a non-blocking stream does not wait for), then waited for */
+	if (bytes && (CUDA_CHECK(err, cudaMemcpyAsync(w->d, raw ? t->data : tmp, bytes, cudaMemcpyHostToDevice,
+	                                              c->stream)) ||
+	              CUDA_CHECK(err, cudaStreamSynchronize(c->stream))))
 		goto fail;
 	free(tmp);
 	return w;
@@ -284,9 +291,11 @@ fail:
 
 static void cu_weight_free(hi3_backend *be, hi3_wt *w)
 {
-	(void)be;
+	struct cuda *c = be->ctx;
+
 	if (!w)
 		return;
+	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));    /* no kernel still reads it */
 	CUDA_CHECK(NULL, cudaFree(w->d));
 	free(w);
 }
@@ -360,6 +369,7 @@ static int cu_kv_attach(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 		goto fail;
 	}
 	m->kv = kv;
+	m->shape = *kv;
 	m->layer_bytes = lb;
 	m->total = total;
 	if (!(m->dirty_h = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)kv->B, err)))
@@ -407,6 +417,10 @@ static void cu_kv_layer(hi3_backend *be, hi3_kvcache *kv, int layer, void **k, v
 	struct kv_mirror *m = find_kv(be->ctx, kv);
 
 	HI3_ASSERT(m && layer >= 0 && layer < kv->n_layers);
+	/* a cache of another shape at the same address: its owner did not
+	 * call hi3i_model_kv_closed on the old one */
+	HI3_ASSERT(kv->n_layers == m->shape.n_layers && kv->B == m->shape.B && kv->n_kv == m->shape.n_kv &&
+	           kv->C == m->shape.C && kv->d == m->shape.d && kv->dtype == m->shape.dtype);
 	*k = m->mem + 2 * (size_t)layer * m->layer_bytes;
 	*v = m->mem + (2 * (size_t)layer + 1) * m->layer_bytes;
 }

@@ -156,7 +156,7 @@ int main(void)
 		printf("Bail out! no CUDA device: %s\n", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
 		return 1;
 	}
-	CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+	CK(cudaStreamCreateWithFlags(&st, 0));   /* blocking: ordered with the cudaMemcpy calls */
 	diag("%d rows of %d logits; draws at %d steps per row", R, V, STEPS);
 	HI3_ASSERT(x && xs);
 	make_logits(x, V);
