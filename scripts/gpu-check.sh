@@ -6,8 +6,9 @@
 #   1. build (configure and make only what is missing; the CUDA kernels and
 #      every test program compile on a CPU machine too),
 #   2. make check-cuda: each CUDA op against the CPU op, whole forward passes
-#      against the CPU, and the parity suite with --backend cuda (once
-#      `hi3 parity` exists),
+#      and the sampling kernels against the CPU, prefill/decode/parity
+#      through `hi3 --backend cuda` against the CPU (tests/cuda-pipeline.sh),
+#      and the parity suite on tiny-moe with --backend cuda,
 #   3. what the GPU reaches: device-to-device copy bandwidth and cuBLAS bf16
 #      GEMM throughput (tests/bench-cuda-peak), measured in this run,
 #   4. prefill and decode on `small` and on a wide model with the real layer
@@ -50,7 +51,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null ||
 	echo "(no nvidia-smi)"
 
-step "make check-cuda (each op and whole forward passes against the CPU; parity with --backend cuda)"
+step "make check-cuda (ops, forward passes, sampling, the pipeline and parity with --backend cuda)"
 HI3_CUDA_SYNC=1 timeout 300 make -s check-cuda || fail "make check-cuda"
 
 step "peaks: copy bandwidth and cuBLAS bf16 GEMM (prefill shapes of the wide model, 4096 tokens)"
@@ -58,7 +59,8 @@ step "peaks: copy bandwidth and cuBLAS bf16 GEMM (prefill shapes of the wide mod
 # shared down (4096 x 4096 x 3072), one expert's gate_up and down at the
 # mean 512 tokens per expert (4096 x 8 / 64)
 timeout 120 tests/bench-cuda-peak --shape 4096,6144,4096 --shape 4096,4096,4096 --shape 4096,4096,3072 \
-	--shape 512,6144,4096 --shape 512,4096,3072 | tee "$WORK/peak.txt" || fail "bench-cuda-peak"
+	--shape 512,6144,4096 --shape 512,4096,3072 | tee "$WORK/peak.txt"
+grep -q '^PEAK' "$WORK/peak.txt" || fail "bench-cuda-peak"
 
 bench() { # bench LABEL DIR ARGS...
 	label=$1 dir=$2
