@@ -94,16 +94,23 @@ int cmd_bench(int argc, char **argv)
 	floor_s = bytes / bw;
 	step_s = N ? r.decode_s / (double)N : 0.0;
 	if (json) {
-		json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-		                      "s:f, s:f, s:f}",
-		                      "impl", "hi3", "model", cli.model_dir, "weights", hi3_dtype_name(wdt),
-		                      "batch", (json_int_t)B, "prompt_len", (json_int_t)P, "new", (json_int_t)N,
-		                      "batch_invariant", cli.batch_invariant, "mem_read_gb_s", bw / 1e9,
-		                      "sgemm_gflop_s", gflops / tb / 1e9, "hi3_gemm_gflop_s", gflops / th / 1e9,
-		                      "prefill_s", r.prefill_s, "prefill_tok_s", r.prefill_tok_s,
-		                      "prefill_gflop_s", r.prefill_flops / r.prefill_s / 1e9, "decode_s", r.decode_s,
-		                      "decode_tok_s", r.decode_tok_s, "decode_step_ms", step_s * 1e3,
-		                      "decode_floor_step_ms", floor_s * 1e3, "step_bytes_mb", bytes / 1e6);
+		json_t *o = json_object();
+		struct { const char *k; double v; } f[] = {
+			{"mem_read_gb_s", bw / 1e9}, {"sgemm_gflop_s", gflops / tb / 1e9},
+			{"hi3_gemm_gflop_s", gflops / th / 1e9}, {"prefill_s", r.prefill_s},
+			{"prefill_tok_s", r.prefill_tok_s}, {"prefill_gflop_s", r.prefill_flops / r.prefill_s / 1e9},
+			{"decode_s", r.decode_s}, {"decode_tok_s", r.decode_tok_s}, {"decode_step_ms", step_s * 1e3},
+			{"decode_floor_step_ms", floor_s * 1e3}, {"step_bytes_mb", bytes / 1e6},
+		};
+		json_object_set_new(o, "impl", json_string("hi3"));
+		json_object_set_new(o, "model", json_string(cli.model_dir));
+		json_object_set_new(o, "weights", json_string(hi3_dtype_name(wdt)));
+		json_object_set_new(o, "batch", json_integer(B));
+		json_object_set_new(o, "prompt_len", json_integer(P));
+		json_object_set_new(o, "new", json_integer(N));
+		json_object_set_new(o, "batch_invariant", json_boolean(cli.batch_invariant));
+		for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+			json_object_set_new(o, f[i].k, json_real(f[i].v));
 		json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		fputc('\n', stdout);
 		json_decref(o);

@@ -5,7 +5,7 @@
 #include "commands.h"
 
 const char cmd_prefill_help[] =
-	"usage: hi3 prefill -m MODEL [--max-new N] [--kv-dtype f32|bf16] [--json] COND -o KV\n"
+	"usage: hi3 prefill -m MODEL [--max-new N] [--kv-dtype f32|bf16] [--record-routing] [--json] COND -o KV\n"
 	"\n"
 	"Run the right-padded prompt batch of the conditions file COND through the\n"
 	"model and write the static KV cache file KV (format hi3.kv): per layer K and V\n"
@@ -18,10 +18,12 @@ const char cmd_prefill_help[] =
 	"  -n, --max-new N        new tokens the cache has room for (default 64)\n"
 	"      --kv-dtype T       cache dtype: f32 (default) or bf16\n"
 	"      --chunk-tokens N   tokens per forward call; rows are grouped (default 8192)\n"
+	"      --record-routing   MoE: store each prompt token's experts and weights\n"
+	"                         (prompt_route_ids, prompt_route_w)\n"
 	"      --json             print a JSON summary on standard output\n"
 	"  -o, --output KV        the KV file to write (atomically)\n";
 
-enum { OPT_KV_DTYPE = CLI_OPT_FIRST_LOCAL, OPT_CHUNK, OPT_JSON };
+enum { OPT_KV_DTYPE = CLI_OPT_FIRST_LOCAL, OPT_CHUNK, OPT_JSON, OPT_ROUTING };
 
 static void progress(void *ctx, int64_t done, int64_t total)
 {
@@ -37,6 +39,7 @@ int cmd_prefill(int argc, char **argv)
 		{"kv-dtype", required_argument, NULL, OPT_KV_DTYPE},
 		{"chunk-tokens", required_argument, NULL, OPT_CHUNK},
 		{"json", no_argument, NULL, OPT_JSON},
+		{"record-routing", no_argument, NULL, OPT_ROUTING},
 		{"output", required_argument, NULL, 'o'},
 		{NULL, 0, NULL, 0},
 	};
@@ -67,6 +70,9 @@ int cmd_prefill(int argc, char **argv)
 			break;
 		case OPT_JSON:
 			json = 1;
+			break;
+		case OPT_ROUTING:
+			o.record_routing = 1;
 			break;
 		case 'o':
 			out = optarg;

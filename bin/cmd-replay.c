@@ -28,9 +28,11 @@ const char cmd_replay_help[] =
 	"                                weights from the router (default) or use the\n"
 	"                                recorded ones\n"
 	"      --threshold X             exit 1 when the max |gap| exceeds X\n"
+	"      --record-routing          MoE: store the replay's experts and weights of every\n"
+	"                                response and prompt token in REPLAY\n"
 	"  -o, --output REPLAY           the replay file to write (atomically)\n";
 
-enum { OPT_BATCHED = CLI_OPT_FIRST_LOCAL, OPT_CHUNK, OPT_ROUTING, OPT_WEIGHTS, OPT_THRESHOLD };
+enum { OPT_BATCHED = CLI_OPT_FIRST_LOCAL, OPT_CHUNK, OPT_ROUTING, OPT_WEIGHTS, OPT_THRESHOLD, OPT_RECORD };
 
 static void progress(void *ctx, int64_t done, int64_t total)
 {
@@ -70,11 +72,12 @@ static json_t *row_json(const hi3_replay_row *r, int i, int routed, int have_rou
 	return o;
 }
 
-static int write_replay(const char *path, const hi3_model *m, const hi3_segment *s, const float *lp,
-                        const char *seg_path, const hi3_replay_opts *o, hi3_error *err)
+static int write_replay(const char *path, const hi3_model *m, const hi3_cond *c, const hi3_segment *s,
+                        const float *lp, const char *seg_path, const hi3_replay_opts *o, int64_t P, hi3_error *err)
 {
 	hi3_st_writer *w = hi3_stw_new();
-	int64_t shape[1] = {s->T};
+	int64_t shape[1] = {s->T}, NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m);
+	int64_t sr[3] = {s->T, NM, K}, sp[3] = {P, NM, K}, sc[1] = {c->B + 1}, *pcu = NULL;
 	int rc;
 
 	if (!w)
@@ -87,11 +90,23 @@ static int write_replay(const char *path, const hi3_model *m, const hi3_segment 
 	hi3_stw_meta(w, "mode", o->batched ? "batched" : "per-row");
 	hi3_stw_meta(w, "routing", o->routing_recorded ? (o->weights_recorded ? "recorded+weights" : "recorded")
 	                                               : "free");
-	if (hi3_stw_add(w, "logprobs", HI3_F32, 1, shape, lp) != 0) {
+	if (o->rec_ids) {
+		pcu = calloc((size_t)c->B + 1, sizeof(int64_t));
+		for (int i = 0; pcu && i < c->B; i++)
+			pcu[i + 1] = pcu[i] + c->real_pos[i];
+	}
+	if (hi3_stw_add(w, "logprobs", HI3_F32, 1, shape, lp) != 0 || (o->rec_ids && !pcu) ||
+	    (o->rec_ids && (hi3_stw_add(w, "routing_experts", HI3_I16, 3, sr, o->rec_ids) ||
+	                    hi3_stw_add(w, "routing_weights", HI3_F32, 3, sr, o->rec_w) ||
+	                    hi3_stw_add(w, "prompt_routing_experts", HI3_I16, 3, sp, o->rec_prompt_ids) ||
+	                    hi3_stw_add(w, "prompt_routing_weights", HI3_F32, 3, sp, o->rec_prompt_w) ||
+	                    hi3_stw_add(w, "prompt_cu_seqlens", HI3_I64, 1, sc, pcu)))) {
+		free(pcu);
 		hi3_stw_free(w);
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 	}
 	rc = hi3_stw_write(w, path, err);
+	free(pcu);
 	hi3_stw_free(w);
 	return rc;
 }
@@ -105,6 +120,7 @@ int cmd_replay(int argc, char **argv)
 		{"routing", required_argument, NULL, OPT_ROUTING},
 		{"routing-weights", required_argument, NULL, OPT_WEIGHTS},
 		{"threshold", required_argument, NULL, OPT_THRESHOLD},
+		{"record-routing", no_argument, NULL, OPT_RECORD},
 		{"output", required_argument, NULL, 'o'},
 		{NULL, 0, NULL, 0},
 	};
@@ -117,7 +133,10 @@ int cmd_replay(int argc, char **argv)
 	hi3_segment *s = NULL;
 	hi3_error err = {0};
 	float *lp = NULL;
-	int ch, rc, weights_flag = 0;
+	int ch, rc, weights_flag = 0, record = 0;
+	int16_t *ri = NULL, *pri = NULL;
+	float *rw = NULL, *prw = NULL;
+	int64_t P = 0;
 	int64_t v;
 
 	while ((ch = getopt_long(argc, argv, CLI_GLOBAL_SHORT "o:", opts, NULL)) != -1) {
@@ -142,6 +161,9 @@ int cmd_replay(int argc, char **argv)
 				o.weights_recorded = 1;
 			else if (strcmp(optarg, "router"))
 				return cli_usage_error("--routing-weights: expected router or recorded, found '%s'", optarg);
+			break;
+		case OPT_RECORD:
+			record = 1;
 			break;
 		case OPT_THRESHOLD:
 			if (cli_double("--threshold", optarg, 0.0, 1e30, &threshold))
@@ -172,10 +194,30 @@ int cmd_replay(int argc, char **argv)
 		rc = cli_fail(&err);
 		goto out;
 	}
+	if (record && hi3_model_n_moe_layers(m) > 0) {
+		size_t nmk = (size_t)hi3_model_n_moe_layers(m) * (size_t)hi3_model_max_topk(m);
+		for (int i = 0; i < c->B; i++)
+			P += c->real_pos[i];
+		ri = calloc(((size_t)s->T + 1) * nmk, sizeof(int16_t));
+		rw = calloc(((size_t)s->T + 1) * nmk, sizeof(float));
+		pri = calloc(((size_t)P + 1) * nmk, sizeof(int16_t));
+		prw = calloc(((size_t)P + 1) * nmk, sizeof(float));
+		if (!ri || !rw || !pri || !prw) {
+			hi3_error_set(&err, HI3_ERR_RUNTIME, "out of memory");
+			rc = cli_fail(&err);
+			goto out;
+		}
+		o.rec_ids = ri;
+		o.rec_w = rw;
+		o.rec_prompt_ids = pri;
+		o.rec_prompt_w = prw;
+	} else if (record) {
+		cli_warn("--record-routing: the model has no MoE layers; nothing to record");
+	}
 	rc = hi3_replay(m, c, s, &o, lp, &rep, &err);
 	cli_progress_end();
 	if (rc == 0)
-		rc = write_replay(out, m, s, lp, argv[optind + 1], &o, &err);
+		rc = write_replay(out, m, c, s, lp, argv[optind + 1], &o, P, &err);
 	if (rc != 0) {
 		rc = cli_fail(&err);
 		goto out;
@@ -219,6 +261,10 @@ int cmd_replay(int argc, char **argv)
 	}
 out:
 	free(lp);
+	free(ri);
+	free(rw);
+	free(pri);
+	free(prw);
 	hi3_replay_report_release(&rep);
 	hi3_model_close(m);
 	hi3_segment_close(s);

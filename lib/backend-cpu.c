@@ -140,6 +140,21 @@ static void cpu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *
 	hi3i_gemm(y, x, &w->packed, M);
 }
 
+static void cpu_matmul_group(hi3_backend *be, int n, float *const *y, const float *const *x,
+                             const hi3_wt *const *w, const int *M)
+{
+	const hi3_packed *pk[64];
+
+	if (n > 64 || !be->batch_invariant) {
+		for (int i = 0; i < n; i++)
+			cpu_matmul(be, y[i], x[i], w[i], M[i]);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		pk[i] = &w[i]->packed;
+	hi3i_gemm_group(n, y, x, pk, M);
+}
+
 static void cpu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M)
 {
 	size_t es = hi3_dtype_size(wte->raw_dtype), H = (size_t)wte->K;
@@ -314,6 +329,66 @@ static int cpu_has_avx2(void)
 #define dot(a, b, d) dot_portable(a, b, d)
 #endif
 
+/* Scores of keys [j0, j1) for one query: sc[j] = dot(q, k_j) * scale, each
+ * dot in the canonical lane order above, so a key scores the same bits in
+ * any range, batch or tile. */
+static void scores_portable(const float *q, const hi3_kv_src *ks, int64_t base, int j0, int j1, int d, float scale,
+                            float *sc, float *kbuf)
+{
+	for (int j = j0; j < j1; j++)
+		sc[j] = dot_portable(q, key_at(ks, base + j * ks->slot_stride, kbuf, d), d) * scale;
+}
+
+#if defined(__x86_64__)
+/* Eight keys at a time: eight lane accumulators, then an 8 x 8 transpose so
+ * that the canonical reduction runs across keys in vector lanes. */
+__attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, const hi3_kv_src *ks, int64_t base,
+                                                            int j0, int j1, int d, float scale, float *sc,
+                                                            float *kbuf)
+{
+	const float *kb = (const float *)ks->base;
+	const int64_t st = ks->slot_stride;
+	int j = j0;
+
+	if (ks->dtype == HI3_F32 && d % 8 == 0) {
+		const __m256 vs = _mm256_set1_ps(scale);
+		for (; j + 8 <= j1; j += 8) {
+			__m256 a[8];
+			const float *k0 = kb + base + j * st;
+			for (int r = 0; r < 8; r++)
+				a[r] = _mm256_setzero_ps();
+			for (int i = 0; i < d; i += 8) {
+				__m256 qv = _mm256_loadu_ps(q + i);
+#pragma GCC unroll 8
+				for (int r = 0; r < 8; r++)
+					a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + r * st + i), a[r]);
+			}
+			__m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
+			__m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
+			__m256 t4 = _mm256_unpacklo_ps(a[4], a[5]), t5 = _mm256_unpackhi_ps(a[4], a[5]);
+			__m256 t6 = _mm256_unpacklo_ps(a[6], a[7]), t7 = _mm256_unpackhi_ps(a[6], a[7]);
+			__m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+			__m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+			__m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+			__m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+			/* L[i] holds lane i of the eight keys */
+			__m256 L0 = _mm256_permute2f128_ps(u0, u4, 0x20), L4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+			__m256 L1 = _mm256_permute2f128_ps(u1, u5, 0x20), L5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+			__m256 L2 = _mm256_permute2f128_ps(u2, u6, 0x20), L6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+			__m256 L3 = _mm256_permute2f128_ps(u3, u7, 0x20), L7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+			__m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L0, L4), _mm256_add_ps(L2, L6)),
+			                         _mm256_add_ps(_mm256_add_ps(L1, L5), _mm256_add_ps(L3, L7)));
+			_mm256_storeu_ps(sc + j, _mm256_mul_ps(r, vs));
+		}
+	}
+	for (; j < j1; j++)
+		sc[j] = dot_avx2(q, key_at(ks, base + j * st, kbuf, d), d) * scale;
+}
+#define scores(...) (cpu_has_avx2() ? scores_avx2(__VA_ARGS__) : scores_portable(__VA_ARGS__))
+#else
+#define scores(...) scores_portable(__VA_ARGS__)
+#endif
+
 /* acc (d) += p * v (d): elementwise, so vectorising keeps every bit. */
 static inline void axpy(float *acc, float p, const float *v, int d)
 {
@@ -354,16 +429,18 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 					sc = malloc(sc_cap * sizeof(float));
 					HI3_ASSERT(sc);
 				}
-				for (j = 0; j < end; j++) {
-					const float *kp;
-					if (j > aq->hi && j < aq->blk_lo) {
+				/* admitted: [0, hi] and the query's block [blk_lo, blk_hi) */
+				{
+					int a1 = HI3_MIN(aq->hi + 1, end), b0 = HI3_MAX(aq->blk_lo, a1);
+					if (a1 > 0)
+						scores(qh, ks, base_k, 0, a1, d, scale, sc, kbuf);
+					for (j = HI3_MAX(a1, 0); j < b0 && j < end; j++)
 						sc[j] = -INFINITY;
-						continue;
-					}
-					kp = key_at(ks, base_k + j * ks->slot_stride, kbuf, d);
-					sc[j] = dot(qh, kp, d) * scale;
-					if (sc[j] > mx)
-						mx = sc[j];
+					if (b0 < end)
+						scores(qh, ks, base_k, b0, end, d, scale, sc, kbuf);
+					for (j = 0; j < end; j++)
+						if (sc[j] > mx)
+							mx = sc[j];
 				}
 				memset(acc, 0, sizeof(float) * (size_t)d);
 				if (mx == -INFINITY) {               /* admits no key */
@@ -450,6 +527,7 @@ int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_er
 	be->kv_layer = cpu_kv_layer;
 	be->kv_sync_host = cpu_kv_sync_host;
 	be->matmul = cpu_matmul;
+	be->matmul_group = cpu_matmul_group;
 	be->embed = cpu_embed;
 	be->rmsnorm = cpu_rmsnorm;
 	be->zero = cpu_zero;

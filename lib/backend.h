@@ -78,6 +78,10 @@ typedef struct hi3_backend {
 	/* ops */
 	/* y (M, N) = x (M, K) . W^T, W (N, K) */
 	void (*matmul)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M);
+	/* n products y[i] (M[i], N_i) = x[i] . W_i^T, the same bits as n
+	 * matmul calls; may be NULL (the model then calls matmul n times) */
+	void (*matmul_group)(struct hi3_backend *be, int n, float *const *y, const float *const *x,
+	                     const hi3_wt *const *w, const int *M);
 	/* x (M, H) = rows ids (M) of wte */
 	void (*embed)(struct hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M);
 	/* y (M, n) = rmsnorm(x (M, n)) * w (n); y may equal x */

@@ -74,7 +74,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
 	}
-	if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, err) != 0)
+	if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0)
 		goto out;
 	created = 1;
 	if (hi3i_kv_open(&kv, tmp, m, c, err) != 0)
@@ -91,6 +91,12 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			.cache_row = crow,
 			.n_logits = nb, .logit_at = at, .logits = logits,
 		};
+		if (kv.prompt_route_ids) {
+			/* rows r0 .. r0 + nb of (B, L, n_moe, k) are this chunk's */
+			size_t per = (size_t)L * kv.n_moe * kv.k_route;
+			b.route_ids = kv.prompt_route_ids + (size_t)r0 * per;
+			b.route_w = kv.prompt_route_w + (size_t)r0 * per;
+		}
 		for (int r = 0; r < nb; r++) {
 			for (int t = 0; t < L; t++)
 				hi[(size_t)r * L + t] = t;

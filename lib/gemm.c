@@ -191,16 +191,69 @@ static void kern_scalar(int mr, const float *x, size_t K, const void *b, int bf1
 		}
 }
 
-void hi3i_gemm(float *y, const float *x, const hi3_packed *w, int M)
+/*
+ * Panels [p0, p1) of y = x W^T for rows [m0, m0 + mc): for each k block in
+ * order, each panel, each MR-row tile. wide is a KC x 16 scratch for
+ * widened bf16 blocks.
+ */
+static void gemm_panels(float *y, const float *x, const hi3_packed *w, int m0, int mc, int p0, int p1, float *wide)
 {
-	const int N = w->N, K = w->K, np = (N + HI3_PANEL - 1) / HI3_PANEL;
-	const int bf16 = w->dtype == HI3_BF16;
+	const int N = w->N, K = w->K, bf16 = w->dtype == HI3_BF16;
 	const size_t es = bf16 ? 2 : 4;
+	float edge[MR * 16];
 #ifdef HAVE_X86
 	const int simd = have_avx2();
 #else
 	const int simd = 0;
+	(void)wide;
 #endif
+
+	for (int k0 = 0; k0 < K; k0 += KC) {
+		int k1 = HI3_MIN(K, k0 + KC);
+		for (int p = p0; p < p1; p++) {
+			const unsigned char *blk = (const unsigned char *)w->p +
+			                           ((size_t)p * (size_t)K + (size_t)k0) * HI3_PANEL * es;
+			const void *b = blk;
+			int b_bf16 = bf16, ncol = HI3_MIN(16, N - p * 16);
+#ifdef HAVE_X86
+			if (bf16 && simd && mc > MR) {
+				widen_bf16(wide, (const uint16_t *)blk, (size_t)(k1 - k0) * 16);
+				b = wide;
+				b_bf16 = 0;
+			}
+#endif
+			for (int mi = 0; mi < mc; mi += MR) {
+				int mr = HI3_MIN(MR, mc - mi);
+				const float *xa = x + (size_t)(m0 + mi) * K;
+				float *c = y + (size_t)(m0 + mi) * N + (size_t)p * 16;
+				size_t ldc = (size_t)N;
+
+				if (ncol < 16) {
+					for (int i = 0; i < mr; i++)
+						for (int j = 0; j < 16; j++)
+							edge[i * 16 + j] = k0 && j < ncol ? c[i * ldc + j] : 0.0f;
+					c = edge;
+					ldc = 16;
+				}
+#ifdef HAVE_X86
+				if (simd)
+					kern_any(mr, xa, (size_t)K, b, b_bf16, k0, k1, c, ldc, k0 > 0);
+				else
+#endif
+					kern_scalar(mr, xa, (size_t)K, b, b_bf16, k0, k1, c, ldc, k0 > 0);
+				if (c == edge) {
+					float *cy = y + (size_t)(m0 + mi) * N + (size_t)p * 16;
+					for (int i = 0; i < mr; i++)
+						memcpy(cy + i * (size_t)N, edge + i * 16, sizeof(float) * (size_t)ncol);
+				}
+			}
+		}
+	}
+}
+
+void hi3i_gemm(float *y, const float *x, const hi3_packed *w, int M)
+{
+	const int N = w->N, K = w->K, np = (N + HI3_PANEL - 1) / HI3_PANEL;
 
 	if (M <= 0 || N <= 0)
 		return;
@@ -213,53 +266,43 @@ void hi3i_gemm(float *y, const float *x, const hi3_packed *w, int M)
 		int nt = omp_get_num_threads(), id = omp_get_thread_num();
 		int p0 = (int)((int64_t)np * id / nt), p1 = (int)((int64_t)np * (id + 1) / nt);
 		float wide[KC * 16] __attribute__((aligned(64)));
-		float edge[MR * 16];
 
-		for (int m0 = 0; m0 < M; m0 += MC) {
-			int mc = HI3_MIN(MC, M - m0);
-			for (int k0 = 0; k0 < K; k0 += KC) {
-				int k1 = HI3_MIN(K, k0 + KC);
-				for (int p = p0; p < p1; p++) {
-					const unsigned char *blk = (const unsigned char *)w->p +
-					        ((size_t)p * (size_t)K + (size_t)k0) * HI3_PANEL * es;
-					const void *b = blk;
-					int b_bf16 = bf16, ncol = HI3_MIN(16, N - p * 16);
-#ifdef HAVE_X86
-					if (bf16 && simd && mc > MR) {
-						widen_bf16(wide, (const uint16_t *)blk, (size_t)(k1 - k0) * 16);
-						b = wide;
-						b_bf16 = 0;
-					}
-#else
-					(void)wide;
-#endif
-					for (int mi = 0; mi < mc; mi += MR) {
-						int mr = HI3_MIN(MR, mc - mi);
-						const float *xa = x + (size_t)(m0 + mi) * K;
-						float *c = y + (size_t)(m0 + mi) * N + (size_t)p * 16;
-						size_t ldc = (size_t)N;
+		for (int m0 = 0; m0 < M; m0 += MC)
+			gemm_panels(y, x, w, m0, HI3_MIN(MC, M - m0), p0, p1, wide);
+	}
+}
 
-						if (ncol < 16) {
-							for (int i = 0; i < mr; i++)
-								for (int j = 0; j < 16; j++)
-									edge[i * 16 + j] = k0 && j < ncol ? c[i * ldc + j] : 0.0f;
-							c = edge;
-							ldc = 16;
-						}
-#ifdef HAVE_X86
-						if (simd)
-							kern_any(mr, xa, (size_t)K, b, b_bf16, k0, k1, c, ldc, k0 > 0);
-						else
-#endif
-							kern_scalar(mr, xa, (size_t)K, b, b_bf16, k0, k1, c, ldc, k0 > 0);
-						if (c == edge) {
-							float *cy = y + (size_t)(m0 + mi) * N + (size_t)p * 16;
-							for (int i = 0; i < mr; i++)
-								memcpy(cy + i * (size_t)N, edge + i * 16, sizeof(float) * (size_t)ncol);
-						}
-					}
-				}
+void hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_packed *const *w, const int *M)
+{
+	int64_t total = 0;
+
+	for (int i = 0; i < n; i++)
+		if (M[i] > 0 && w[i]->N > 0)
+			total += (w[i]->N + HI3_PANEL - 1) / HI3_PANEL;
+	if (!total)
+		return;
+	/* one parallel region over the union of every job's panels */
+#pragma omp parallel if (total > 1)
+	{
+		int nt = omp_get_num_threads(), id = omp_get_thread_num();
+		int64_t q0 = total * id / nt, q1 = total * (id + 1) / nt, base = 0;
+		float wide[KC * 16] __attribute__((aligned(64)));
+
+		for (int i = 0; i < n && base < q1; i++) {
+			int np, p0, p1;
+			if (M[i] <= 0 || w[i]->N <= 0)
+				continue;
+			np = (w[i]->N + HI3_PANEL - 1) / HI3_PANEL;
+			p0 = (int)HI3_MAX(q0 - base, 0);
+			p1 = (int)HI3_MIN(q1 - base, np);
+			if (w[i]->K == 0) {
+				if (p0 < p1 && p0 == 0)
+					memset(y[i], 0, sizeof(float) * (size_t)M[i] * (size_t)w[i]->N);
+			} else if (p0 < p1) {
+				for (int m0 = 0; m0 < M[i]; m0 += MC)
+					gemm_panels(y[i], x[i], w[i], m0, HI3_MIN(MC, M[i] - m0), p0, p1, wide);
 			}
+			base += np;
 		}
 	}
 }

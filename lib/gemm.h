@@ -24,6 +24,10 @@ typedef struct hi3_packed {
 int hi3i_pack(hi3_packed *pw, const void *data, hi3_dtype dt, int N, int K, hi3_error *err);
 void hi3i_pack_release(hi3_packed *pw);
 void hi3i_gemm(float *y, const float *x, const hi3_packed *w, int M);
+/* n independent products y[i] (M[i], N_i) = x[i] . W_i^T in one parallel
+ * region (their panels split across threads): the same bits as n calls of
+ * hi3i_gemm, with one fork and join. */
+void hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_packed *const *w, const int *M);
 /* Plain loops, same order as hi3i_gemm: for tests. */
 void hi3i_gemm_ref(float *y, const float *x, const hi3_packed *w, int M);
 

@@ -316,6 +316,7 @@ typedef struct hi3_prefill_opts {
 	int max_new;              /* cache slots beyond L: C = L + max_new */
 	hi3_dtype kv_dtype;       /* HI3_F32 or HI3_BF16 */
 	int max_tokens;           /* tokens per forward chunk (0: 8192) */
+	int record_routing;       /* MoE: store each prompt token's experts and weights */
 	hi3_progress_fn progress;
 	void *progress_ctx;
 } hi3_prefill_opts;
@@ -391,6 +392,12 @@ typedef struct hi3_replay_opts {
 	int max_tokens;           /* token budget of a batched forward (0: 8192) */
 	int routing_recorded;     /* force the segment's recorded experts */
 	int weights_recorded;     /* ... and their recorded weights */
+	/* optional outputs (caller allocated; n_moe * k entries per token):
+	 * the routing of the pass that gave the log-probs */
+	int16_t *rec_ids;         /* (T, n_moe, k) response tokens, or NULL */
+	float *rec_w;             /* (T, n_moe, k) */
+	int16_t *rec_prompt_ids;  /* (P, n_moe, k) prompt tokens, P = sum of n_i, or NULL */
+	float *rec_prompt_w;      /* (P, n_moe, k) */
 	hi3_progress_fn progress;
 	void *progress_ctx;
 } hi3_replay_opts;

@@ -18,7 +18,7 @@ void hi3i_cond_hash(const hi3_cond *c, char out[17])
 }
 
 int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, const char *cond_path, int max_new,
-                   hi3_dtype dt, hi3_error *err)
+                   hi3_dtype dt, int prompt_routing, hi3_error *err)
 {
 	const hi3_config *cfg = hi3_model_config(m);
 	int64_t B = c->B, C = (int64_t)c->L + max_new, G = max_new, V = cfg->vocab_size;
@@ -69,8 +69,12 @@ int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, cons
 		    hi3_stw_add(w, "gen_len", HI3_I64, 1, sB, NULL) ||
 		    hi3_stw_add(w, "commit", HI3_I64, 1, sB, commit))
 			goto oom;
+		int64_t sP[4] = {B, c->L, n_moe, k};
 		if (n_moe > 0 && (hi3_stw_add(w, "gen_route_ids", HI3_I16, 4, sR, NULL) ||
 		                  hi3_stw_add(w, "gen_route_w", HI3_F32, 4, sR, NULL)))
+			goto oom;
+		if (n_moe > 0 && prompt_routing && (hi3_stw_add(w, "prompt_route_ids", HI3_I16, 4, sP, NULL) ||
+		                                    hi3_stw_add(w, "prompt_route_w", HI3_F32, 4, sP, NULL)))
 			goto oom;
 	}
 	rc = hi3_stw_write(w, path, err);
@@ -211,8 +215,13 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 	kv->k_route = hi3_model_max_topk(m);
 	if (kv->n_moe > 0) {
 		int64_t sR[4] = {B, G, kv->n_moe, kv->k_route};
+		int64_t sP[4] = {B, L, kv->n_moe, kv->k_route};
 		if (get(kv, "gen_route_ids", HI3_I16, 4, sR, (void **)&kv->gen_route_ids, err) ||
 		    get(kv, "gen_route_w", HI3_F32, 4, sR, (void **)&kv->gen_route_w, err))
+			goto fail;
+		if (hi3_st_find(kv->st, "prompt_route_ids") &&
+		    (get(kv, "prompt_route_ids", HI3_I16, 4, sP, (void **)&kv->prompt_route_ids, err) ||
+		     get(kv, "prompt_route_w", HI3_F32, 4, sP, (void **)&kv->prompt_route_w, err)))
 			goto fail;
 	}
 	for (int i = 0; i < B; i++) {

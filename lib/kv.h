@@ -12,6 +12,7 @@
  *   gen_tokens        (B, G) I64, gen_logprobs (B, G) F32, gen_len (B) I64
  *   commit            (B) I64    2 * gen_len + finished: the commit word
  *   gen_route_ids     (B, G, n_moe, k) I16, gen_route_w (B, G, n_moe, k) F32  (MoE models)
+ *   prompt_route_ids  (B, L, n_moe, k) I16, prompt_route_w F32  (prefill --record-routing)
  *
  * Crash consistency: a decode step writes its payload (K/V slots, the
  * token and log-prob, the next logits into the buffer that is not current),
@@ -36,13 +37,15 @@ typedef struct hi3_kvfile {
 	uint8_t *finished;                                              /* (B) */
 	int16_t *gen_route_ids;   /* (B, G, n_moe, k) or NULL */
 	float *gen_route_w;       /* (B, G, n_moe, k) or NULL */
+	int16_t *prompt_route_ids;/* (B, L, n_moe, k) with prefill --record-routing, or NULL */
+	float *prompt_route_w;    /* (B, L, n_moe, k) */
 } hi3_kvfile;
 
 /* Hash of the conditions tensors a KV file depends on (16 hex digits). */
 void hi3i_cond_hash(const hi3_cond *c, char out[17]);
 /* Create a zeroed KV file for (model, conditions) at path, atomically. */
 int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, const char *cond_path, int max_new,
-                   hi3_dtype dt, hi3_error *err);
+                   hi3_dtype dt, int prompt_routing, hi3_error *err);
 /* Open writable; check the model fingerprint and the conditions it belongs
  * to (c may be NULL to skip that); repair derived fields from commit. */
 int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err);

@@ -175,7 +175,7 @@ out:
 static void work_free(hi3_model *m)
 {
 	struct hi3_work *w = &m->w;
-	void *bufs[] = {w->x, w->h, w->qkv, w->att, w->y, w->ab, w->mid, w->ye, w->xe, w->ys, w->rl, w->lx,
+	void *bufs[] = {w->x, w->h, w->qkv, w->att, w->y, w->ab, w->mid, w->ye, w->xe, w->ys, w->rl, w->sab, w->smid, w->lx,
 	                w->logits, w->ids, w->pos, w->rows, w->idx, w->slots, w->plan, w->scale};
 
 	for (size_t i = 0; i < HI3_ARRAY_SIZE(bufs); i++)
@@ -239,7 +239,7 @@ static int work_reserve(hi3_model *m, size_t M, size_t n_logit, hi3_error *err)
 	const hi3_config *c = &m->cfg;
 	size_t H = (size_t)c->hidden_size, d = (size_t)c->attention_head_dim;
 	size_t W = (size_t)(c->num_attention_heads + 2 * c->num_key_value_heads) * d;
-	size_t I = (size_t)m->max_I, E = 1, V = (size_t)c->vocab_size;
+	size_t I = (size_t)m->max_I, E = 1, V = (size_t)c->vocab_size, Kx = (size_t)HI3_MAX(m->max_k, 1);
 	hi3_backend *be = m->be;
 
 	for (int l = 0; l < c->num_hidden_layers; l++)
@@ -251,12 +251,14 @@ static int work_reserve(hi3_model *m, size_t M, size_t n_logit, hi3_error *err)
 		w->n_logit = oldn;
 		M = M < 16 ? 16 : M;
 #define A(p, n) ((p) = be->alloc(be, (n))) == NULL
+		/* expert buffers hold every (token, chosen expert) pair: M k rows */
 		if (A(w->x, M * H * 4) || A(w->h, M * H * 4) || A(w->qkv, M * W * 4) ||
 		    A(w->att, M * (size_t)c->num_attention_heads * d * 4) || A(w->y, M * H * 4) ||
-		    A(w->ab, M * 2 * I * 4) || A(w->mid, M * I * 4) || A(w->ye, M * H * 4) ||
-		    A(w->xe, M * H * 4) || A(w->ys, M * H * 4) || A(w->rl, M * E * 4) || A(w->ids, M * 8) ||
-		    A(w->pos, M * 8) || A(w->rows, M * 4) || A(w->idx, M * 4) || A(w->slots, M * 8) ||
-		    A(w->plan, M * sizeof(hi3_attn_q)) || A(w->scale, M * 4))
+		    A(w->ab, M * Kx * 2 * I * 4) || A(w->mid, M * Kx * I * 4) || A(w->ye, M * Kx * H * 4) ||
+		    A(w->xe, M * Kx * H * 4) || A(w->ys, M * H * 4) || A(w->sab, M * 2 * I * 4) ||
+		    A(w->smid, M * I * 4) || A(w->rl, M * E * 4) || A(w->ids, M * 8) || A(w->pos, M * 8) ||
+		    A(w->rows, M * 4) || A(w->idx, M * Kx * 4) || A(w->slots, M * 8) ||
+		    A(w->plan, M * sizeof(hi3_attn_q)) || A(w->scale, M * Kx * 4))
 			goto oom;
 		w->M = M;
 		w->lx = NULL;
@@ -291,6 +293,18 @@ static void mlp_forward(hi3_model *m, const struct hi3_mlp_w *mw, float *y, cons
 	be->matmul(be, m->w.ab, h, mw->gate_up, M);
 	be->swiglu(be, m->w.mid, m->w.ab, M, mw->I);
 	be->matmul(be, y, m->w.mid, mw->down, M);
+}
+
+/* Grouped products through the backend, or one by one when it has none. */
+static void matmul_group(hi3_model *m, int n, float *const *y, const float *const *x, const hi3_wt *const *w,
+                         const int *M)
+{
+	if (m->be->matmul_group) {
+		m->be->matmul_group(m->be, n, y, x, w, M);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		m->be->matmul(m->be, y[i], x[i], w[i], M[i]);
 }
 
 struct route {
@@ -358,8 +372,8 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 	rl = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)E, err);
 	ids = hi3i_malloc(sizeof(int16_t) * (size_t)M * (size_t)k, err);
 	wts = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)k, err);
-	idx = hi3i_malloc(sizeof(int32_t) * (size_t)M, err);
-	sc = hi3i_malloc(sizeof(float) * (size_t)M, err);
+	idx = hi3i_malloc(sizeof(int32_t) * (size_t)M * (size_t)k, err);
+	sc = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)k, err);
 	if (!rl || !ids || !wts || !idx || !sc)
 		goto out;
 	be->matmul(be, m->w.rl, h, L->router, M);
@@ -385,29 +399,95 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 			}
 		}
 	}
-	/* routed experts in ascending expert id, so each token sums its
-	 * experts in one order whatever else is in the batch */
-	be->zero(be, y, (size_t)M * (size_t)H);
-	for (int e = 0; e < E; e++) {
-		int n = 0;
-		for (int t = 0; t < M; t++)
-			for (int j = 0; j < k; j++)
-				if (ids[(size_t)t * k + j] == e) {
-					idx[n] = t;
-					sc[n] = wts[(size_t)t * k + j];
-					n++;
-				}
-		if (!n)
-			continue;
-		be->upload(be, m->w.idx, idx, sizeof(int32_t) * (size_t)n);
-		be->upload(be, m->w.scale, sc, sizeof(float) * (size_t)n);
-		be->gather(be, m->w.xe, h, m->w.idx, n, H);
-		mlp_forward(m, &L->experts[e], m->w.ye, m->w.xe, n);
-		be->scatter_add(be, y, m->w.ye, m->w.idx, m->w.scale, n, H);
-	}
-	if (L->has_shared) {
-		mlp_forward(m, &L->shared, m->w.ys, h, M);
-		be->add(be, y, m->w.ys, (size_t)M * (size_t)H);
+	/* Routed experts: each expert's tokens gathered into one packed
+	 * buffer, both GEMM stages of every expert (and the shared MLP) run
+	 * as one grouped call each, then the outputs are added to y expert by
+	 * expert in ascending id, so a token sums its experts in one order
+	 * whatever else is in the batch. */
+	{
+		const int inter = L->experts[0].I, n_jobs_max = E + 1;
+		float **ys = NULL;
+		const float **xs = NULL;
+		const hi3_wt **ws = NULL;
+		int *ms = NULL, *first = NULL, *count = NULL, n_jobs = 0, rows = 0;
+
+		ys = hi3i_calloc((size_t)n_jobs_max, sizeof(*ys), err);
+		xs = hi3i_calloc((size_t)n_jobs_max, sizeof(*xs), err);
+		ws = hi3i_calloc((size_t)n_jobs_max, sizeof(*ws), err);
+		ms = hi3i_calloc((size_t)n_jobs_max, sizeof(*ms), err);
+		first = hi3i_calloc((size_t)E, sizeof(*first), err);
+		count = hi3i_calloc((size_t)E, sizeof(*count), err);
+		if (!ys || !xs || !ws || !ms || !first || !count)
+			goto moe_out;
+		for (int e = 0; e < E; e++) {
+			first[e] = rows;
+			for (int t = 0; t < M; t++)
+				for (int j = 0; j < k; j++)
+					if (ids[(size_t)t * k + j] == e) {
+						idx[rows] = t;
+						sc[rows] = wts[(size_t)t * k + j];
+						rows++;
+					}
+			count[e] = rows - first[e];
+		}
+		if (rows) {
+			be->upload(be, m->w.idx, idx, sizeof(int32_t) * (size_t)rows);
+			be->upload(be, m->w.scale, sc, sizeof(float) * (size_t)rows);
+			be->gather(be, m->w.xe, h, m->w.idx, rows, H);
+		}
+		/* stage 1: gate_up of every expert with tokens, and the shared MLP */
+		for (int e = 0; e < E; e++)
+			if (count[e]) {
+				xs[n_jobs] = m->w.xe + (size_t)first[e] * H;
+				ys[n_jobs] = m->w.ab + (size_t)first[e] * 2 * inter;
+				ws[n_jobs] = L->experts[e].gate_up;
+				ms[n_jobs++] = count[e];
+			}
+		if (L->has_shared) {
+			xs[n_jobs] = h;
+			ys[n_jobs] = m->w.sab;
+			ws[n_jobs] = L->shared.gate_up;
+			ms[n_jobs++] = M;
+		}
+		matmul_group(m, n_jobs, ys, xs, ws, ms);
+		if (rows)
+			be->swiglu(be, m->w.mid, m->w.ab, rows, inter);
+		if (L->has_shared)
+			be->swiglu(be, m->w.smid, m->w.sab, M, L->shared.I);
+		/* stage 2: down */
+		n_jobs = 0;
+		for (int e = 0; e < E; e++)
+			if (count[e]) {
+				xs[n_jobs] = m->w.mid + (size_t)first[e] * inter;
+				ys[n_jobs] = m->w.ye + (size_t)first[e] * H;
+				ws[n_jobs] = L->experts[e].down;
+				ms[n_jobs++] = count[e];
+			}
+		if (L->has_shared) {
+			xs[n_jobs] = m->w.smid;
+			ys[n_jobs] = m->w.ys;
+			ws[n_jobs] = L->shared.down;
+			ms[n_jobs++] = M;
+		}
+		matmul_group(m, n_jobs, ys, xs, ws, ms);
+		be->zero(be, y, (size_t)M * (size_t)H);
+		for (int e = 0; e < E; e++)
+			if (count[e])
+				be->scatter_add(be, y, m->w.ye + (size_t)first[e] * H, m->w.idx + first[e],
+				                m->w.scale + first[e], count[e], H);
+		if (L->has_shared)
+			be->add(be, y, m->w.ys, (size_t)M * (size_t)H);
+		rc = 0;
+moe_out:
+		free(ys);
+		free(xs);
+		free(ws);
+		free(ms);
+		free(first);
+		free(count);
+		if (rc)
+			goto out;
+		rc = -1;
 	}
 	rc = 0;
 out:

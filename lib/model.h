@@ -31,7 +31,7 @@ struct hi3_layer_w {
 struct hi3_work {
 	size_t M;                 /* rows the buffers hold */
 	size_t n_logit;
-	float *x, *h, *qkv, *att, *y, *ab, *mid, *ye, *xe, *ys, *rl;
+	float *x, *h, *qkv, *att, *y, *ab, *mid, *ye, *xe, *ys, *rl, *sab, *smid;
 	float *lx, *logits;
 	int64_t *ids;
 	int32_t *pos, *rows, *idx;

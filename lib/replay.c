@@ -133,7 +133,7 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
  * padded to the longest; fills lp (T) at the rows' segment offsets, and
  * the free-routing choices of response tokens into route (T, NM, K). */
 static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, int r0,
-                       int r1, int forced, float *lp, int16_t *route, hi3_error *err)
+                       int r1, int forced, int record, float *lp, int16_t *route, hi3_error *err)
 {
 	const int V = hi3_model_config(m)->vocab_size, NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m);
 	const int NMK = NM * K, nb = r1 - r0;
@@ -149,14 +149,14 @@ static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 		Tmax = HI3_MAX(Tmax, c->real_pos[i] + len);
 		n_log += len;
 	}
-	if (n_log == 0)
+	if (n_log == 0 && !(record && o->rec_prompt_ids))
 		return 0;
 	ids = hi3i_malloc(sizeof(int64_t) * (size_t)(nb * Tmax), err);
 	rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)(nb * Tmax), err);
 	hi = hi3i_malloc(sizeof(int32_t) * (size_t)(nb * Tmax), err);
 	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)n_log, err);
 	blocks = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)(nb * c->S), err);
-	logits = hi3i_malloc(sizeof(float) * (size_t)n_log * V, err);
+	logits = hi3i_malloc(sizeof(float) * (size_t)(n_log + 1) * V, err);
 	if (NMK) {
 		rids = hi3i_malloc(sizeof(int16_t) * (size_t)(nb * Tmax) * NMK, err);
 		rw = hi3i_malloc(sizeof(float) * (size_t)(nb * Tmax) * NMK, err);
@@ -211,6 +211,26 @@ static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 		if (hi3_forward(m, NULL, &b, err) != 0)
 			goto out;
 	}
+	if (record && NMK) {
+		/* the routing that gave these log-probs, prompt and response */
+		int64_t poff = 0;
+		for (int i = 0; i < r0; i++)
+			poff += c->real_pos[i];
+		for (int r = 0; r < nb; r++) {
+			int i = r0 + r;
+			int64_t n = c->real_pos[i], off = s->cu_seqlens[i], len = s->cu_seqlens[i + 1] - off;
+			size_t src = (size_t)r * Tmax * NMK, per = sizeof(int16_t) * (size_t)NMK;
+			if (o->rec_prompt_ids) {
+				memcpy(o->rec_prompt_ids + (size_t)poff * NMK, rids + src, per * (size_t)n);
+				memcpy(o->rec_prompt_w + (size_t)poff * NMK, rw + src, sizeof(float) * NMK * (size_t)n);
+			}
+			if (o->rec_ids) {
+				memcpy(o->rec_ids + (size_t)off * NMK, rids + src + (size_t)n * NMK, per * (size_t)len);
+				memcpy(o->rec_w + (size_t)off * NMK, rw + src + (size_t)n * NMK, sizeof(float) * NMK * (size_t)len);
+			}
+			poff += n;
+		}
+	}
 	n_log = 0;
 	for (int r = 0; r < nb; r++) {
 		int i = r0 + r;
@@ -238,7 +258,7 @@ out:
 }
 
 static int run_pass(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, int forced,
-                    float *lp, int16_t *route, hi3_error *err)
+                    int record, float *lp, int16_t *route, hi3_error *err)
 {
 	int group = 1;
 
@@ -251,7 +271,7 @@ static int run_pass(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const
 	}
 	for (int r0 = 0; r0 < c->B; r0 += group) {
 		int r1 = HI3_MIN(c->B, r0 + group);
-		if (replay_rows(m, c, s, o, r0, r1, forced, lp, route, err) != 0)
+		if (replay_rows(m, c, s, o, r0, r1, forced, record, lp, route, err) != 0)
 			return -1;
 		if (o->progress)
 			o->progress(o->progress_ctx, r1, c->B);
@@ -313,10 +333,10 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	if (o->routing_recorded) {
 		/* the free pass first, for the gap without routing replay */
 		lp_free = hi3i_malloc(sizeof(float) * (size_t)(s->T + 1), err);
-		if (!lp_free || run_pass(m, c, s, o, 0, lp_free, route, err) != 0 ||
-		    run_pass(m, c, s, o, 1, logprobs, NULL, err) != 0)
+		if (!lp_free || run_pass(m, c, s, o, 0, 0, lp_free, route, err) != 0 ||
+		    run_pass(m, c, s, o, 1, 1, logprobs, NULL, err) != 0)
 			goto out;
-	} else if (run_pass(m, c, s, o, 0, logprobs, route, err) != 0) {
+	} else if (run_pass(m, c, s, o, 0, 1, logprobs, route, err) != 0) {
 		goto out;
 	}
 	for (int i = 0; i < s->B; i++) {

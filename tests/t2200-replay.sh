@@ -84,6 +84,16 @@ test_expect_success 'recorded routing round-trips: forcing it changes nothing in
 	test "$(J overall/max_abs_dlogp <rep2.json)" = 0.0
 '
 
+test_expect_success 'prompt routing: prefill --record-routing equals replay --record-routing' '
+	hi3 -q -m tiny-moe prefill --record-routing c.st -o kr.st --max-new 6 &&
+	hi3 -q -m tiny-moe decode --record-routing c.st kr.st -o sr.st &&
+	hi3 -q -m tiny-moe replay --record-routing c.st sr.st -o rr.st >/dev/null &&
+	set -- $(hi3 inspect --tensor prompt_cu_seqlens rr.st | tail -n 1) &&
+	hi3 inspect --tensor prompt_route_ids --slice 1,0:12 kr.st | sed 1d | sed "s/^.*\] //" >a &&
+	hi3 inspect --tensor prompt_routing_experts --slice $2:$(($2 + 12)) rr.st | sed 1d | sed "s/^.*\] //" >b &&
+	test -s a && test_cmp a b
+'
+
 test_expect_success 'bf16 weights and cache: finite figures; routing replay never increases the max gap' '
 	make_model tiny-moe tmb --dtype bf16 &&
 	hi3 -q -m tmb tokenize-concat req.jsonl -o cb.st &&

@@ -65,8 +65,49 @@ static void check_shape(int N, int K, int M, hi3_dtype dt)
 	free(y1);
 }
 
+/* A grouped call gives the bits of separate calls. */
+static void check_group(void)
+{
+	enum { NJ = 4 };
+	static const int NK[NJ][3] = {{48, 64, 1}, {17, 33, 7}, {128, 96, 2}, {5, 64, 13}};
+	hi3_packed p[NJ];
+	const hi3_packed *pp[NJ];
+	float *x[NJ], *y[NJ], *y1[NJ];
+	const float *cx[NJ];
+	int M[NJ], same = 1;
+	uint64_t s = 99;
+
+	for (int j = 0; j < NJ; j++) {
+		int N = NK[j][0], K = NK[j][1];
+		float *w = malloc(sizeof(float) * (size_t)N * K);
+		M[j] = NK[j][2];
+		x[j] = malloc(sizeof(float) * (size_t)M[j] * K);
+		y[j] = malloc(sizeof(float) * (size_t)M[j] * N);
+		y1[j] = malloc(sizeof(float) * (size_t)M[j] * N);
+		for (int i = 0; i < N * K; i++)
+			w[i] = frand(&s);
+		for (int i = 0; i < M[j] * K; i++)
+			x[j][i] = frand(&s);
+		hi3i_pack(&p[j], w, j % 2 ? HI3_BF16 : HI3_F32, N, K, NULL);
+		free(w);
+		pp[j] = &p[j];
+		cx[j] = x[j];
+		hi3i_gemm(y1[j], x[j], &p[j], M[j]);
+	}
+	hi3i_gemm_group(NJ, y, cx, pp, M);
+	for (int j = 0; j < NJ; j++) {
+		same &= !memcmp(y[j], y1[j], sizeof(float) * (size_t)M[j] * NK[j][0]);
+		hi3i_pack_release(&p[j]);
+		free(x[j]);
+		free(y[j]);
+		free(y1[j]);
+	}
+	ok(same, "a grouped call of %d products equals the separate calls bit for bit", NJ);
+}
+
 int main(void)
 {
+	check_group();
 	static const int shapes[][3] = {{16, 8, 1}, {17, 33, 7}, {128, 128, 13}, {200, 300, 100},
 	                                {384, 256, 6}, {5, 1, 3}, {96, 520, 97}};
 
