@@ -32,18 +32,15 @@ template <bool BF> static __device__ __forceinline__ float xval(const float *x, 
 	return BF ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
 }
 
-/* grid (N / GEMV_WARPS), block 32 GEMV_WARPS */
+/* Column n of y (M, N) by one warp. */
 template <int M, bool BF>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(float *y, const float *x, const void *w, int N, int K)
+static __device__ __forceinline__ void gemv_column(float *y, const float *x, const void *w, int n, int N, int K)
 {
-	const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	const int lane = threadIdx.x & 31;
 	constexpr int per = BF ? 8 : 4;   /* weights per 16 bytes */
 	const size_t row = (size_t)n * (size_t)K;
 	float acc[M];
 
-	if (n >= N)
-		return;               /* a whole warp: no barrier below */
 #pragma unroll
 	for (int m = 0; m < M; m++)
 		acc[m] = 0.0f;
@@ -76,6 +73,51 @@ gemv_kernel(float *y, const float *x, const void *w, int N, int K)
 		if (lane == 0)
 			y[(size_t)m * (size_t)N + (size_t)n] = s;
 	}
+}
+
+/* grid (N / GEMV_WARPS), block 32 GEMV_WARPS */
+template <int M, bool BF>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_kernel(float *y, const float *x, const void *w, int N, int K)
+{
+	const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+
+	if (n < N)                /* a whole warp either way: no barrier inside */
+		gemv_column<M, BF>(y, x, w, n, N, K);
+}
+
+/* grid (max N / GEMV_WARPS, n_jobs), block 32 GEMV_WARPS: job blockIdx.y,
+ * with the arithmetic of gemv_kernel, so the same bits */
+template <bool BF>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_group_kernel(const hi3k_gemv_job *jobs)
+{
+	const hi3k_gemv_job j = jobs[blockIdx.y];
+	const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+
+	if (n >= j.N)
+		return;
+	switch (j.M) {
+	case 1: gemv_column<1, BF>(j.y, j.x, j.w, n, j.N, j.K); break;
+	case 2: gemv_column<2, BF>(j.y, j.x, j.w, n, j.N, j.K); break;
+	case 3: gemv_column<3, BF>(j.y, j.x, j.w, n, j.N, j.K); break;
+	case 4: gemv_column<4, BF>(j.y, j.x, j.w, n, j.N, j.K); break;
+	case 5: gemv_column<5, BF>(j.y, j.x, j.w, n, j.N, j.K); break;
+	case 6: gemv_column<6, BF>(j.y, j.x, j.w, n, j.N, j.K); break;
+	case 7: gemv_column<7, BF>(j.y, j.x, j.w, n, j.N, j.K); break;
+	case 8: gemv_column<8, BF>(j.y, j.x, j.w, n, j.N, j.K); break;
+	default: break;           /* M = 0: nothing */
+	}
+}
+
+extern "C" cudaError_t HI3K(gemv_group)(cudaStream_t s, const hi3k_gemv_job *jobs, int n_jobs, int max_N, int dtype)
+{
+	if (n_jobs < 0 || n_jobs > 65535 || (dtype != HI3K_F32 && dtype != HI3K_BF16))
+		return cudaErrorInvalidValue;
+	if (n_jobs > 0 && max_N > 0) {
+		void (*kernel)(const hi3k_gemv_job *) = dtype == HI3K_BF16 ? gemv_group_kernel<true> : gemv_group_kernel<false>;
+		HI3K_LAUNCH(kernel, dim3(div_up((size_t)max_N, GEMV_WARPS), n_jobs), dim3(GEMV_WARPS * 32), 0, s)(jobs);
+	}
+	return cudaGetLastError();
 }
 
 template <int M>

@@ -104,6 +104,16 @@ cudaError_t HI3K(attention)(cudaStream_t s, float *out, const float *qkv, const 
 /* y (M, N) = x (M, K) . W^T, W (N, K) F32 or BF16 (x rounded to bf16 for
  * it, like the cuBLAS path), M <= HI3K_GEMV_MAX_M: one pass over W. */
 cudaError_t HI3K(gemv)(cudaStream_t s, float *y, const float *x, const void *w, int dtype, int M, int N, int K);
+/* One product of a grouped gemv (device memory, like its pointers). */
+typedef struct hi3k_gemv_job {
+	float *y;
+	const float *x;
+	const void *w;
+	int M, N, K, pad;
+} hi3k_gemv_job;
+/* Every job (n_jobs) in one launch, the same bits as one gemv each; all
+ * weights of one dtype, every M <= HI3K_GEMV_MAX_M, every N <= max_N. */
+cudaError_t HI3K(gemv_group)(cudaStream_t s, const hi3k_gemv_job *jobs, int n_jobs, int max_N, int dtype);
 
 /* The most candidates (top-k) a row's draw can keep. */
 #define HI3K_SAMPLE_MAX_K 1024

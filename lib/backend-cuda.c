@@ -77,7 +77,9 @@ struct cuda {
 	void *xb;                 /* bf16 GEMM input (M, K) */
 	void *keep;               /* kv_store: the last writer of each slot (M) */
 	void *part;               /* attention split-K partials (M, n_h, nsplit, d + 2) */
-	size_t xb_cap, keep_cap, part_cap;   /* bytes */
+	void *jobs;               /* matmul_group: the grouped gemv's jobs */
+	hi3k_gemv_job *jobs_h;    /* ... built here */
+	size_t xb_cap, keep_cap, part_cap, jobs_cap, jobs_h_cap;   /* bytes */
 	struct kv_mirror *kvs;
 };
 
@@ -565,6 +567,41 @@ static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 	op_done(c, "matmul");
 }
 
+/* n products at once: those of up to 8 rows (decode's experts) in one
+ * grouped gemv launch, the same bits as a matmul each; any others one by
+ * one. */
+static void cu_matmul_group(hi3_backend *be, int n, float *const *y, const float *const *x, const hi3_wt *const *w,
+                            const int *M)
+{
+	struct cuda *c = be->ctx;
+	int n_small = 0, max_N = 0, dtype = -1;
+
+	for (int i = 0; i < n; i++) {
+		if (M[i] <= 0)
+			continue;
+		if (M[i] > HI3K_GEMV_MAX_M || (dtype >= 0 && w[i]->dtype != dtype)) {
+			cu_matmul(be, y[i], x[i], w[i], M[i]);
+			continue;
+		}
+		if ((size_t)(n_small + 1) * sizeof(hi3k_gemv_job) > c->jobs_h_cap) {
+			size_t cap = (size_t)(n + 16) * sizeof(hi3k_gemv_job);
+			hi3k_gemv_job *p = realloc(c->jobs_h, cap);
+			HI3_ASSERT(p);
+			c->jobs_h = p;
+			c->jobs_h_cap = cap;
+		}
+		dtype = w[i]->dtype;
+		c->jobs_h[n_small++] = (hi3k_gemv_job){y[i], x[i], w[i]->d, M[i], w[i]->N, w[i]->K, 0};
+		max_N = HI3_MAX(max_N, w[i]->N);
+	}
+	if (!n_small)
+		return;
+	grow(c, &c->jobs, &c->jobs_cap, (size_t)n_small * sizeof(hi3k_gemv_job), "the grouped matmul's jobs");
+	cu_upload(be, c->jobs, c->jobs_h, (size_t)n_small * sizeof(hi3k_gemv_job));
+	CUDA_CHECK(NULL, HI3K(gemv_group)(c->stream, c->jobs, n_small, max_N, dtype));
+	op_done(c, "matmul_group");
+}
+
 static void cu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M)
 {
 	struct cuda *c = be->ctx;
@@ -701,6 +738,8 @@ static void cu_destroy(hi3_backend *be)
 		cudaFree(c->xb);
 		cudaFree(c->keep);
 		cudaFree(c->part);
+		cudaFree(c->jobs);
+		free(c->jobs_h);
 		if (c->stage)
 			cudaFreeHost(c->stage);
 		if (c->blas)
@@ -769,6 +808,7 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	be->kv_layer = cu_kv_layer;
 	be->kv_sync_host = cu_kv_sync_host;
 	be->matmul = cu_matmul;
+	be->matmul_group = cu_matmul_group;
 	be->embed = cu_embed;
 	be->rmsnorm = cu_rmsnorm;
 	be->zero = cu_zero;

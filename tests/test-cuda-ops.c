@@ -175,6 +175,46 @@ static void test_matmul_paths(void)
 	free(x);
 }
 
+/* matmul_group gives the bits of one matmul per product: experts of
+ * different sizes, few rows (one grouped launch) and many (cuBLAS). */
+static void test_matmul_group(hi3_dtype dt)
+{
+	enum { NJ = 5 };
+	const int Ns[NJ] = {48, 40, 48, 33, 48}, Ks[NJ] = {64, 64, 72, 64, 64}, Ms[NJ] = {1, 3, 8, 12, 0};
+	hi3_tensor t[NJ];
+	hi3_wt *w[NJ];
+	float *x[NJ], *ya[NJ], *yb[NJ];
+	int same = 1;
+
+	for (int i = 0; i < NJ; i++) {
+		float *wv = randn((size_t)Ns[i] * Ks[i], 0.1f), *xv = randn((size_t)(Ms[i] + 1) * Ks[i], 1.0f);
+		t[i] = tensor(dt, 2, Ns[i], Ks[i], wv);
+		w[i] = load(gpu, &t[i], HI3_WT_MATRIX);
+		x[i] = dev_copy(xv, sizeof(float) * (size_t)(Ms[i] + 1) * Ks[i]);
+		ya[i] = dev_nan((size_t)(Ms[i] + 1) * Ns[i]);
+		yb[i] = dev_nan((size_t)(Ms[i] + 1) * Ns[i]);
+		free(wv);
+		free(xv);
+	}
+	gpu->matmul_group(gpu, NJ, ya, (const float *const *)x, (const hi3_wt *const *)w, Ms);
+	for (int i = 0; i < NJ; i++)
+		gpu->matmul(gpu, yb[i], x[i], w[i], Ms[i]);
+	for (int i = 0; i < NJ; i++) {
+		size_t n = (size_t)(Ms[i] + 1) * Ns[i];   /* the row past M stays NaN in both */
+		float *a = fetch(ya[i], n * sizeof(float)), *b = fetch(yb[i], n * sizeof(float));
+		same &= !memcmp(a, b, n * sizeof(float));
+		free(a);
+		free(b);
+		gpu->free(gpu, x[i]);
+		gpu->free(gpu, ya[i]);
+		gpu->free(gpu, yb[i]);
+		gpu->weight_free(gpu, w[i]);
+		free(t[i].data);
+	}
+	ok(same, "matmul_group %s of 5 products (1, 3, 8, 12 and 0 rows) equals one matmul each, bit for bit",
+	   hi3_dtype_name(dt));
+}
+
 static void test_embed(void)
 {
 	static const hi3_dtype dts[] = {HI3_F32, HI3_BF16, HI3_F16};
@@ -629,6 +669,8 @@ int main(void)
 	}
 	test_matmul();
 	test_matmul_paths();
+	test_matmul_group(HI3_F32);
+	test_matmul_group(HI3_BF16);
 	test_embed();
 	test_rmsnorm();
 	test_elementwise();
