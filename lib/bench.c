@@ -270,6 +270,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 	}
 	rc = 0;
 out:
+	hi3i_model_kv_closed(m, &kv);
 	for (int l = 0; kv.k && kv.v && l < nl; l++) {
 		free(kv.k[l]);
 		free(kv.v[l]);

@@ -678,6 +678,14 @@ out:
 	return rc;
 }
 
+void hi3i_model_kv_closed(hi3_model *m, const hi3_kvcache *kv)
+{
+	if (m && kv && m->attached == kv) {
+		m->be->kv_detach(m->be, m->attached);
+		m->attached = NULL;
+	}
+}
+
 int hi3_kv_sync_host(hi3_model *m, hi3_kvcache *kv, hi3_error *err)
 {
 	if (m->attached != kv)

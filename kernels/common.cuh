@@ -1,0 +1,121 @@
+/*
+ * common.cuh -- device helpers shared by the kernels: element loads and
+ * stores by dtype (the same bit-exact conversions as lib/tensor.c), warp and
+ * block reductions, and the launch/shared-memory spellings that let the
+ * same source build with nvcc or against the CPU emulation (tests/cuda-emu).
+ *
+ * Block sizes are multiples of 32; reductions assume it.
+ */
+#ifndef HI3_COMMON_CUH
+#define HI3_COMMON_CUH
+
+#include <math.h>
+#include <stdint.h>
+#include "kernels.h"
+
+#ifdef HI3_CUDA_EMU
+#define HI3K_LAUNCH(kernel, grid, block, smem, stream) ((void)(stream), emu_launch(kernel, grid, block, smem))
+#define HI3K_DYN_SMEM(type, name) type *name = reinterpret_cast<type *>(emu_dyn_smem())
+#else
+#define HI3K_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
+#define HI3K_DYN_SMEM(type, name)                       \
+	extern __shared__ float4 hi3k_dyn_smem[];        \
+	type *name = reinterpret_cast<type *>(hi3k_dyn_smem)
+#endif
+
+#define HI3K_FULL 0xffffffffu
+
+static __device__ __forceinline__ float bf16_to_f32(uint16_t h)
+{
+	return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Round to nearest even; NaN stays a quiet NaN (hi3_f32_to_bf16). */
+static __device__ __forceinline__ uint16_t f32_to_bf16(float f)
+{
+	uint32_t u = __float_as_uint(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40);
+	u += 0x7fffu + ((u >> 16) & 1);
+	return (uint16_t)(u >> 16);
+}
+
+/* IEEE half to float, subnormals included (hi3_f16_to_f32). */
+static __device__ __forceinline__ float f16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+
+	if (exp == 0) {
+		float f = ldexpf((float)man, -24);
+		return sign ? -f : f;
+	}
+	if (exp == 31)
+		return __uint_as_float(sign | 0x7f800000u | (man << 13));
+	return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+/* Element i of a F32, BF16 or F16 array as a float. */
+static __device__ __forceinline__ float load_elem(const void *p, int dtype, size_t i)
+{
+	if (dtype == HI3K_BF16)
+		return bf16_to_f32(static_cast<const uint16_t *>(p)[i]);
+	if (dtype == HI3K_F16)
+		return f16_to_f32(static_cast<const uint16_t *>(p)[i]);
+	return static_cast<const float *>(p)[i];
+}
+
+/* Store f as element i of a F32 or BF16 array. */
+static __device__ __forceinline__ void store_elem(void *p, int dtype, size_t i, float f)
+{
+	if (dtype == HI3K_BF16)
+		static_cast<uint16_t *>(p)[i] = f32_to_bf16(f);
+	else
+		static_cast<float *>(p)[i] = f;
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(HI3K_FULL, v, o);
+	return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(HI3K_FULL, v, o));
+	return v;
+}
+
+/* The sum of v over the block, returned to every thread. Every thread of
+ * the block must call it. */
+static __device__ __forceinline__ float block_sum(float v)
+{
+	__shared__ float part[32];
+	__shared__ float total;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+	float r;
+
+	v = warp_sum(v);
+	if (lane == 0)
+		part[warp] = v;
+	__syncthreads();
+	if (warp == 0) {
+		float t = lane < nwarps ? part[lane] : 0.0f;
+		t = warp_sum(t);
+		if (lane == 0)
+			total = t;
+	}
+	__syncthreads();
+	r = total;
+	__syncthreads();          /* part and total are free for the next call */
+	return r;
+}
+
+static inline unsigned div_up(size_t a, unsigned b)
+{
+	return (unsigned)((a + b - 1) / b);
+}
+
+#endif

@@ -1,0 +1,43 @@
+/* gather.cu -- row gather and weighted scatter-add, the token grouping of
+ * the MoE layer: each expert gathers its tokens, runs one GEMM over them,
+ * and adds its output back scaled by the routing weight (CPU twins:
+ * cpu_gather, cpu_scatter_add). */
+#include "common.cuh"
+
+/* grid (n), block 256: one row per block */
+static __global__ void gather_kernel(float *dst, const float *src, const int32_t *idx, int w)
+{
+	const float *sr = src + (size_t)idx[blockIdx.x] * (size_t)w;
+	float *dr = dst + (size_t)blockIdx.x * (size_t)w;
+
+	for (int c = threadIdx.x; c < w; c += blockDim.x)
+		dr[c] = sr[c];
+}
+
+extern "C" cudaError_t HI3K(gather)(cudaStream_t s, float *dst, const float *src, const int32_t *idx, int n, int w)
+{
+	if (n > 0)
+		HI3K_LAUNCH(gather_kernel, dim3(n), dim3(256), 0, s)(dst, src, idx, w);
+	return cudaGetLastError();
+}
+
+/* grid (n), block 256. No two rows of one call share a destination, so
+ * plain read-modify-writes do not race. */
+static __global__ void scatter_add_kernel(float *dst, const float *src, const int32_t *idx, const float *scale,
+                                          int w)
+{
+	const float sc = scale[blockIdx.x];
+	const float *sr = src + (size_t)blockIdx.x * (size_t)w;
+	float *dr = dst + (size_t)idx[blockIdx.x] * (size_t)w;
+
+	for (int c = threadIdx.x; c < w; c += blockDim.x)
+		dr[c] += sc * sr[c];
+}
+
+extern "C" cudaError_t HI3K(scatter_add)(cudaStream_t s, float *dst, const float *src, const int32_t *idx,
+                                         const float *scale, int n, int w)
+{
+	if (n > 0)
+		HI3K_LAUNCH(scatter_add_kernel, dim3(n), dim3(256), 0, s)(dst, src, idx, scale, w);
+	return cudaGetLastError();
+}

@@ -1,0 +1,47 @@
+/*
+ * test-cuda-nodev.c -- on a machine without a GPU or driver, --backend cuda
+ * fails with status 1 and a message that names the cause (the error of
+ * cudaGetDeviceCount), both when the backend is made directly and when a
+ * model is opened with it, as `hi3 --backend cuda ...` does. Skipped where
+ * a GPU is present.
+ */
+#include "config.h"
+#include <stdio.h>
+#include <string.h>
+#include "backend.h"
+#include "tap.h"
+#include "cuda-test.h"
+
+int main(void)
+{
+	hi3_backend *be = NULL;
+	hi3_model *m = NULL;
+	hi3_error err = {0}, merr = {0};
+	hi3_init_opts io = {.preset = "tiny", .seed = 1, .dtype = HI3_F32};
+	hi3_model_opts mo = {.backend = "cuda"};
+	const char *tmp = getenv("TMPDIR");
+	char dir[512];
+
+	if (hi3i_backend_cuda(&be, 0, 1, &err) == 0) {
+		printf("1..0 # SKIP a CUDA device is present\n");
+		be->destroy(be);
+		return 0;
+	}
+	diag("--backend cuda here: %s", err.msg);
+	ok(be == NULL && err.status == HI3_ERR_RUNTIME, "backend creation fails with status 1 (got %d)", err.status);
+	ok(strstr(err.msg, "--backend cuda: no CUDA device available") != NULL, "the message says so: %s", err.msg);
+	ok(strstr(err.msg, "cudaGetDeviceCount") != NULL && strstr(err.msg, "(cuda") != NULL,
+	   "and names the cause, the error of cudaGetDeviceCount");
+
+	snprintf(dir, sizeof(dir), "%s/hi3-cuda-nodev.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir)) {
+		printf("Bail out! mkdtemp %s\n", dir);
+		return 1;
+	}
+	ok(hi3_init_model(dir, &io, &merr) == 0, "a tiny model to open %s", merr.msg);
+	ok(hi3_model_open(&m, dir, &mo, &merr) == -1 && m == NULL, "hi3_model_open with backend cuda fails");
+	ok(merr.status == HI3_ERR_RUNTIME && !strcmp(merr.msg, err.msg), "with status %d and the same message: %s",
+	   merr.status, merr.msg);
+	rm_tree(dir);
+	return done_testing();
+}

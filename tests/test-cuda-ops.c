@@ -1,0 +1,692 @@
+/*
+ * test-cuda-ops.c -- every op of the CUDA backend against the CPU backend
+ * (the reference) on random inputs. GPU outputs are poisoned with NaN
+ * before each op, so an element the op forgets to write fails the test.
+ * Error measure: ||out - ref|| / ||ref|| over the whole output, at most
+ * 1e-5 for fp32 and 1e-2 where a bf16 rounding of the activations is part
+ * of the op (bf16 GEMMs); data movement (embedding rows, cache stores)
+ * must be bit-exact.
+ *
+ * Built twice: against the GPU (tests/test-cuda-ops, run by make
+ * check-cuda) and against the CPU emulation in tests/cuda-emu
+ * (tests/test-cuda-ops-emu, run by make check).
+ */
+#include "config.h"
+#include <math.h>
+#include <string.h>
+#include "backend.h"
+#include "tap.h"
+#include "cuda-test.h"
+
+static hi3_backend *cpu, *gpu;
+
+/* ---------------------------------------------------------------- helpers */
+
+static float nrand(void)
+{
+	double u = urand() + 1e-12, v = urand();
+	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static float *randn(size_t n, float scale)
+{
+	float *p = malloc(n * sizeof(float));
+
+	HI3_ASSERT(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = scale * nrand();
+	return p;
+}
+
+static void *dev_copy(const void *host, size_t bytes)
+{
+	void *d = gpu->alloc(gpu, bytes);
+
+	HI3_ASSERT(d);
+	HI3_ASSERT(gpu->upload(gpu, d, host, bytes) == 0);
+	return d;
+}
+
+/* n floats of device memory, all NaN */
+static float *dev_nan(size_t n)
+{
+	float *h = malloc(n * sizeof(float) + 1), *d;
+
+	HI3_ASSERT(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = NAN;
+	d = dev_copy(h, n * sizeof(float));
+	free(h);
+	return d;
+}
+
+static void *fetch(const void *d, size_t bytes)
+{
+	void *h = malloc(bytes + 1);
+
+	HI3_ASSERT(h);
+	HI3_ASSERT(gpu->download(gpu, h, d, bytes) == 0);
+	return h;
+}
+
+/* Compare a device output with the CPU's, then free it. */
+static int check(const char *what, float *dout, const float *ref, size_t n, double tol)
+{
+	float *out = fetch(dout, n * sizeof(float));
+	double e = rel_err(out, ref, n);
+	int r = ok(e <= tol, "%s: |out - ref| / |ref| = %.2e (at most %.0e)", what, e, tol);
+
+	free(out);
+	gpu->free(gpu, dout);
+	return r;
+}
+
+/* A host tensor of dtype dt from f32 values (for the weight loaders). */
+static hi3_tensor tensor(hi3_dtype dt, int ndim, int64_t n0, int64_t n1, const float *v)
+{
+	hi3_tensor t = {.name = "test", .dtype = dt, .ndim = ndim, .shape = {n0, n1}};
+	size_t n = (size_t)n0 * (size_t)(ndim > 1 ? n1 : 1);
+
+	t.nbytes = n * hi3_dtype_size(dt);
+	t.data = malloc(t.nbytes + 1);
+	HI3_ASSERT(t.data);
+	for (size_t i = 0; i < n; i++) {
+		if (dt == HI3_F32)
+			((float *)t.data)[i] = v[i];
+		else if (dt == HI3_BF16)
+			((uint16_t *)t.data)[i] = hi3_f32_to_bf16(v[i]);
+		else
+			((uint16_t *)t.data)[i] = hi3_f32_to_f16(v[i]);
+	}
+	return t;
+}
+
+static hi3_wt *load(hi3_backend *be, const hi3_tensor *t, int kind)
+{
+	hi3_error err = {0};
+	hi3_wt *w = be->weight(be, t, kind, &err);
+
+	if (!w)
+		diag("%s weight: %s", be->name, err.msg);
+	HI3_ASSERT(w);
+	return w;
+}
+
+/* ---------------------------------------------------------------- ops */
+
+static void test_matmul(void)
+{
+	static const hi3_dtype dts[] = {HI3_F32, HI3_BF16, HI3_F16};
+	static const int Ms[] = {1, 5, 8, 9, 67};
+	static const int Ks[] = {80, 81};
+
+	for (size_t di = 0; di < HI3_ARRAY_SIZE(dts) * HI3_ARRAY_SIZE(Ks); di++) {
+		const int N = 37, K = Ks[di / HI3_ARRAY_SIZE(dts)];
+		float *wv = randn((size_t)N * K, 0.1f);
+		hi3_tensor t = tensor(dts[di % HI3_ARRAY_SIZE(dts)], 2, N, K, wv);
+		hi3_wt *wc = load(cpu, &t, HI3_WT_MATRIX), *wg = load(gpu, &t, HI3_WT_MATRIX);
+
+		for (size_t mi = 0; mi < HI3_ARRAY_SIZE(Ms); mi++) {
+			const int M = Ms[mi];
+			float *x = randn((size_t)M * K, 1.0f), *ref = malloc(sizeof(float) * (size_t)M * N);
+			float *dx = dev_copy(x, sizeof(float) * (size_t)M * K), *dy = dev_nan((size_t)M * N);
+			char what[64];
+
+			cpu->matmul(cpu, ref, x, wc, M);
+			gpu->matmul(gpu, dy, dx, wg, M);
+			snprintf(what, sizeof(what), "matmul %s M=%d N=%d K=%d", hi3_dtype_name(t.dtype), M, N, K);
+			check(what, dy, ref, (size_t)M * N, t.dtype == HI3_BF16 ? 1e-2 : 1e-5);
+			gpu->free(gpu, dx);
+			free(x);
+			free(ref);
+		}
+		cpu->weight_free(cpu, wc);
+		gpu->weight_free(gpu, wg);
+		free(t.data);
+		free(wv);
+	}
+}
+
+/* With bf16 weights, a few rows (one pass over W) and many (cuBLAS) round
+ * x to bf16 alike: a row gives the same products either way, summed in
+ * another order. */
+static void test_matmul_paths(void)
+{
+	const int N = 64, K = 512, M = 12, few = 8;
+	float *wv = randn((size_t)N * K, 0.05f), *x = randn((size_t)M * K, 1.0f), *a, *b;
+	hi3_tensor t = tensor(HI3_BF16, 2, N, K, wv);
+	hi3_wt *wg = load(gpu, &t, HI3_WT_MATRIX);
+	float *dx = dev_copy(x, sizeof(float) * M * K), *dmany = dev_nan((size_t)M * N), *dfew = dev_nan((size_t)few * N);
+
+	gpu->matmul(gpu, dmany, dx, wg, M);
+	gpu->matmul(gpu, dfew, dx, wg, few);
+	a = fetch(dmany, sizeof(float) * few * N);
+	b = fetch(dfew, sizeof(float) * few * N);
+	ok(rel_err(b, a, (size_t)few * N) <= 1e-5, "bf16 matmul of 8 rows equals those rows of a 12-row matmul "
+	   "within 1e-5 (%.2e): both round x to bf16", rel_err(b, a, (size_t)few * N));
+	free(a);
+	free(b);
+	gpu->free(gpu, dx);
+	gpu->free(gpu, dmany);
+	gpu->free(gpu, dfew);
+	gpu->weight_free(gpu, wg);
+	free(t.data);
+	free(wv);
+	free(x);
+}
+
+/* matmul_group gives the bits of one matmul per product: experts of
+ * different sizes, few rows (one grouped launch) and many (cuBLAS). */
+static void test_matmul_group(hi3_dtype dt)
+{
+	enum { NJ = 5 };
+	const int Ns[NJ] = {48, 40, 48, 33, 48}, Ks[NJ] = {64, 64, 72, 64, 64}, Ms[NJ] = {1, 3, 8, 12, 0};
+	hi3_tensor t[NJ];
+	hi3_wt *w[NJ];
+	float *x[NJ], *ya[NJ], *yb[NJ];
+	int same = 1;
+
+	for (int i = 0; i < NJ; i++) {
+		float *wv = randn((size_t)Ns[i] * Ks[i], 0.1f), *xv = randn((size_t)(Ms[i] + 1) * Ks[i], 1.0f);
+		t[i] = tensor(dt, 2, Ns[i], Ks[i], wv);
+		w[i] = load(gpu, &t[i], HI3_WT_MATRIX);
+		x[i] = dev_copy(xv, sizeof(float) * (size_t)(Ms[i] + 1) * Ks[i]);
+		ya[i] = dev_nan((size_t)(Ms[i] + 1) * Ns[i]);
+		yb[i] = dev_nan((size_t)(Ms[i] + 1) * Ns[i]);
+		free(wv);
+		free(xv);
+	}
+	gpu->matmul_group(gpu, NJ, ya, (const float *const *)x, (const hi3_wt *const *)w, Ms);
+	for (int i = 0; i < NJ; i++)
+		gpu->matmul(gpu, yb[i], x[i], w[i], Ms[i]);
+	for (int i = 0; i < NJ; i++) {
+		size_t n = (size_t)(Ms[i] + 1) * Ns[i];   /* the row past M stays NaN in both */
+		float *a = fetch(ya[i], n * sizeof(float)), *b = fetch(yb[i], n * sizeof(float));
+		same &= !memcmp(a, b, n * sizeof(float));
+		free(a);
+		free(b);
+		gpu->free(gpu, x[i]);
+		gpu->free(gpu, ya[i]);
+		gpu->free(gpu, yb[i]);
+		gpu->weight_free(gpu, w[i]);
+		free(t[i].data);
+	}
+	ok(same, "matmul_group %s of 5 products (1, 3, 8, 12 and 0 rows) equals one matmul each, bit for bit",
+	   hi3_dtype_name(dt));
+}
+
+static void test_embed(void)
+{
+	static const hi3_dtype dts[] = {HI3_F32, HI3_BF16, HI3_F16};
+	const int V = 50, H = 300, M = 9;
+	int64_t ids[9] = {0, 49, 7, 7, 12, 3, 48, 0, 25};
+
+	for (size_t di = 0; di < HI3_ARRAY_SIZE(dts); di++) {
+		float *wv = randn((size_t)V * H, 1.0f), *ref = malloc(sizeof(float) * (size_t)M * H), *out;
+		hi3_tensor t = tensor(dts[di], 2, V, H, wv);
+		hi3_wt *wc = load(cpu, &t, HI3_WT_ROWS), *wg = load(gpu, &t, HI3_WT_ROWS);
+		int64_t *dids = dev_copy(ids, sizeof(ids));
+		float *dx = dev_nan((size_t)M * H);
+
+		cpu->embed(cpu, ref, ids, wc, M);
+		gpu->embed(gpu, dx, dids, wg, M);
+		out = fetch(dx, sizeof(float) * (size_t)M * H);
+		ok(!memcmp(out, ref, sizeof(float) * (size_t)M * H), "embed %s: rows equal the CPU's bit for bit",
+		   hi3_dtype_name(dts[di]));
+		free(out);
+		gpu->free(gpu, dx);
+		gpu->free(gpu, dids);
+		cpu->weight_free(cpu, wc);
+		gpu->weight_free(gpu, wg);
+		free(t.data);
+		free(wv);
+		free(ref);
+	}
+}
+
+static void test_rmsnorm(void)
+{
+	const int M = 7, n = 300;
+	float *x = randn((size_t)M * n, 2.0f), *wv = randn((size_t)n, 0.1f), *ref = malloc(sizeof(float) * M * n);
+	hi3_tensor t;
+	hi3_wt *wc, *wg;
+	float *dx, *dy;
+
+	for (int i = 0; i < n; i++)
+		wv[i] += 1.0f;
+	t = tensor(HI3_F32, 1, n, 0, wv);
+	wc = load(cpu, &t, HI3_WT_VECTOR);
+	wg = load(gpu, &t, HI3_WT_VECTOR);
+	dx = dev_copy(x, sizeof(float) * M * n);
+	dy = dev_nan((size_t)M * n);
+	cpu->rmsnorm(cpu, ref, x, wc, M, n, 1e-5f);
+	gpu->rmsnorm(gpu, dy, dx, wg, M, n, 1e-5f);
+	check("rmsnorm M=7 n=300", dy, ref, (size_t)M * n, 1e-5);
+	gpu->rmsnorm(gpu, dx, dx, wg, M, n, 1e-5f);      /* in place */
+	check("rmsnorm in place", dx, ref, (size_t)M * n, 1e-5);
+	cpu->weight_free(cpu, wc);
+	gpu->weight_free(gpu, wg);
+	free(t.data);
+	free(x);
+	free(wv);
+	free(ref);
+}
+
+static void test_elementwise(void)
+{
+	const int M = 5, I = 70;
+	const size_t n = 1000;
+	float *x = randn(n, 1.0f), *y = randn(n, 1.0f), *ab = randn((size_t)M * 2 * I, 3.0f);
+	float *ref = malloc(sizeof(float) * n), *dx = dev_copy(x, sizeof(float) * n), *dy = dev_copy(y, sizeof(float) * n);
+	float *dab = dev_copy(ab, sizeof(float) * M * 2 * I), *dsw = dev_nan((size_t)M * I), *out;
+
+	memcpy(ref, x, sizeof(float) * n);
+	cpu->add(cpu, ref, y, n);
+	gpu->add(gpu, dx, dy, n);
+	out = fetch(dx, sizeof(float) * n);
+	ok(!memcmp(out, ref, sizeof(float) * n), "add: equals the CPU's bit for bit");
+	free(out);
+	gpu->zero(gpu, dx, n);
+	out = fetch(dx, sizeof(float) * n);
+	cpu->zero(cpu, ref, n);
+	ok(!memcmp(out, ref, sizeof(float) * n), "zero: all zeros");
+	free(out);
+	cpu->swiglu(cpu, ref, ab, M, I);
+	gpu->swiglu(gpu, dsw, dab, M, I);
+	check("swiglu M=5 inter=70", dsw, ref, (size_t)M * I, 1e-5);
+	gpu->free(gpu, dx);
+	gpu->free(gpu, dy);
+	gpu->free(gpu, dab);
+	free(x);
+	free(y);
+	free(ab);
+	free(ref);
+}
+
+static void test_gather_scatter(void)
+{
+	const int rows = 10, w = 33, n = 4;
+	int32_t idx1[4] = {7, 2, 9, 0}, idx2[4] = {2, 3, 7, 8};   /* 2 and 7 again in the second call */
+	float sc1[4] = {0.5f, 1.0f, -0.25f, 2.0f}, sc2[4] = {0.125f, 1.5f, 0.75f, -1.0f};
+	float *src = randn((size_t)rows * w, 1.0f), *part = randn((size_t)n * w, 1.0f);
+	float *acc = randn((size_t)rows * w, 1.0f), *ref = malloc(sizeof(float) * rows * w);
+	float *dsrc = dev_copy(src, sizeof(float) * rows * w), *dpart = dev_copy(part, sizeof(float) * n * w);
+	float *dacc = dev_copy(acc, sizeof(float) * rows * w), *dg = dev_nan((size_t)n * w);
+	int32_t *di1 = dev_copy(idx1, sizeof(idx1)), *di2 = dev_copy(idx2, sizeof(idx2));
+	float *ds1 = dev_copy(sc1, sizeof(sc1)), *ds2 = dev_copy(sc2, sizeof(sc2));
+
+	cpu->gather(cpu, ref, src, idx1, n, w);
+	gpu->gather(gpu, dg, dsrc, di1, n, w);
+	check("gather 4 of 10 rows", dg, ref, (size_t)n * w, 0.0);
+	memcpy(ref, acc, sizeof(float) * rows * w);
+	cpu->scatter_add(cpu, ref, part, idx1, sc1, n, w);
+	cpu->scatter_add(cpu, ref, part, idx2, sc2, n, w);
+	gpu->scatter_add(gpu, dacc, dpart, di1, ds1, n, w);
+	gpu->scatter_add(gpu, dacc, dpart, di2, ds2, n, w);
+	check("scatter_add twice, rows shared across calls", dacc, ref, (size_t)rows * w, 1e-6);
+	gpu->free(gpu, dsrc);
+	gpu->free(gpu, dpart);
+	gpu->free(gpu, di1);
+	gpu->free(gpu, di2);
+	gpu->free(gpu, ds1);
+	gpu->free(gpu, ds2);
+	free(src);
+	free(part);
+	free(acc);
+	free(ref);
+}
+
+/* Attention shapes (n_h, n_kv, d) and whether qk-norm is on. */
+static const struct shape {
+	int n_h, n_kv, d, qk_norm;
+} shapes[] = {{4, 4, 32, 0}, {4, 2, 32, 1}, {16, 4, 64, 1}, {8, 2, 128, 1}, {4, 1, 256, 1}};
+
+static struct hi3_dims dims_of(const struct shape *s)
+{
+	return (struct hi3_dims){.H = s->n_h * s->d, .n_h = s->n_h, .n_kv = s->n_kv, .d = s->d, .eps = 1e-6f};
+}
+
+static void test_rope(const struct shape *s)
+{
+	const struct hi3_dims dm = dims_of(s);
+	const int M = 6, W = (s->n_h + 2 * s->n_kv) * s->d;
+	int32_t pos[12] = {0, 0, 1, 1, 4999, 4999, 130, 172, 131, 172, 17, 3};   /* text, then a 2-D image */
+	float theta[128], *qkv = randn((size_t)M * W, 1.0f), *ref = malloc(sizeof(float) * M * W);
+	float *qv = randn((size_t)s->d, 0.2f), *kv = randn((size_t)s->d, 0.2f), *dqkv;
+	float *dth, *dpos;
+	hi3_tensor tq, tk;
+	hi3_wt *qc = NULL, *kc = NULL, *qg = NULL, *kg = NULL;
+	char what[96];
+
+	for (int i = 0; i < s->d; i++) {
+		qv[i] += 1.0f;
+		kv[i] += 1.0f;
+	}
+	tq = tensor(HI3_F32, 1, s->d, 0, qv);
+	tk = tensor(HI3_F32, 1, s->d, 0, kv);
+	if (s->qk_norm) {
+		qc = load(cpu, &tq, HI3_WT_VECTOR);
+		kc = load(cpu, &tk, HI3_WT_VECTOR);
+		qg = load(gpu, &tq, HI3_WT_VECTOR);
+		kg = load(gpu, &tk, HI3_WT_VECTOR);
+	}
+	hi3i_rope_theta(theta, s->d, 10000.0);
+	memcpy(ref, qkv, sizeof(float) * M * W);
+	dqkv = dev_copy(qkv, sizeof(float) * M * W);
+	dth = dev_copy(theta, sizeof(float) * (size_t)(s->d / 2));
+	dpos = dev_copy(pos, sizeof(pos));
+	cpu->rope_qk(cpu, ref, pos, theta, qc, kc, &dm, M);
+	gpu->rope_qk(gpu, dqkv, (int32_t *)dpos, dth, qg, kg, &dm, M);
+	snprintf(what, sizeof(what), "rope_qk n_h=%d n_kv=%d d=%d%s", s->n_h, s->n_kv, s->d,
+	         s->qk_norm ? " with qk-norm" : "");
+	check(what, dqkv, ref, (size_t)M * W, 1e-5);
+	gpu->free(gpu, dth);
+	gpu->free(gpu, dpos);
+	if (s->qk_norm) {
+		cpu->weight_free(cpu, qc);
+		cpu->weight_free(cpu, kc);
+		gpu->weight_free(gpu, qg);
+		gpu->weight_free(gpu, kg);
+	}
+	free(tq.data);
+	free(tk.data);
+	free(qkv);
+	free(ref);
+	free(qv);
+	free(kv);
+}
+
+static void test_kv_store(const struct shape *s, hi3_dtype dt)
+{
+	const struct hi3_dims dm = dims_of(s);
+	const int B = 3, C = 20, M = 10, W = (s->n_h + 2 * s->n_kv) * s->d;
+	/* token 1 and 6 share (row 2, slot 4): 6 wins; 3 and 8 share (0, 5): 8
+	 * wins; token 9 is not stored; rows out of order */
+	int32_t row[10] = {0, 2, 1, 0, 1, 2, 2, 0, 0, 1};
+	int64_t slot[10] = {0, 4, 0, 5, 19, 7, 4, 1, 5, -1};
+	size_t cn = (size_t)B * s->n_kv * C * s->d, cb = cn * hi3_dtype_size(dt);
+	float *qkv = randn((size_t)M * W, 1.0f);
+	unsigned char *kc = malloc(cb), *vc = malloc(cb), *ko, *vo;
+	void *dk, *dv, *dqkv = dev_copy(qkv, sizeof(float) * M * W), *drow = dev_copy(row, sizeof(row));
+	void *dslot = dev_copy(slot, sizeof(slot));
+	char what[96];
+
+	for (size_t i = 0; i < cb; i++) {    /* the same garbage on both sides: untouched slots must stay */
+		kc[i] = (unsigned char)(urand() * 256);
+		vc[i] = (unsigned char)(urand() * 256);
+	}
+	dk = dev_copy(kc, cb);
+	dv = dev_copy(vc, cb);
+	cpu->kv_store(cpu, &(hi3_kv_dst){kc, vc, dt, C}, qkv, row, slot, &dm, M);
+	gpu->kv_store(gpu, &(hi3_kv_dst){dk, dv, dt, C}, dqkv, drow, dslot, &dm, M);
+	ko = fetch(dk, cb);
+	vo = fetch(dv, cb);
+	snprintf(what, sizeof(what), "kv_store %s n_kv=%d d=%d: K and V caches equal the CPU's bit for bit (last write "
+	         "wins)", hi3_dtype_name(dt), s->n_kv, s->d);
+	ok(!memcmp(ko, kc, cb) && !memcmp(vo, vc, cb), "%s", what);
+	free(ko);
+	free(vo);
+	free(kc);
+	free(vc);
+	free(qkv);
+	gpu->free(gpu, dk);
+	gpu->free(gpu, dv);
+	gpu->free(gpu, dqkv);
+	gpu->free(gpu, drow);
+	gpu->free(gpu, dslot);
+}
+
+/* Attention over the call's own tokens (prefill): B rows of T columns,
+ * causal, with a full-attention block in row 1 and, in row 2, queries
+ * that admit nothing (they must give zeros). T = 37 puts rows across the
+ * 32-query tiles. */
+static void test_attention_self(const struct shape *s)
+{
+	const struct hi3_dims dm = dims_of(s);
+	const int B = 3, T = 37, M = B * T, g = s->n_h / s->n_kv, d = s->d, W = (s->n_h + 2 * s->n_kv) * d;
+	float *qkv = randn((size_t)M * W, 1.0f), *ref = malloc(sizeof(float) * M * s->n_h * d), *dqkv, *dout;
+	hi3_attn_q *plan = malloc(sizeof(*plan) * M);
+	void *dplan;
+	hi3_kv_src ks, vs, dks, dvs;
+	char what[96];
+
+	for (int r = 0; r < B; r++)
+		for (int t = 0; t < T; t++) {
+			hi3_attn_q *q = &plan[r * T + t];
+			*q = (hi3_attn_q){r, t, 0, 0};
+			if (r == 1 && t >= 5 && t < 17)
+				*q = (hi3_attn_q){r, t, 5, 17};
+			if (r == 2 && t >= 30)
+				q->hi = -1;
+		}
+	ks = (hi3_kv_src){qkv + (size_t)g * d, HI3_F32, (int64_t)T * W, (int64_t)(g + 2) * d, W};
+	vs = ks;
+	vs.base = qkv + (size_t)(g + 1) * d;
+	cpu->attention(cpu, ref, qkv, &ks, &vs, plan, &dm, M);
+	dqkv = dev_copy(qkv, sizeof(float) * M * W);
+	dplan = dev_copy(plan, sizeof(*plan) * M);
+	dout = dev_nan((size_t)M * s->n_h * d);
+	dks = ks;
+	dks.base = dqkv + (size_t)g * d;
+	dvs = vs;
+	dvs.base = dqkv + (size_t)(g + 1) * d;
+	gpu->attention(gpu, dout, dqkv, &dks, &dvs, dplan, &dm, M);
+	snprintf(what, sizeof(what), "attention over own tokens n_h=%d n_kv=%d d=%d, 3 rows of 37", s->n_h, s->n_kv, d);
+	check(what, dout, ref, (size_t)M * s->n_h * d, 1e-5);
+	gpu->free(gpu, dqkv);
+	gpu->free(gpu, dplan);
+	free(qkv);
+	free(ref);
+	free(plan);
+}
+
+/* Attention over a cache (decode): M queries, each reading its own cache
+ * row up to hi, some with a block, one admitting nothing. */
+static void test_attention_cache(const struct shape *s, hi3_dtype dt, int M)
+{
+	const struct hi3_dims dm = dims_of(s);
+	const int B = 4, C = 300, d = s->d, W = (s->n_h + 2 * s->n_kv) * d;
+	size_t cn = (size_t)B * s->n_kv * C * d, cb = cn * hi3_dtype_size(dt);
+	float *kf = randn(cn, 1.0f), *vf = randn(cn, 1.0f), *qkv = randn((size_t)M * W, 1.0f);
+	float *ref = malloc(sizeof(float) * M * s->n_h * d), *dout;
+	void *kc = malloc(cb), *vc = malloc(cb), *dk, *dv, *dqkv, *dplan;
+	hi3_attn_q *plan = malloc(sizeof(*plan) * M);
+	hi3_kv_src ks, vs;
+	char what[128];
+
+	for (size_t i = 0; i < cn; i++) {
+		if (dt == HI3_BF16) {
+			((uint16_t *)kc)[i] = hi3_f32_to_bf16(kf[i]);
+			((uint16_t *)vc)[i] = hi3_f32_to_bf16(vf[i]);
+		} else {
+			((float *)kc)[i] = kf[i];
+			((float *)vc)[i] = vf[i];
+		}
+	}
+	for (int m = 0; m < M; m++) {
+		plan[m] = (hi3_attn_q){(m * 3 + 1) % B, (int)(urand() * C), 0, 0};
+		if (m % 5 == 2)
+			plan[m] = (hi3_attn_q){m % B, 40, 100, 164};       /* a block past the causal part */
+		if (m % 7 == 3)
+			plan[m].hi = C - 1;
+	}
+	if (M == 1)
+		plan[0] = (hi3_attn_q){2, C - 1, 0, 0};                /* the whole cache: every split */
+	else
+		plan[M - 1] = (hi3_attn_q){0, -1, 0, 0};           /* admits nothing */
+	ks = (hi3_kv_src){kc, dt, (int64_t)s->n_kv * C * d, (int64_t)C * d, d};
+	vs = ks;
+	vs.base = vc;
+	cpu->attention(cpu, ref, qkv, &ks, &vs, plan, &dm, M);
+	dk = dev_copy(kc, cb);
+	dv = dev_copy(vc, cb);
+	dqkv = dev_copy(qkv, sizeof(float) * M * W);
+	dplan = dev_copy(plan, sizeof(*plan) * M);
+	dout = dev_nan((size_t)M * s->n_h * d);
+	ks.base = dk;
+	vs.base = dv;
+	gpu->attention(gpu, dout, dqkv, &ks, &vs, dplan, &dm, M);
+	snprintf(what, sizeof(what), "attention over a %s cache n_h=%d n_kv=%d d=%d, %d queries, 300 slots",
+	         hi3_dtype_name(dt), s->n_h, s->n_kv, d, M);
+	check(what, dout, ref, (size_t)M * s->n_h * d, 1e-5);
+	gpu->free(gpu, dk);
+	gpu->free(gpu, dv);
+	gpu->free(gpu, dqkv);
+	gpu->free(gpu, dplan);
+	free(kf);
+	free(vf);
+	free(kc);
+	free(vc);
+	free(qkv);
+	free(ref);
+	free(plan);
+}
+
+/* kv_attach copies a host cache up, kv_layer points into the copy, ops
+ * write it there, kv_sync_host brings back what they wrote: a few slots
+ * (gathered on the device), most of the cache (copied whole), or nothing. */
+struct mirror_test {
+	struct shape s;
+	struct hi3_dims dm;
+	int L, B, C, W;
+	size_t ln;                /* floats of one K or V of one layer */
+	float *host[4], *ref[4];  /* K0 V0 K1 V1: the attached cache, and the CPU's copy */
+	hi3_kvcache kv;
+	void *k[2], *v[2];
+};
+
+/* Store M random tokens at (row, slot) into layer l on both sides. */
+static void mirror_store(struct mirror_test *t, int l, const int32_t *row, const int64_t *slot, int M)
+{
+	float *qkv = randn((size_t)M * t->W, 1.0f);
+	void *dqkv = dev_copy(qkv, sizeof(float) * M * t->W), *drow = dev_copy(row, sizeof(*row) * M);
+	void *dslot = dev_copy(slot, sizeof(*slot) * M), *dk, *dv;
+
+	gpu->kv_layer(gpu, &t->kv, l, &dk, &dv);
+	gpu->kv_store(gpu, &(hi3_kv_dst){dk, dv, HI3_F32, t->C}, dqkv, drow, dslot, &t->dm, M);
+	cpu->kv_store(cpu, &(hi3_kv_dst){t->ref[2 * l], t->ref[2 * l + 1], HI3_F32, t->C}, qkv, row, slot, &t->dm, M);
+	free(qkv);
+	gpu->free(gpu, dqkv);
+	gpu->free(gpu, drow);
+	gpu->free(gpu, dslot);
+}
+
+static int mirror_same(const struct mirror_test *t)
+{
+	int same = 1;
+
+	for (int i = 0; i < 4; i++)
+		same &= !memcmp(t->host[i], t->ref[i], t->ln * sizeof(float));
+	return same;
+}
+
+static void test_kv_mirror(void)
+{
+	struct mirror_test t = {.s = {4, 2, 32, 1}, .L = 2, .B = 3, .C = 8};
+	int32_t row1[3] = {1, 0, 1}, row2[2] = {2, 2}, rowf[24];
+	int64_t slot1[3] = {2, 7, 3}, slot2[2] = {5, 0}, slotf[24];
+	hi3_error err = {0};
+	int untouched = 1;
+
+	t.dm = dims_of(&t.s);
+	t.W = (t.s.n_h + 2 * t.s.n_kv) * t.s.d;
+	t.ln = (size_t)t.B * t.s.n_kv * t.C * t.s.d;
+	for (int i = 0; i < 4; i++) {
+		t.host[i] = randn(t.ln, 1.0f);
+		t.ref[i] = malloc(t.ln * sizeof(float));
+		memcpy(t.ref[i], t.host[i], t.ln * sizeof(float));
+	}
+	t.k[0] = t.host[0], t.v[0] = t.host[1], t.k[1] = t.host[2], t.v[1] = t.host[3];
+	t.kv = (hi3_kvcache){.n_layers = t.L, .B = t.B, .n_kv = t.s.n_kv, .C = t.C, .d = t.s.d, .dtype = HI3_F32,
+	                     .k = t.k, .v = t.v};
+	ok(gpu->kv_attach(gpu, &t.kv, &err) == 0, "kv_attach: %s", err.msg[0] ? err.msg : "copied to the device");
+	mirror_store(&t, 1, row1, slot1, 3);
+	for (int i = 0; i < 4; i++)               /* the host copy is untouched until a sync */
+		untouched &= i < 2 ? !memcmp(t.host[i], t.ref[i], t.ln * sizeof(float))
+		                   : !!memcmp(t.host[i], t.ref[i], t.ln * sizeof(float));
+	ok(untouched, "kv_store into the device copy leaves the host cache as it was");
+	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
+	   "kv_sync_host after 3 stores in layer 1 (a few slots): host equals the CPU's cache %s", err.msg);
+	mirror_store(&t, 0, row2, slot2, 2);
+	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
+	   "again after 2 more in layer 0 (only those are new) %s", err.msg);
+	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t), "a sync with nothing new %s", err.msg);
+	for (int i = 0; i < 24; i++) {            /* every slot of every row: the whole cache comes back */
+		rowf[i] = i % t.B;
+		slotf[i] = i / t.B;
+	}
+	mirror_store(&t, 1, rowf, slotf, 24);
+	mirror_store(&t, 0, row1, slot1, 3);
+	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
+	   "after stores to every slot: host equals the CPU's cache %s", err.msg);
+	gpu->kv_detach(gpu, &t.kv);
+	for (int i = 0; i < 4; i++) {
+		free(t.host[i]);
+		free(t.ref[i]);
+	}
+}
+
+/* Out of device memory and unsupported weights are errors, not crashes. */
+static void test_errors(void)
+{
+	hi3_tensor big = {.name = "big", .dtype = HI3_F32, .ndim = 2, .shape = {(int64_t)1 << 21, (int64_t)1 << 20}};
+	hi3_tensor ints = {.name = "ints", .dtype = HI3_I64, .ndim = 1, .shape = {4}};
+	int64_t iv[4] = {0};
+	hi3_error err = {0};
+	float one = 1.0f, two = 2.0f, *d1, *d2, *out;
+
+	big.nbytes = (size_t)1 << 43;
+	ok(gpu->alloc(gpu, (size_t)1 << 50) == NULL, "alloc of 1 PiB returns NULL");
+	ok(gpu->weight(gpu, &big, HI3_WT_MATRIX, &err) == NULL && err.status == HI3_ERR_RUNTIME &&
+	   strstr(err.msg, "out of GPU memory") && strstr(err.msg, "needs 8388608.0 MiB") && strstr(err.msg, "free of"),
+	   "an 8 TiB weight: %s", err.msg);
+	ints.data = iv;
+	ints.nbytes = sizeof(iv);
+	memset(&err, 0, sizeof(err));
+	ok(gpu->weight(gpu, &ints, HI3_WT_VECTOR, &err) == NULL && err.status == HI3_ERR_INPUT &&
+	   strstr(err.msg, "I64"), "an I64 weight: %s", err.msg);
+	d1 = dev_copy(&one, sizeof(float));      /* and the device still works */
+	d2 = dev_copy(&two, sizeof(float));
+	gpu->add(gpu, d1, d2, 1);
+	out = fetch(d1, sizeof(float));
+	ok(*out == 3.0f, "ops run after the failed allocations");
+	free(out);
+	gpu->free(gpu, d1);
+	gpu->free(gpu, d2);
+}
+
+int main(void)
+{
+	hi3_error err = {0};
+
+	if (hi3i_backend_cpu(&cpu, 1, 1, &err) != 0) {
+		printf("Bail out! cpu backend: %s\n", err.msg);
+		return 1;
+	}
+	if (hi3i_backend_cuda(&gpu, 0, 1, &err) != 0) {
+		printf("Bail out! %s\n", err.msg);
+		return 1;
+	}
+	test_matmul();
+	test_matmul_paths();
+	test_matmul_group(HI3_F32);
+	test_matmul_group(HI3_BF16);
+	test_embed();
+	test_rmsnorm();
+	test_elementwise();
+	test_gather_scatter();
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(shapes); i++) {
+		test_rope(&shapes[i]);
+		test_kv_store(&shapes[i], HI3_F32);
+		test_kv_store(&shapes[i], HI3_BF16);
+		test_attention_self(&shapes[i]);
+		test_attention_cache(&shapes[i], HI3_F32, 1);
+		test_attention_cache(&shapes[i], HI3_BF16, 3);
+		test_attention_cache(&shapes[i], HI3_F32, 40);
+	}
+	test_kv_mirror();
+	test_errors();
+	gpu->destroy(gpu);
+	cpu->destroy(cpu);
+	return done_testing();
+}
