@@ -498,6 +498,8 @@ double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, 
 /* In-memory prefill of B x P tokens, then N greedy decode steps. */
 int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r, hi3_error *err);
 hi3_dtype hi3_model_weight_dtype(const hi3_model *m);
+/* 1 when the model's backend gives a row the same bits in any batch. */
+int hi3_model_batch_invariant(const hi3_model *m);
 
 /* -------------------------------------------------------------- tokenizer */
 

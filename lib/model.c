@@ -225,6 +225,11 @@ const char *hi3_model_backend(const hi3_model *m) { return m->be->name; }
 int hi3_model_n_moe_layers(const hi3_model *m) { return m->n_moe; }
 int hi3_model_max_topk(const hi3_model *m) { return m->max_k; }
 
+int hi3_model_batch_invariant(const hi3_model *m)
+{
+	return m->be->batch_invariant;
+}
+
 hi3_dtype hi3_model_weight_dtype(const hi3_model *m)
 {
 	const hi3_tensor *t = hi3_ckpt_find(m->ck, "model.layers.0.self_attn.qkv_proj.weight");

@@ -8,12 +8,7 @@
 CUDA_BIN=${HI3_CUDA_BIN:-$BUILDDIR/tests/hi3-cuda-emu}
 cuda() { "$CUDA_BIN" -q --backend cuda --batch-invariant=off "$@"; }
 
-requests() {
-	awk -v lens="$*" 'BEGIN { n = split(lens, L, " "); s = 4242
-		for (r = 1; r <= n; r++) { printf "{\"tokens\": ["
-			for (i = 0; i < L[r]; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? ", " : "", s % 256 }
-			printf "]}\n" } }'
-}
+REQ_SEED=4242
 
 test_expect_success 'a model and a ragged batch' '
 	make_model tiny-moe tm &&

@@ -61,6 +61,16 @@ make_model() { # make_model PRESET DIR [extra init-model args]
 	[ -f "$dir/config.json" ] || hi3 -q init-model --preset "$preset" --seed 1 -o "$dir" "$@"
 }
 
+# Pre-tokenized requests (JSONL) with rows of the given lengths: token ids
+# below 256 from a fixed LCG started at REQ_SEED (default 12345), and row r
+# (from 1) carrying "seed": 100 + r.
+requests() { # requests LEN...
+	awk -v lens="$*" -v s="${REQ_SEED:-12345}" 'BEGIN { n = split(lens, L, " ")
+		for (r = 1; r <= n; r++) { printf "{\"tokens\": ["
+			for (i = 0; i < L[r]; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? ", " : "", s % 256 }
+			printf "], \"seed\": %d}\n", 100 + r } }'
+}
+
 test_done() {
 	echo "1..$test_count"
 	if [ "${HI3_KEEP:-0}" = 1 ]; then echo "# kept $TRASH"; else rm -rf "$TRASH"; fi

@@ -6,13 +6,6 @@
 . "$SRCDIR/tests/lib.sh"
 J() { "$BUILDDIR/tests/test-tools" json "$@"; }
 
-# pre-tokenized requests of given lengths (ids from a fixed LCG, < 256)
-requests() { # requests LEN...
-	awk -v lens="$*" 'BEGIN { n = split(lens, L, " "); s = 12345
-		for (r = 1; r <= n; r++) { printf "{\"tokens\": ["
-			for (i = 0; i < L[r]; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", i ? ", " : "", s % 256 }
-			printf "], \"seed\": %d}\n", 100 + r } }'
-}
 
 for preset in tiny tiny-moe; do
 	test_expect_success "$preset: model" "make_model $preset $preset"
