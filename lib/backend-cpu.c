@@ -414,15 +414,7 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
 	const int nv = d / 8;
 
 	if (d % 8 || d > 128 || vs->dtype != HI3_F32) {
-		memset(acc, 0, sizeof(float) * (size_t)d);
-		for (int j = j0; j < j1; j++) {
-			const float *v;
-			if (p[j] == 0.0f)
-				continue;
-			v = key_at(vs, base + j * vs->slot_stride, vbuf, d);
-			for (int i = 0; i < d; i++)
-				acc[i] = fmaf(p[j], v[i], acc[i]);
-		}
+		pv_portable(acc, p, vs, base, j0, j1, d, vbuf);
 		return;
 	}
 	for (int i = 0; i < nv; i++)
