@@ -50,7 +50,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	int rows_per = 0, rc = -1, created = 0;
 	hi3_kvfile kv = {0};
 	char *tmp = NULL;
-	int32_t *rope = NULL, *hi = NULL, *at = NULL, *crow = NULL;
+	int32_t *hi = NULL, *at = NULL, *crow = NULL;
 	float *logits = NULL;
 
 	if (o->max_new < 0 || (o->kv_dtype != HI3_F32 && o->kv_dtype != HI3_BF16))
@@ -129,7 +129,6 @@ out:
 	if (created)
 		unlink(tmp);
 	free(tmp);
-	free(rope);
 	free(hi);
 	free(at);
 	free(crow);

@@ -87,6 +87,26 @@ out:
 	return rc;
 }
 
+int hi3i_check_made_by(const char *path, const char *fp, const hi3_model *m, hi3_error *err)
+{
+	if (!fp || strcmp(fp, hi3_model_fingerprint(m)))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: made by model fingerprint %s, but the model %s has %s", path,
+		                     fp ? fp : "(none)", hi3_model_dir(m), hi3_model_fingerprint(m));
+	return 0;
+}
+
+int hi3i_check_made_from(const char *path, const char *hash, const hi3_cond *c, hi3_error *err)
+{
+	char want[17];
+
+	hi3i_cond_hash(c, want);
+	if (!hash || strcmp(hash, want))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: made from other conditions (conditions_hash %s; %s hashes "
+		                     "to %s)", path, hash ? hash : "(none)", c->st ? hi3_st_path(c->st) : "the conditions",
+		                     want);
+	return 0;
+}
+
 static int get(hi3_kvfile *kv, const char *name, hi3_dtype dt, int ndim, const int64_t *shape, void **out,
                hi3_error *err)
 {
@@ -122,9 +142,8 @@ static void derive(hi3_kvfile *kv, int i)
 int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err)
 {
 	const hi3_config *cfg = hi3_model_config(m);
-	const char *fp, *ch;
 	int64_t B, L, C, G, V = cfg->vocab_size;
-	char name[32], hash[17];
+	char name[32];
 	int nl = cfg->num_hidden_layers;
 
 	memset(kv, 0, sizeof(*kv));
@@ -132,12 +151,8 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 		return -1;
 	if (hi3_st_expect_format(kv->st, "hi3.kv", err) != 0 || hi3i_st_lock(kv->st, err) != 0)
 		goto fail;
-	fp = hi3_st_meta(kv->st, "model_fingerprint");
-	if (!fp || strcmp(fp, hi3_model_fingerprint(m))) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: made for model fingerprint %s, but the model %s has %s", path,
-		              fp ? fp : "(none)", hi3_model_dir(m), hi3_model_fingerprint(m));
+	if (hi3i_check_made_by(path, hi3_st_meta(kv->st, "model_fingerprint"), m, err) != 0)
 		goto fail;
-	}
 	if (meta_int(kv->st, "B", &B, err) || meta_int(kv->st, "L", &L, err) || meta_int(kv->st, "C", &C, err) ||
 	    meta_int(kv->st, "max_new", &G, err))
 		goto fail;
@@ -147,18 +162,13 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 		goto fail;
 	}
 	if (c) {
-		ch = hi3_st_meta(kv->st, "conditions_hash");
-		hi3i_cond_hash(c, hash);
 		if (c->B != B) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: has B = %lld rows, the conditions file has %d", path,
 			              (long long)B, c->B);
 			goto fail;
 		}
-		if (!ch || strcmp(ch, hash)) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: made from other conditions (conditions_hash %s; the "
-			              "conditions file given hashes to %s)", path, ch ? ch : "(none)", hash);
+		if (hi3i_check_made_from(path, hi3_st_meta(kv->st, "conditions_hash"), c, err) != 0)
 			goto fail;
-		}
 	}
 	kv->B = (int)B;
 	kv->L = (int)L;

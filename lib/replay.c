@@ -86,22 +86,16 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
 {
 	const char *path = hi3_st_path(s->st);
 	int V = hi3_model_config(m)->vocab_size;
-	char hash[17];
 
 	if (hi3_cond_check_model(c, m, err) != 0)
 		return -1;
-	if (!s->model_fingerprint || strcmp(s->model_fingerprint, hi3_model_fingerprint(m)))
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: made by model fingerprint %s, but the model %s has %s",
-		                     path, s->model_fingerprint ? s->model_fingerprint : "(none)", hi3_model_dir(m),
-		                     hi3_model_fingerprint(m));
+	if (hi3i_check_made_by(path, s->model_fingerprint, m, err) != 0)
+		return -1;
 	if (s->B != c->B)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: has %d rows, the conditions file %s has %d", path, s->B,
 		                     hi3_st_path(c->st), c->B);
-	hi3i_cond_hash(c, hash);
-	if (!s->conditions_hash || strcmp(s->conditions_hash, hash))
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: made from other conditions (conditions_hash %s; %s hashes "
-		                     "to %s)", path, s->conditions_hash ? s->conditions_hash : "(none)",
-		                     hi3_st_path(c->st), hash);
+	if (hi3i_check_made_from(path, s->conditions_hash, c, err) != 0)
+		return -1;
 	for (int64_t j = 0; j < s->T; j++)
 		if (s->tokens[j] < 0 || s->tokens[j] >= V)
 			return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'tokens'[%lld] = %lld is outside the "
