@@ -531,6 +531,23 @@ static int cond_from_views(struct cond_impl *ci, const struct rowview *v, int B,
 	return 0;
 }
 
+/* Fill ci with the rows of v, hand it out, free v; on failure free both. */
+static int finish_views(struct cond_impl *ci, struct rowview *v, int B, int min_L, const int has_mask[3],
+                        int64_t pad_id, int pad_zero, int cfg_factor, hi3_cond **out, hi3_error *err)
+{
+	int rc = cond_from_views(ci, v, B, min_L, has_mask, pad_id, pad_zero, err);
+
+	free(v);
+	if (rc != 0) {
+		hi3_cond_close(&ci->c);
+		return -1;
+	}
+	ci->cfg_factor = cfg_factor;
+	bind_meta(ci);
+	*out = &ci->c;
+	return 0;
+}
+
 /* ----------------------------------------------------------------- write */
 
 int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
@@ -684,13 +701,7 @@ int hi3_cond_concat(hi3_cond **out, const hi3_cond *const *in, int n, int pad_ze
 			for (int r = 0; r < R; r++)
 				view_of_cond(in[k], g * R + r, &v[b++]);
 		}
-	if (cond_from_views(ci, v, B, L, has_mask, in[0]->pad_id, pad_zero, err) != 0)
-		goto fail;
-	ci->cfg_factor = f;
-	bind_meta(ci);
-	free(v);
-	*out = &ci->c;
-	return 0;
+	return finish_views(ci, v, B, L, has_mask, in[0]->pad_id, pad_zero, f, out, err);
 fail:
 	free(v);
 	hi3_cond_close(&ci->c);
@@ -731,13 +742,8 @@ int hi3_cond_select(hi3_cond **out, const hi3_cond *c, const int *rows, int n, i
 	}
 	for (int i = 0; i < n; i++)
 		view_of_cond(c, rows[i], &v[i]);
-	if (cond_from_views(ci, v, n, HI3_MAX(min_L, 1), has_mask, c->pad_id, pad_zero, err) != 0)
-		goto fail;
-	ci->cfg_factor = impl(c)->cfg_factor;
-	bind_meta(ci);
-	free(v);
-	*out = &ci->c;
-	return 0;
+	return finish_views(ci, v, n, HI3_MAX(min_L, 1), has_mask, c->pad_id, pad_zero, impl(c)->cfg_factor, out,
+	                    err);
 fail:
 	free(v);
 	hi3_cond_close(&ci->c);
