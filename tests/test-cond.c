@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
-#include "cond-internal.h"
+#include "cond/cond-internal.h"
 #include "tap.h"
 
 static char tmpdir[256];

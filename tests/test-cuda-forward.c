@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "internal.h"
+#include "core/internal.h"
 #include "tap.h"
 #include "cuda-test.h"
 

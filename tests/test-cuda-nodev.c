@@ -8,7 +8,7 @@
 #include "config.h"
 #include <stdio.h>
 #include <string.h>
-#include "backend.h"
+#include "backend/backend.h"
 #include "tap.h"
 #include "cuda-test.h"
 

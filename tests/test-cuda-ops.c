@@ -14,7 +14,7 @@
 #include "config.h"
 #include <math.h>
 #include <string.h>
-#include "backend.h"
+#include "backend/backend.h"
 #include "tap.h"
 #include "cuda-test.h"
 

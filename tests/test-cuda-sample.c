@@ -10,7 +10,7 @@
 #include "config.h"
 #include <math.h>
 #include <string.h>
-#include "internal.h"
+#include "core/internal.h"
 #include "kernels.h"
 #include "tap.h"
 #include "cuda-test.h"

@@ -29,7 +29,7 @@
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
-#include "internal.h"
+#include "core/internal.h"
 #include "tap.h"
 
 #define TOL 1e-5

@@ -2,7 +2,7 @@
  * a row's output is bitwise the same alone, in any batch, at any position. */
 #include <math.h>
 #include <string.h>
-#include "gemm.h"
+#include "backend/gemm.h"
 #include "tap.h"
 
 static float frand(uint64_t *s)

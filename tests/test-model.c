@@ -4,7 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "internal.h"
+#include "core/internal.h"
 #include "tap.h"
 
 static char root[] = "/tmp/hi3-test-model.XXXXXX";

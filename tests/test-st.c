@@ -2,7 +2,7 @@
  * malformed file the reader must refuse with a message naming file and tensor. */
 #include <string.h>
 #include <unistd.h>
-#include "internal.h"
+#include "core/internal.h"
 #include "tap.h"
 
 static char dir[] = "/tmp/hi3-test-st.XXXXXX";

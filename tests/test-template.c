@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-#include "cond-internal.h"
+#include "cond/cond-internal.h"
 #include "tap.h"
 
 static const char *const tensors[] = {"input_ids",      "position_ids",  "real_pos",      "rope_pos",

@@ -10,7 +10,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
-#include "internal.h"
+#include "core/internal.h"
 #include "tap.h"
 
 static char dir[] = "/tmp/hi3-test-tok.XXXXXX";

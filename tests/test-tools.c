@@ -21,7 +21,7 @@
 #include <png.h>
 #include <string.h>
 #include <unistd.h>
-#include "tools.h"
+#include "tools/tools.h"
 #include "tap.h"
 
 /* ----------------------------------------------------------- fixtures */

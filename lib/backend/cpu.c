@@ -1,0 +1,594 @@
+/*
+ * backend-cpu.c -- the CPU backend: f32 activations, OpenMP threads, packed
+ * batch-invariant GEMM (gemm.c) or, with batch invariance off, OpenBLAS.
+ *
+ * Batch invariance holds op by op: every reduction (dot products, norms,
+ * softmax sums) runs in a fixed order within one token, one row or one
+ * (token, head); threads only split independent outputs.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include <unistd.h>
+#include "backend/backend.h"
+#include "backend/gemm.h"
+
+/* Fork threads for an elementwise op only when it has this much work:
+ * below it the fork/join costs more than it saves (decode at small B). */
+#define PAR(work) ((work) >= ((size_t)1 << 16))
+
+struct hi3_wt {
+	int kind;
+	int N, K;                 /* matrix (N, K); vector n = N; rows (N = V, K = H) */
+	hi3_packed packed;        /* batch-invariant matmul */
+	float *f32;               /* vectors; OpenBLAS matrices; NULL for rows */
+	const void *raw;          /* rows: the mapped tensor */
+	hi3_dtype raw_dtype;
+};
+
+static void *cpu_alloc(hi3_backend *be, size_t n)
+{
+	void *p = NULL;
+
+	(void)be;
+	if (posix_memalign(&p, 64, n ? n : 64) != 0)
+		return NULL;
+	return p;
+}
+
+static void cpu_free(hi3_backend *be, void *p)
+{
+	(void)be;
+	free(p);
+}
+
+static int cpu_copy(hi3_backend *be, void *dst, const void *src, size_t n)
+{
+	(void)be;
+	if (n)
+		memcpy(dst, src, n);
+	return 0;
+}
+
+static size_t cpu_mem_free(hi3_backend *be)
+{
+	(void)be;
+	return (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err)
+{
+	hi3_wt *w = hi3i_calloc(1, sizeof(*w), err);
+	size_t n = (size_t)hi3_tensor_numel(t);
+
+	if (!w)
+		return NULL;
+	w->kind = kind;
+	w->N = (int)t->shape[0];
+	w->K = t->ndim > 1 ? (int)t->shape[1] : 1;
+	if (kind == HI3_WT_ROWS) {
+		w->raw = t->data;
+		w->raw_dtype = t->dtype;
+		return w;
+	}
+	if (kind == HI3_WT_VECTOR || !be->batch_invariant) {
+		w->f32 = hi3i_aligned_alloc(n * sizeof(float), err);
+		if (!w->f32) {
+			free(w);
+			return NULL;
+		}
+		hi3_to_f32(w->f32, t->data, t->dtype, n);
+		return w;
+	}
+	if (hi3i_pack(&w->packed, t->data, t->dtype, w->N, w->K, err) != 0) {
+		free(w);
+		return NULL;
+	}
+	return w;
+}
+
+static void cpu_weight_free(hi3_backend *be, hi3_wt *w)
+{
+	(void)be;
+	if (!w)
+		return;
+	hi3i_pack_release(&w->packed);
+	free(w->f32);
+	free(w);
+}
+
+static int cpu_kv_attach(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
+{
+	(void)be;
+	(void)kv;
+	(void)err;
+	return 0;
+}
+
+static void cpu_kv_detach(hi3_backend *be, hi3_kvcache *kv)
+{
+	(void)be;
+	(void)kv;
+}
+
+static void cpu_kv_layer(hi3_backend *be, hi3_kvcache *kv, int layer, void **k, void **v)
+{
+	(void)be;
+	*k = kv->k[layer];
+	*v = kv->v[layer];
+}
+
+static int cpu_kv_sync_host(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
+{
+	(void)be;
+	(void)kv;
+	(void)err;
+	return 0;
+}
+
+static void cpu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M)
+{
+	if (M <= 0)
+		return;
+	if (w->f32) {
+		(void)be;
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, w->N, w->K, 1.0f, x, w->K, w->f32, w->K,
+		            0.0f, y, w->N);
+		return;
+	}
+	hi3i_gemm(y, x, &w->packed, M);
+}
+
+static void cpu_matmul_group(hi3_backend *be, int n, float *const *y, const float *const *x,
+                             const hi3_wt *const *w, const int *M)
+{
+	const hi3_packed *pk[64];
+
+	if (n > 64 || !be->batch_invariant) {
+		for (int i = 0; i < n; i++)
+			cpu_matmul(be, y[i], x[i], w[i], M[i]);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		pk[i] = &w[i]->packed;
+	hi3i_gemm_group(n, y, x, pk, M);
+}
+
+static void cpu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M)
+{
+	size_t es = hi3_dtype_size(wte->raw_dtype), H = (size_t)wte->K;
+
+	(void)be;
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * H))
+	for (int m = 0; m < M; m++)
+		hi3_to_f32(x + (size_t)m * H, (const unsigned char *)wte->raw + (size_t)ids[m] * H * es,
+		           wte->raw_dtype, H);
+}
+
+/* y = x * rsqrt(mean(x^2) + eps) * w over n, like HunyuanRMSNorm in fp32. */
+static inline void rms_row(float *y, const float *x, const float *w, int n, float eps)
+{
+	float ss = 0.0f, r;
+
+	for (int i = 0; i < n; i++)
+		ss += x[i] * x[i];
+	r = 1.0f / sqrtf(ss / (float)n + eps);
+	for (int i = 0; i < n; i++)
+		y[i] = w[i] * (x[i] * r);
+}
+
+static void cpu_rmsnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M, int n, float eps)
+{
+	(void)be;
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * n))
+	for (int m = 0; m < M; m++)
+		rms_row(y + (size_t)m * n, x + (size_t)m * n, w->f32, n, eps);
+}
+
+static void cpu_zero(hi3_backend *be, float *x, size_t n)
+{
+	(void)be;
+	memset(x, 0, n * sizeof(float));
+}
+
+static void cpu_add(hi3_backend *be, float *x, const float *y, size_t n)
+{
+	(void)be;
+#pragma omp parallel for schedule(static) if (PAR(n))
+	for (size_t i = 0; i < n; i++)
+		x[i] += y[i];
+}
+
+static void rope_head(float *h, const float *cs, const float *sn, int d)
+{
+	int half = d / 2;
+
+	for (int i = 0; i < half; i++) {
+		float a = h[i], b = h[i + half];
+		h[i] = a * cs[i] - b * sn[i];
+		h[i + half] = b * cs[i] + a * sn[i];
+	}
+}
+
+static void cpu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const float *theta, const hi3_wt *qn,
+                        const hi3_wt *kn, const struct hi3_dims *dm, int M)
+{
+	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
+
+	(void)be;
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * W))
+	for (int m = 0; m < M; m++) {
+		float cs[512], sn[512];
+		float *row = qkv + (size_t)m * W;
+
+		for (int i = 0; i < d / 2; i++) {
+			float ang = (float)pos[2 * m + (i & 1)] * theta[i];
+			cs[i] = cosf(ang);
+			sn[i] = sinf(ang);
+		}
+		for (int j = 0; j < dm->n_kv; j++) {
+			float *blk = row + (size_t)j * (g + 2) * d;
+			for (int h = 0; h < g + 1; h++) {        /* g query heads, then the key head */
+				float *hp = blk + (size_t)h * d;
+				rope_head(hp, cs, sn, d);
+				if (qn)
+					rms_row(hp, hp, h < g ? qn->f32 : kn->f32, d, dm->eps);
+			}
+		}
+	}
+}
+
+static inline void store_vec(void *dst, hi3_dtype dt, size_t off, const float *src, int d)
+{
+	if (dt == HI3_BF16) {
+		uint16_t *p = (uint16_t *)dst + off;
+		for (int i = 0; i < d; i++)
+			p[i] = hi3_f32_to_bf16(src[i]);
+	} else {
+		memcpy((float *)dst + off, src, sizeof(float) * (size_t)d);
+	}
+}
+
+static void cpu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv, const int32_t *row,
+                         const int64_t *slot, const struct hi3_dims *dm, int M)
+{
+	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
+
+	(void)be;
+	/* Parallel over kv heads; each thread stores its head for all tokens
+	 * in order, so duplicate slots resolve to the last token. */
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * W))
+	for (int j = 0; j < dm->n_kv; j++) {
+		for (int m = 0; m < M; m++) {
+			if (slot[m] < 0)
+				continue;
+			const float *blk = qkv + (size_t)m * W + (size_t)j * (g + 2) * d;
+			size_t off = (((size_t)row[m] * dm->n_kv + j) * (size_t)dst->C + (size_t)slot[m]) * d;
+			store_vec(dst->k, dst->dtype, off, blk + (size_t)g * d, d);
+			store_vec(dst->v, dst->dtype, off, blk + (size_t)(g + 1) * d, d);
+		}
+	}
+}
+
+/* The key or value vector at off: in place for f32, widened into buf for bf16. */
+static inline const float *key_at(const hi3_kv_src *s, int64_t off, float *buf, int d)
+{
+	if (s->dtype == HI3_BF16) {
+		const uint16_t *p = (const uint16_t *)s->base + off;
+		for (int i = 0; i < d; i++)
+			buf[i] = hi3_bf16_to_f32(p[i]);
+		return buf;
+	}
+	return (const float *)s->base + off;
+}
+
+/* q . k over d, as eight lane sums combined in a fixed tree: the same
+ * bits from the AVX2 and the portable version, for any batch. */
+static float dot_portable(const float *a, const float *b, int d)
+{
+	float l[8] = {0};
+	int i = 0;
+
+	for (; i + 8 <= d; i += 8)
+		for (int j = 0; j < 8; j++)
+			l[j] = fmaf(a[i + j], b[i + j], l[j]);
+	for (; i < d; i++)
+		l[0] = fmaf(a[i], b[i], l[0]);
+	return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, int d)
+{
+	__m256 acc = _mm256_setzero_ps();
+	float l[8];
+	int i = 0;
+
+	for (; i + 8 <= d; i += 8)
+		acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+	_mm256_storeu_ps(l, acc);
+	for (; i < d; i++)
+		l[0] = fmaf(a[i], b[i], l[0]);
+	return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+static int cpu_has_avx2(void)
+{
+	static int v = -1;
+
+	if (v < 0) {
+		__builtin_cpu_init();
+		v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+	}
+	return v;
+}
+#define dot(a, b, d) (cpu_has_avx2() ? dot_avx2(a, b, d) : dot_portable(a, b, d))
+#else
+#define dot(a, b, d) dot_portable(a, b, d)
+#endif
+
+/* Scores of keys [j0, j1) for one query: sc[j] = dot(q, k_j) * scale, each
+ * dot in the canonical lane order above, so a key scores the same bits in
+ * any range, batch or tile. */
+static void scores_portable(const float *q, const hi3_kv_src *ks, int64_t base, int j0, int j1, int d, float scale,
+                            float *sc, float *kbuf)
+{
+	for (int j = j0; j < j1; j++)
+		sc[j] = dot_portable(q, key_at(ks, base + j * ks->slot_stride, kbuf, d), d) * scale;
+}
+
+#if defined(__x86_64__)
+/* Eight keys at a time: eight lane accumulators, then an 8 x 8 transpose so
+ * that the canonical reduction runs across keys in vector lanes. */
+__attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, const hi3_kv_src *ks, int64_t base,
+                                                            int j0, int j1, int d, float scale, float *sc,
+                                                            float *kbuf)
+{
+	const float *kb = (const float *)ks->base;
+	const int64_t st = ks->slot_stride;
+	int j = j0;
+
+	if (ks->dtype == HI3_F32 && d % 8 == 0) {
+		const __m256 vs = _mm256_set1_ps(scale);
+		for (; j + 8 <= j1; j += 8) {
+			__m256 a[8];
+			const float *k0 = kb + base + j * st;
+			for (int r = 0; r < 8; r++)
+				a[r] = _mm256_setzero_ps();
+			for (int i = 0; i < d; i += 8) {
+				__m256 qv = _mm256_loadu_ps(q + i);
+#pragma GCC unroll 8
+				for (int r = 0; r < 8; r++)
+					a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + r * st + i), a[r]);
+			}
+			__m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
+			__m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
+			__m256 t4 = _mm256_unpacklo_ps(a[4], a[5]), t5 = _mm256_unpackhi_ps(a[4], a[5]);
+			__m256 t6 = _mm256_unpacklo_ps(a[6], a[7]), t7 = _mm256_unpackhi_ps(a[6], a[7]);
+			__m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+			__m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+			__m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+			__m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+			/* L[i] holds lane i of the eight keys */
+			__m256 L0 = _mm256_permute2f128_ps(u0, u4, 0x20), L4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+			__m256 L1 = _mm256_permute2f128_ps(u1, u5, 0x20), L5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+			__m256 L2 = _mm256_permute2f128_ps(u2, u6, 0x20), L6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+			__m256 L3 = _mm256_permute2f128_ps(u3, u7, 0x20), L7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+			__m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L0, L4), _mm256_add_ps(L2, L6)),
+			                         _mm256_add_ps(_mm256_add_ps(L1, L5), _mm256_add_ps(L3, L7)));
+			_mm256_storeu_ps(sc + j, _mm256_mul_ps(r, vs));
+		}
+	}
+	for (; j < j1; j++)
+		sc[j] = dot_avx2(q, key_at(ks, base + j * st, kbuf, d), d) * scale;
+}
+#define scores(...) (cpu_has_avx2() ? scores_avx2(__VA_ARGS__) : scores_portable(__VA_ARGS__))
+#else
+#define scores(...) scores_portable(__VA_ARGS__)
+#endif
+
+/* acc (d) = sum over keys j in [j0, j1) with p[j] != 0 of p[j] * v_j, in
+ * key order, one fused multiply-add per element and key. */
+static void pv_portable(float *acc, const float *p, const hi3_kv_src *vs, int64_t base, int j0, int j1, int d,
+                        float *vbuf)
+{
+	memset(acc, 0, sizeof(float) * (size_t)d);
+	for (int j = j0; j < j1; j++) {
+		const float *v;
+		if (p[j] == 0.0f)
+			continue;
+		v = key_at(vs, base + j * vs->slot_stride, vbuf, d);
+		for (int i = 0; i < d; i++)
+			acc[i] = fmaf(p[j], v[i], acc[i]);
+	}
+}
+
+#if defined(__x86_64__)
+/* The same, with the accumulator in registers (d a multiple of 8, <= 128). */
+__attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float *p, const hi3_kv_src *vs,
+                                                        int64_t base, int j0, int j1, int d, float *vbuf)
+{
+	__m256 a[16];
+	const int nv = d / 8;
+
+	if (d % 8 || d > 128 || vs->dtype != HI3_F32) {
+		pv_portable(acc, p, vs, base, j0, j1, d, vbuf);
+		return;
+	}
+	for (int i = 0; i < nv; i++)
+		a[i] = _mm256_setzero_ps();
+	for (int j = j0; j < j1; j++) {
+		const float *v = (const float *)vs->base + base + j * vs->slot_stride;
+		__m256 pj;
+		if (p[j] == 0.0f)
+			continue;
+		pj = _mm256_set1_ps(p[j]);
+		for (int i = 0; i < nv; i++)
+			a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
+	}
+	for (int i = 0; i < nv; i++)
+		_mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+#define pv(...) (cpu_has_avx2() ? pv_avx2(__VA_ARGS__) : pv_portable(__VA_ARGS__))
+#else
+#define pv(...) pv_portable(__VA_ARGS__)
+#endif
+
+
+static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *ks,
+                          const hi3_kv_src *vs, const hi3_attn_q *q, const struct hi3_dims *dm, int M)
+{
+	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
+	const float scale = 1.0f / sqrtf((float)d);
+
+	(void)be;
+#pragma omp parallel
+	{
+		float *sc = NULL;
+		size_t sc_cap = 0;
+		float kbuf[1024], acc[1024];
+
+#pragma omp for schedule(dynamic, 1) collapse(2)
+		for (int m = 0; m < M; m++) {
+			for (int h = 0; h < dm->n_h; h++) {
+				const hi3_attn_q *aq = &q[m];
+				const float *qh = qkv + (size_t)m * W + ((size_t)(h / g) * (g + 2) + (size_t)(h % g)) * d;
+				int end = HI3_MAX(aq->hi + 1, aq->blk_hi), j;
+				float mx = -INFINITY, sum = 0.0f;
+				float *o = out + (size_t)m * dm->n_h * d + (size_t)h * d;
+				int64_t base_k = aq->row * ks->row_stride + (int64_t)(h / g) * ks->head_stride;
+				int64_t base_v = aq->row * vs->row_stride + (int64_t)(h / g) * vs->head_stride;
+
+				if (end < 0)
+					end = 0;
+				if ((size_t)end > sc_cap) {
+					free(sc);
+					sc_cap = (size_t)end + 256;
+					sc = malloc(sc_cap * sizeof(float));
+					HI3_ASSERT(sc);
+				}
+				/* admitted: [0, hi] and the query's block [blk_lo, blk_hi) */
+				{
+					int a1 = HI3_MIN(aq->hi + 1, end), b0 = HI3_MAX(aq->blk_lo, a1);
+					if (a1 > 0)
+						scores(qh, ks, base_k, 0, a1, d, scale, sc, kbuf);
+					for (j = HI3_MAX(a1, 0); j < b0 && j < end; j++)
+						sc[j] = -INFINITY;
+					if (b0 < end)
+						scores(qh, ks, base_k, b0, end, d, scale, sc, kbuf);
+					for (j = 0; j < end; j++)
+						if (sc[j] > mx)
+							mx = sc[j];
+				}
+				if (mx == -INFINITY) {               /* admits no key */
+					memset(o, 0, sizeof(float) * (size_t)d);
+					continue;
+				}
+				/* weights in place of the scores (0 for keys not admitted) */
+				for (j = 0; j < end; j++) {
+					if (sc[j] == -INFINITY) {
+						sc[j] = 0.0f;
+						continue;
+					}
+					sc[j] = expf(sc[j] - mx);
+					sum += sc[j];
+				}
+				pv(acc, sc, vs, base_v, 0, end, d, kbuf);
+#pragma omp simd
+				for (int i = 0; i < d; i++)
+					o[i] = acc[i] / sum;
+			}
+		}
+		free(sc);
+	}
+}
+
+static void cpu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int inter)
+{
+	(void)be;
+#pragma omp parallel for schedule(static) if (PAR((size_t)M * inter))
+	for (int m = 0; m < M; m++) {
+		const float *a = ab + (size_t)m * 2 * inter, *b = a + inter;
+		float *o = y + (size_t)m * inter;
+		for (int i = 0; i < inter; i++)
+			o[i] = a[i] * (b[i] / (1.0f + expf(-b[i])));
+	}
+}
+
+static void cpu_gather(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
+{
+	(void)be;
+#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
+	for (int i = 0; i < n; i++)
+		memcpy(dst + (size_t)i * w, src + (size_t)idx[i] * w, sizeof(float) * (size_t)w);
+}
+
+static void cpu_scatter_add(hi3_backend *be, float *dst, const float *src, const int32_t *idx,
+                            const float *scale, int n, int w)
+{
+	(void)be;
+	/* idx may repeat across calls but not within one (one expert per token). */
+#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
+	for (int i = 0; i < n; i++) {
+		float *dr = dst + (size_t)idx[i] * w;
+		const float *sr = src + (size_t)i * w;
+		for (int j = 0; j < w; j++)
+			dr[j] += scale[i] * sr[j];
+	}
+}
+
+static void cpu_destroy(hi3_backend *be)
+{
+	free(be);
+}
+
+int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_error *err)
+{
+	hi3_backend *be = hi3i_calloc(1, sizeof(*be), err);
+
+	*out = NULL;
+	if (!be)
+		return -1;
+	if (threads > 0)
+		omp_set_num_threads(threads);
+	openblas_set_num_threads(threads > 0 ? threads : omp_get_max_threads());
+	be->name = "cpu";
+	be->batch_invariant = batch_invariant;
+	be->destroy = cpu_destroy;
+	be->alloc = cpu_alloc;
+	be->free = cpu_free;
+	be->upload = cpu_copy;
+	be->download = cpu_copy;
+	be->mem_free = cpu_mem_free;
+	be->weight = cpu_weight;
+	be->weight_free = cpu_weight_free;
+	be->kv_attach = cpu_kv_attach;
+	be->kv_detach = cpu_kv_detach;
+	be->kv_layer = cpu_kv_layer;
+	be->kv_sync_host = cpu_kv_sync_host;
+	be->matmul = cpu_matmul;
+	be->matmul_group = cpu_matmul_group;
+	be->embed = cpu_embed;
+	be->rmsnorm = cpu_rmsnorm;
+	be->zero = cpu_zero;
+	be->add = cpu_add;
+	be->rope_qk = cpu_rope_qk;
+	be->kv_store = cpu_kv_store;
+	be->attention = cpu_attention;
+	be->swiglu = cpu_swiglu;
+	be->gather = cpu_gather;
+	be->scatter_add = cpu_scatter_add;
+	*out = be;
+	return 0;
+}
+
+void hi3i_rope_theta(float *theta, int d, double base)
+{
+	/* torch: 1.0 / (base ** (arange(0, d, 2).float() / d)), all in fp32 */
+	for (int m = 0; m < d / 2; m++) {
+		float e = (float)(2 * m) / (float)d;
+		theta[m] = 1.0f / powf((float)base, e);
+	}
+}

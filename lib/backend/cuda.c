@@ -1,0 +1,840 @@
+/*
+ * backend-cuda.c -- the CUDA backend: the ops table of backend.h on one GPU
+ * (device 0; choose another with CUDA_VISIBLE_DEVICES). The kernels live in
+ * kernels/, one .cu file per op family; this file holds the host side:
+ * device memory, weights, the KV cache mirror, and one wrapper per op.
+ *
+ *  - Everything runs in order on one stream. Uploads of small host arrays
+ *    go through a pinned ring, so they do not stall the stream; downloads
+ *    wait for it.
+ *  - Weights are uploaded once. BF16 matrices stay BF16 and multiply
+ *    through cublasGemmEx with bf16 inputs and fp32 accumulation (the
+ *    activations are rounded to bf16 for it); F32 matrices multiply in
+ *    plain fp32 (CUBLAS_COMPUTE_32F with the default math mode: no TF32),
+ *    the exactness path. F16 and F64 matrices are converted to F32; norm
+ *    weights are F32; embedding rows keep F32, BF16 or F16.
+ *  - The KV cache lives on the device: kv_attach copies a host cache (the
+ *    mmap'd KV file) up, kv_sync_host copies it back, so files stay the
+ *    interface. kv_store notes, per cache row, the first and last slot it
+ *    wrote since the last sync, and the sync copies only those (one gather
+ *    kernel, one copy): a decode step moves its new slots, not the cache.
+ *  - batch_invariant is not offered: cuBLAS may pick another algorithm, and
+ *    attention another split, for another batch size.
+ *
+ * Errors: the ops return nothing, so a failed CUDA call inside one (a
+ * fault, which leaves every later result unusable) is reported through the
+ * log and aborts; calls that can report (backend creation, weights, the KV
+ * cache) fill hi3_error. HI3_CUDA_SYNC=1 in the environment waits after
+ * every op, so a failing kernel is named by its op.
+ */
+#include "config.h"
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/backend.h"
+
+#if defined(HI3_HAVE_CUDA) || defined(HI3_CUDA_EMU)
+
+#include "kernels/kernels.h"
+#ifndef HI3_CUDA_EMU
+#include <cublas_v2.h>
+#endif
+
+_Static_assert(sizeof(hi3k_attn_q) == sizeof(hi3_attn_q) && offsetof(hi3k_attn_q, hi) == offsetof(hi3_attn_q, hi) &&
+               offsetof(hi3k_attn_q, blk_lo) == offsetof(hi3_attn_q, blk_lo) &&
+               offsetof(hi3k_attn_q, blk_hi) == offsetof(hi3_attn_q, blk_hi),
+               "hi3k_attn_q must match hi3_attn_q");
+_Static_assert((int)HI3K_F32 == (int)HI3_F32 && (int)HI3K_F16 == (int)HI3_F16 && (int)HI3K_BF16 == (int)HI3_BF16,
+               "dtype codes");
+
+#define STAGE_BYTES ((size_t)8 << 20)   /* the pinned upload ring */
+#define MIB(x) ((double)(x) / 1048576.0)
+
+/* A host KV cache and its device copy. */
+struct kv_mirror {
+	hi3_kvcache *kv;
+	hi3_kvcache shape;        /* kv as attached: its dims must not change */
+	unsigned char *mem;       /* (n_layers, 2, B, n_kv, C, d): K then V of each layer */
+	size_t layer_bytes;       /* one K or V of one layer */
+	size_t total;             /* bytes of mem */
+	int32_t *dirty;           /* (B, 2) device: first and last slot written since the last sync */
+	int32_t *dirty_h;         /* (B, 2) host */
+	void *ranges;             /* device: (B) int64 offsets, then (B, 3) int32 ranges */
+	void *pack;               /* device: the gathered slots */
+	void *pack_h;             /* host: the same, copied */
+	size_t pack_cap, pack_h_cap;
+	int pack_h_pinned;
+	struct kv_mirror *next;
+};
+
+struct cuda {
+	int n_sm;
+	cudaStream_t stream;
+	cublasHandle_t blas;
+	int sync_each;            /* HI3_CUDA_SYNC: wait after every op */
+	unsigned char *stage;     /* pinned, STAGE_BYTES, or NULL */
+	size_t stage_pos;
+	void *xb;                 /* bf16 GEMM input (M, K) */
+	void *keep;               /* kv_store: the last writer of each slot (M) */
+	void *part;               /* attention split-K partials (M, n_h, nsplit, d + 2) */
+	void *jobs;               /* matmul_group: the grouped gemv's jobs */
+	hi3k_gemv_job *jobs_h;    /* ... built here */
+	size_t xb_cap, keep_cap, part_cap, jobs_cap, jobs_h_cap;   /* bytes */
+	struct kv_mirror *kvs;
+};
+
+struct hi3_wt {
+	int kind;
+	int N, K;                 /* matrix (N, K); vector n = N; rows (N = V, K = H) */
+	int dtype;                /* HI3K_F32, HI3K_BF16, or for rows HI3K_F16 */
+	void *d;                  /* the device copy */
+};
+
+/* ---------------------------------------------------------------- errors */
+
+/* Into err when there is one; otherwise fatal (see the top of the file). */
+static int cuda_fail(hi3_error *err, const char *call, const char *why, const char *file, int line)
+{
+	if (err)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "CUDA: %s: %s (%s:%d)", call, why, file, line);
+	hi3_log(HI3_LOG_ERROR, "CUDA: %s: %s (%s:%d); cannot continue", call, why, file, line);
+	abort();
+}
+
+static int cuda_ok(cudaError_t e, hi3_error *err, const char *call, const char *file, int line)
+{
+	char why[256];
+
+	if (e == cudaSuccess)
+		return 0;
+	snprintf(why, sizeof(why), "%s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+	return cuda_fail(err, call, why, file, line);
+}
+
+static int cublas_ok(cublasStatus_t s, hi3_error *err, const char *call, const char *file, int line)
+{
+	if (s == CUBLAS_STATUS_SUCCESS)
+		return 0;
+	return cuda_fail(err, call, cublasGetStatusString(s), file, line);
+}
+
+/* 0 when the call succeeded; else -1 with err filled, or (err NULL) fatal. */
+#define CUDA_CHECK(err, call) cuda_ok((call), (err), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(err, call) cublas_ok((call), (err), #call, __FILE__, __LINE__)
+
+/* An allocation of `need` bytes for `what` failed: say how much was free. */
+static int oom(hi3_error *err, size_t need, const char *what)
+{
+	size_t fr = 0, total = 0;
+
+	(void)cudaGetLastError();                /* not sticky: clear it */
+	if (cudaMemGetInfo(&fr, &total) != cudaSuccess)
+		(void)cudaGetLastError();
+	if (!err) {
+		hi3_log(HI3_LOG_WARN, "out of GPU memory: %s needs %.1f MiB, %.1f MiB free of %.1f MiB", what, MIB(need),
+		        MIB(fr), MIB(total));
+		return -1;
+	}
+	return hi3_error_set(err, HI3_ERR_RUNTIME, "out of GPU memory: %s needs %.1f MiB, %.1f MiB free of %.1f MiB",
+	                     what, MIB(need), MIB(fr), MIB(total));
+}
+
+/* With HI3_CUDA_SYNC, wait for the op just enqueued and name it if it failed. */
+static void op_done(struct cuda *c, const char *op)
+{
+	cudaError_t e;
+
+	if (!c->sync_each)
+		return;
+	if ((e = cudaStreamSynchronize(c->stream)) != cudaSuccess) {
+		hi3_log(HI3_LOG_ERROR, "CUDA: the %s op failed", op);
+		CUDA_CHECK(NULL, e);
+	}
+}
+
+/* ---------------------------------------------------------------- memory */
+
+/* Grow a scratch buffer to n bytes (with headroom: it grows rarely, and is
+ * never allocated per token). */
+static void *grow(struct cuda *c, void **p, size_t *cap, size_t n, const char *what)
+{
+	if (n <= *cap)
+		return *p;
+	n += n / 2;
+	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));    /* the old buffer may be in use */
+	CUDA_CHECK(NULL, cudaFree(*p));
+	*p = NULL;
+	*cap = 0;
+	if (cudaMalloc(p, n) != cudaSuccess) {
+		oom(NULL, n, what);
+		cuda_fail(NULL, "cudaMalloc", "out of memory", __FILE__, __LINE__);
+	}
+	*cap = n;
+	return *p;
+}
+
+static void *cu_alloc(hi3_backend *be, size_t n)
+{
+	void *p = NULL;
+
+	(void)be;
+	if (cudaMalloc(&p, n ? n : 256) != cudaSuccess) {
+		oom(NULL, n, "a buffer");
+		return NULL;
+	}
+	return p;
+}
+
+static void cu_free(hi3_backend *be, void *p)
+{
+	struct cuda *c = be->ctx;
+
+	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));    /* no kernel still uses it */
+	CUDA_CHECK(NULL, cudaFree(p));
+}
+
+/* host -> device. Small copies are staged through the pinned ring and do
+ * not wait; the ring is reused only after the stream has drained it. */
+static int cu_upload(hi3_backend *be, void *dst, const void *src, size_t n)
+{
+	struct cuda *c = be->ctx;
+
+	if (!n)
+		return 0;
+	if (c->stage && n <= STAGE_BYTES / 4) {
+		if (c->stage_pos + n > STAGE_BYTES) {
+			CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));
+			c->stage_pos = 0;
+		}
+		memcpy(c->stage + c->stage_pos, src, n);
+		CUDA_CHECK(NULL, cudaMemcpyAsync(dst, c->stage + c->stage_pos, n, cudaMemcpyHostToDevice, c->stream));
+		c->stage_pos += (n + 255) & ~(size_t)255;
+		return 0;
+	}
+	CUDA_CHECK(NULL, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream));
+	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));
+	return 0;
+}
+
+/* device -> host, after everything enqueued before it */
+static int cu_download(hi3_backend *be, void *dst, const void *src, size_t n)
+{
+	struct cuda *c = be->ctx;
+
+	if (!n)
+		return 0;
+	CUDA_CHECK(NULL, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream));
+	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));
+	return 0;
+}
+
+static size_t cu_mem_free(hi3_backend *be)
+{
+	size_t fr = 0, total = 0;
+
+	(void)be;
+	if (cudaMemGetInfo(&fr, &total) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return fr;
+}
+
+/* ---------------------------------------------------------------- weights */
+
+static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err)
+{
+	struct cuda *c = be->ctx;
+	size_t n = (size_t)hi3_tensor_numel(t), bytes;
+	float *tmp = NULL;
+	hi3_wt *w;
+	int raw;
+
+	if (t->dtype != HI3_F32 && t->dtype != HI3_BF16 && t->dtype != HI3_F16 && t->dtype != HI3_F64) {
+		hi3_error_set(err, HI3_ERR_INPUT, "dtype %s is not supported (expected F32, BF16, F16 or F64)",
+		              hi3_dtype_name(t->dtype));
+		return NULL;
+	}
+	if (!(w = hi3i_calloc(1, sizeof(*w), err)))
+		return NULL;
+	w->kind = kind;
+	w->N = (int)t->shape[0];
+	w->K = t->ndim > 1 ? (int)t->shape[1] : 1;
+	/* what stays as stored: bf16 matrices, and embedding rows of any 16/32-bit float */
+	raw = t->dtype == HI3_F32 || (kind == HI3_WT_MATRIX && t->dtype == HI3_BF16) ||
+	      (kind == HI3_WT_ROWS && (t->dtype == HI3_BF16 || t->dtype == HI3_F16));
+	w->dtype = raw ? (int)t->dtype : HI3K_F32;
+	bytes = n * (w->dtype == HI3K_F32 ? 4 : 2);
+	if (cudaMalloc(&w->d, bytes ? bytes : 4) != cudaSuccess) {
+		w->d = NULL;
+		oom(err, bytes, "the weight");
+		goto fail;
+	}
+	if (!raw) {
+		if (!(tmp = hi3i_malloc(n * sizeof(float), err)))
+			goto fail;
+		hi3_to_f32(tmp, t->data, t->dtype, n);
+	}
+	/* on the backend's stream (a plain cudaMemcpy goes to the legacy stream,
+	 * which a non-blocking stream does not wait for), then waited for */
+	if (bytes && (CUDA_CHECK(err, cudaMemcpyAsync(w->d, raw ? t->data : tmp, bytes, cudaMemcpyHostToDevice,
+	                                              c->stream)) ||
+	              CUDA_CHECK(err, cudaStreamSynchronize(c->stream))))
+		goto fail;
+	free(tmp);
+	return w;
+fail:
+	free(tmp);
+	if (w->d)
+		cudaFree(w->d);
+	free(w);
+	return NULL;
+}
+
+static void cu_weight_free(hi3_backend *be, hi3_wt *w)
+{
+	struct cuda *c = be->ctx;
+
+	if (!w)
+		return;
+	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));    /* no kernel still reads it */
+	CUDA_CHECK(NULL, cudaFree(w->d));
+	free(w);
+}
+
+/* ---------------------------------------------------------------- KV cache */
+
+static struct kv_mirror *find_kv(struct cuda *c, const hi3_kvcache *kv)
+{
+	for (struct kv_mirror *m = c->kvs; m; m = m->next)
+		if (m->kv == kv)
+			return m;
+	return NULL;
+}
+
+/* The mirror holding device address p, or NULL. */
+static struct kv_mirror *kv_of(struct cuda *c, const void *p)
+{
+	for (struct kv_mirror *m = c->kvs; m; m = m->next)
+		if ((const unsigned char *)p >= m->mem && (const unsigned char *)p < m->mem + m->total)
+			return m;
+	return NULL;
+}
+
+/* Mark every row clean: first slot C, last -1. */
+static int kv_clean(struct cuda *c, struct kv_mirror *m, hi3_error *err)
+{
+	for (int r = 0; r < m->kv->B; r++) {
+		m->dirty_h[2 * r] = m->kv->C;
+		m->dirty_h[2 * r + 1] = -1;
+	}
+	return CUDA_CHECK(err, cudaMemcpyAsync(m->dirty, m->dirty_h, sizeof(int32_t) * 2 * (size_t)m->kv->B,
+	                                       cudaMemcpyHostToDevice, c->stream));
+}
+
+static void kv_mirror_free(struct kv_mirror *m)
+{
+	if (!m)
+		return;
+	cudaFree(m->mem);
+	cudaFree(m->dirty);
+	cudaFree(m->ranges);
+	cudaFree(m->pack);
+	if (m->pack_h_pinned)
+		cudaFreeHost(m->pack_h);
+	else
+		free(m->pack_h);
+	free(m->dirty_h);
+	free(m);
+}
+
+static int cu_kv_attach(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
+{
+	struct cuda *c = be->ctx;
+	struct kv_mirror *m;
+	size_t lb, total;
+	char what[256];
+
+	if (find_kv(c, kv))
+		return 0;
+	if (kv->dtype != HI3_F32 && kv->dtype != HI3_BF16)
+		return hi3_error_set(err, HI3_ERR_INPUT, "KV cache dtype %s (expected F32 or BF16)", hi3_dtype_name(kv->dtype));
+	lb = (size_t)kv->B * (size_t)kv->n_kv * (size_t)kv->C * (size_t)kv->d * hi3_dtype_size(kv->dtype);
+	total = 2 * (size_t)kv->n_layers * lb;
+	if (!(m = hi3i_calloc(1, sizeof(*m), err)))
+		return -1;
+	if (cudaMalloc((void **)&m->mem, total ? total : 256) != cudaSuccess) {
+		m->mem = NULL;
+		snprintf(what, sizeof(what), "the KV cache (%d layers, %d rows, %d kv heads, %d slots, head dim %d, %s)",
+		         kv->n_layers, kv->B, kv->n_kv, kv->C, kv->d, hi3_dtype_name(kv->dtype));
+		oom(err, total, what);
+		goto fail;
+	}
+	m->kv = kv;
+	m->shape = *kv;
+	m->layer_bytes = lb;
+	m->total = total;
+	if (!(m->dirty_h = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)kv->B, err)))
+		goto fail;
+	if (cudaMalloc((void **)&m->dirty, sizeof(int32_t) * 2 * (size_t)kv->B) != cudaSuccess ||
+	    cudaMalloc(&m->ranges, (3 * sizeof(int32_t) + sizeof(int64_t)) * (size_t)kv->B) != cudaSuccess) {
+		oom(err, (3 * sizeof(int32_t) + sizeof(int64_t) + 2 * sizeof(int32_t)) * (size_t)kv->B,
+		    "the KV cache bookkeeping");
+		goto fail;
+	}
+	for (int l = 0; l < kv->n_layers && lb; l++)
+		if (CUDA_CHECK(err, cudaMemcpyAsync(m->mem + 2 * l * lb, kv->k[l], lb, cudaMemcpyHostToDevice, c->stream)) ||
+		    CUDA_CHECK(err, cudaMemcpyAsync(m->mem + (2 * l + 1) * lb, kv->v[l], lb, cudaMemcpyHostToDevice,
+		                                    c->stream))) {
+			hi3_error_prefix(err, "copying the KV cache to the GPU");
+			goto fail;
+		}
+	if (kv_clean(c, m, err) != 0)
+		goto fail;
+	m->next = c->kvs;
+	c->kvs = m;
+	return 0;
+fail:
+	(void)cudaGetLastError();
+	kv_mirror_free(m);
+	return -1;
+}
+
+static void cu_kv_detach(hi3_backend *be, hi3_kvcache *kv)
+{
+	struct cuda *c = be->ctx;
+
+	for (struct kv_mirror **pm = &c->kvs; *pm; pm = &(*pm)->next)
+		if ((*pm)->kv == kv) {
+			struct kv_mirror *m = *pm;
+			*pm = m->next;
+			CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));
+			kv_mirror_free(m);
+			return;
+		}
+}
+
+static void cu_kv_layer(hi3_backend *be, hi3_kvcache *kv, int layer, void **k, void **v)
+{
+	struct kv_mirror *m = find_kv(be->ctx, kv);
+
+	HI3_ASSERT(m && layer >= 0 && layer < kv->n_layers);
+	/* a cache of another shape at the same address: its owner did not
+	 * call hi3i_model_kv_closed on the old one */
+	HI3_ASSERT(kv->n_layers == m->shape.n_layers && kv->B == m->shape.B && kv->n_kv == m->shape.n_kv &&
+	           kv->C == m->shape.C && kv->d == m->shape.d && kv->dtype == m->shape.dtype);
+	*k = m->mem + 2 * (size_t)layer * m->layer_bytes;
+	*v = m->mem + (2 * (size_t)layer + 1) * m->layer_bytes;
+}
+
+/* Copy the slots written since the last sync, gathered on the device:
+ * ranges (n, 3) row, first slot, count; slots in all. */
+static int kv_sync_ranges(struct cuda *c, struct kv_mirror *m, const int32_t *ranges, const int64_t *offs, int n,
+                          size_t slots, hi3_error *err)
+{
+	hi3_kvcache *kv = m->kv;
+	const size_t es = hi3_dtype_size(kv->dtype), dw = (size_t)kv->d * es / 4;
+	const size_t block_words = (size_t)kv->n_kv * slots * dw, bytes = 2 * (size_t)kv->n_layers * block_words * 4;
+	void *doff = m->ranges, *dr = (int64_t *)m->ranges + kv->B;
+
+	if (bytes > m->pack_cap) {
+		cudaFree(m->pack);
+		m->pack_cap = 0;
+		if (cudaMalloc(&m->pack, bytes) != cudaSuccess) {
+			m->pack = NULL;
+			return oom(err, bytes, "the KV cache sync");
+		}
+		m->pack_cap = bytes;
+	}
+	if (bytes > m->pack_h_cap) {
+		if (m->pack_h_pinned)
+			cudaFreeHost(m->pack_h);
+		else
+			free(m->pack_h);
+		m->pack_h_cap = 0;
+		m->pack_h_pinned = cudaHostAlloc(&m->pack_h, bytes, cudaHostAllocDefault) == cudaSuccess;
+		if (!m->pack_h_pinned) {
+			(void)cudaGetLastError();
+			if (!(m->pack_h = hi3i_malloc(bytes, err)))
+				return -1;
+		}
+		m->pack_h_cap = bytes;
+	}
+	if (CUDA_CHECK(err, cudaMemcpyAsync(dr, ranges, sizeof(int32_t) * 3 * (size_t)n, cudaMemcpyHostToDevice,
+	                                    c->stream)) ||
+	    CUDA_CHECK(err, cudaMemcpyAsync(doff, offs, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream)) ||
+	    CUDA_CHECK(err, HI3K(kv_pack)(c->stream, m->pack, m->mem, m->layer_bytes, kv->n_layers, kv->n_kv, kv->C, kv->d,
+	                                  (int)es, dr, doff, n, block_words)) ||
+	    CUDA_CHECK(err, cudaMemcpyAsync(m->pack_h, m->pack, bytes, cudaMemcpyDeviceToHost, c->stream)) ||
+	    CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
+		return -1;
+	for (int l = 0; l < kv->n_layers; l++)
+		for (int part = 0; part < 2; part++) {
+			const uint32_t *blk = (const uint32_t *)m->pack_h + (2 * (size_t)l + part) * block_words;
+			unsigned char *host = part ? kv->v[l] : kv->k[l];
+			for (int i = 0; i < n; i++)
+				for (int j = 0; j < kv->n_kv; j++) {
+					const int row = ranges[3 * i], lo = ranges[3 * i + 1], cnt = ranges[3 * i + 2];
+					size_t off = (((size_t)row * kv->n_kv + (size_t)j) * (size_t)kv->C + (size_t)lo) * dw * 4;
+					memcpy(host + off, blk + (size_t)offs[i] + (size_t)j * (size_t)cnt * dw, (size_t)cnt * dw * 4);
+				}
+		}
+	return 0;
+}
+
+static int cu_kv_sync_host(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
+{
+	struct cuda *c = be->ctx;
+	struct kv_mirror *m = find_kv(c, kv);
+	int32_t *ranges = NULL;
+	int64_t *offs = NULL;
+	size_t lb, slots = 0, dw;
+	int n = 0, rc = -1;
+
+	if (!m)
+		return 0;
+	lb = m->layer_bytes;
+	dw = (size_t)kv->d * hi3_dtype_size(kv->dtype) / 4;
+	if (CUDA_CHECK(err, cudaMemcpyAsync(m->dirty_h, m->dirty, sizeof(int32_t) * 2 * (size_t)kv->B,
+	                                    cudaMemcpyDeviceToHost, c->stream)) ||
+	    CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
+		goto out;
+	if (!(ranges = hi3i_malloc(sizeof(int32_t) * 3 * (size_t)kv->B, err)) ||
+	    !(offs = hi3i_malloc(sizeof(int64_t) * (size_t)kv->B, err)))
+		goto out;
+	for (int r = 0; r < kv->B; r++) {
+		int lo = m->dirty_h[2 * r], hi = m->dirty_h[2 * r + 1];
+		if (hi < lo)
+			continue;
+		ranges[3 * n] = r;
+		ranges[3 * n + 1] = lo;
+		ranges[3 * n + 2] = hi - lo + 1;
+		offs[n] = (int64_t)((size_t)kv->n_kv * slots * dw);
+		slots += (size_t)(hi - lo + 1);
+		n++;
+	}
+	if (slots && 2 * slots <= (size_t)kv->B * (size_t)kv->C) {
+		if (kv_sync_ranges(c, m, ranges, offs, n, slots, err) != 0)
+			goto out;
+	} else if (slots) {      /* most of the cache: copy it whole */
+		for (int l = 0; l < kv->n_layers && lb; l++)
+			if (CUDA_CHECK(err, cudaMemcpyAsync(kv->k[l], m->mem + 2 * l * lb, lb, cudaMemcpyDeviceToHost,
+			                                    c->stream)) ||
+			    CUDA_CHECK(err, cudaMemcpyAsync(kv->v[l], m->mem + (2 * l + 1) * lb, lb, cudaMemcpyDeviceToHost,
+			                                    c->stream)))
+				goto out;
+		if (CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
+			goto out;
+	}
+	if (slots && kv_clean(c, m, err) != 0)
+		goto out;
+	rc = 0;
+out:
+	free(ranges);
+	free(offs);
+	if (rc)
+		hi3_error_prefix(err, "copying the KV cache from the GPU");
+	return rc;
+}
+
+/* ---------------------------------------------------------------- ops */
+
+/* y (M, N) = x (M, K) . W^T: a few rows through the gemv kernel; more
+ * through cuBLAS, in whose column-major terms y^T = W x^T with W (N, K)
+ * row-major read as its transpose. */
+static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M)
+{
+	struct cuda *c = be->ctx;
+	const float one = 1.0f, zero = 0.0f;
+	const void *b = x;
+	cudaDataType t = CUDA_R_32F;
+
+	if (M <= 0)
+		return;
+	if (M <= HI3K_GEMV_MAX_M) {   /* decode: one pass over W, no cast, no cuBLAS */
+		CUDA_CHECK(NULL, HI3K(gemv)(c->stream, y, x, w->d, w->dtype, M, w->N, w->K));
+		op_done(c, "matmul");
+		return;
+	}
+	if (w->dtype == HI3K_BF16) {
+		size_t n = (size_t)M * (size_t)w->K;
+		b = grow(c, &c->xb, &c->xb_cap, n * 2, "the bf16 GEMM input");
+		CUDA_CHECK(NULL, HI3K(to_bf16)(c->stream, c->xb, x, n));
+		t = CUDA_R_16BF;
+	}
+	CUBLAS_CHECK(NULL, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, w->N, M, w->K, &one, w->d, t, w->K, b, t,
+	                                w->K, &zero, y, CUDA_R_32F, w->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+	op_done(c, "matmul");
+}
+
+/* n products at once: those of up to 8 rows (decode's experts) in one
+ * grouped gemv launch, the same bits as a matmul each; any others one by
+ * one. */
+static void cu_matmul_group(hi3_backend *be, int n, float *const *y, const float *const *x, const hi3_wt *const *w,
+                            const int *M)
+{
+	struct cuda *c = be->ctx;
+	int n_small = 0, max_N = 0, dtype = -1;
+
+	for (int i = 0; i < n; i++) {
+		if (M[i] <= 0)
+			continue;
+		if (M[i] > HI3K_GEMV_MAX_M || (dtype >= 0 && w[i]->dtype != dtype)) {
+			cu_matmul(be, y[i], x[i], w[i], M[i]);
+			continue;
+		}
+		if ((size_t)(n_small + 1) * sizeof(hi3k_gemv_job) > c->jobs_h_cap) {
+			size_t cap = (size_t)(n + 16) * sizeof(hi3k_gemv_job);
+			hi3k_gemv_job *p = realloc(c->jobs_h, cap);
+			HI3_ASSERT(p);
+			c->jobs_h = p;
+			c->jobs_h_cap = cap;
+		}
+		dtype = w[i]->dtype;
+		c->jobs_h[n_small++] = (hi3k_gemv_job){y[i], x[i], w[i]->d, M[i], w[i]->N, w[i]->K, 0};
+		max_N = HI3_MAX(max_N, w[i]->N);
+	}
+	if (!n_small)
+		return;
+	grow(c, &c->jobs, &c->jobs_cap, (size_t)n_small * sizeof(hi3k_gemv_job), "the grouped matmul's jobs");
+	cu_upload(be, c->jobs, c->jobs_h, (size_t)n_small * sizeof(hi3k_gemv_job));
+	CUDA_CHECK(NULL, HI3K(gemv_group)(c->stream, c->jobs, n_small, max_N, dtype));
+	op_done(c, "matmul_group");
+}
+
+static void cu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M)
+{
+	struct cuda *c = be->ctx;
+
+	CUDA_CHECK(NULL, HI3K(embed)(c->stream, x, ids, wte->d, wte->dtype, M, wte->K));
+	op_done(c, "embed");
+}
+
+static void cu_rmsnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M, int n, float eps)
+{
+	struct cuda *c = be->ctx;
+
+	CUDA_CHECK(NULL, HI3K(rmsnorm)(c->stream, y, x, w->d, M, n, eps));
+	op_done(c, "rmsnorm");
+}
+
+static void cu_zero(hi3_backend *be, float *x, size_t n)
+{
+	struct cuda *c = be->ctx;
+
+	CUDA_CHECK(NULL, cudaMemsetAsync(x, 0, n * sizeof(float), c->stream));
+	op_done(c, "zero");
+}
+
+static void cu_add(hi3_backend *be, float *x, const float *y, size_t n)
+{
+	struct cuda *c = be->ctx;
+
+	CUDA_CHECK(NULL, HI3K(add)(c->stream, x, y, n));
+	op_done(c, "add");
+}
+
+/* The kernels' limits; a model beyond them cannot run here. */
+static void check_dims(const struct hi3_dims *dm)
+{
+	if (dm->d % 2 || dm->d > HI3K_MAX_D || dm->n_h % dm->n_kv || dm->n_h / dm->n_kv > 32)
+		cuda_fail(NULL, "attention", "the CUDA kernels take an even head dim up to 256 and up to 32 query heads "
+		          "per kv head", __FILE__, __LINE__);
+}
+
+static void cu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const float *theta, const hi3_wt *qn,
+                       const hi3_wt *kn, const struct hi3_dims *dm, int M)
+{
+	struct cuda *c = be->ctx;
+
+	check_dims(dm);
+	CUDA_CHECK(NULL, HI3K(rope_qk)(c->stream, qkv, pos, theta, qn ? qn->d : NULL, kn ? kn->d : NULL, dm->n_kv,
+	                               dm->n_h / dm->n_kv, dm->d, dm->eps, M));
+	op_done(c, "rope_qk");
+}
+
+static void cu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv, const int32_t *row,
+                        const int64_t *slot, const struct hi3_dims *dm, int M)
+{
+	struct cuda *c = be->ctx;
+	struct kv_mirror *mir = kv_of(c, dst->k);
+
+	if (M <= 0)
+		return;
+	grow(c, &c->keep, &c->keep_cap, (size_t)M, "the KV store plan");
+	CUDA_CHECK(NULL, HI3K(kv_store)(c->stream, dst->k, dst->v, (int)dst->dtype, dst->C, qkv, row, slot, c->keep,
+	                                mir ? mir->dirty : NULL, dm->n_kv, dm->n_h / dm->n_kv, dm->d, M));
+	op_done(c, "kv_store");
+}
+
+static void cu_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *k, const hi3_kv_src *v,
+                         const hi3_attn_q *q, const struct hi3_dims *dm, int M)
+{
+	struct cuda *c = be->ctx;
+	const int64_t W = (int64_t)(dm->n_h + 2 * dm->n_kv) * dm->d;
+	const hi3k_src ks = {k->base, (int)k->dtype, k->row_stride, k->head_stride, k->slot_stride};
+	const hi3k_src vs = {v->base, (int)v->dtype, v->row_stride, v->head_stride, v->slot_stride};
+	/* keys read from this call's own qkv: the tokens of a row are
+	 * consecutive queries, which the tiled kernel shares key tiles among */
+	const int self = k->dtype == HI3_F32 && k->slot_stride == W && (const float *)k->base >= qkv &&
+	                 (const float *)k->base < qkv + W;
+	int nsplit = 1;
+	void *part = NULL;
+
+	if (M <= 0)
+		return;
+	check_dims(dm);
+	if (!self) {              /* enough blocks for every multiprocessor, twice */
+		int blocks = M * dm->n_kv, want = 2 * c->n_sm;
+		nsplit = blocks >= want ? 1 : HI3_MIN((want + blocks - 1) / blocks, 64);
+		if (nsplit > 1)
+			part = grow(c, &c->part, &c->part_cap,
+			            (size_t)M * (size_t)dm->n_h * (size_t)nsplit * (size_t)(dm->d + 2) * sizeof(float),
+			            "the attention partial sums");
+	}
+	CUDA_CHECK(NULL, HI3K(attention)(c->stream, out, qkv, &ks, &vs, (const hi3k_attn_q *)q, dm->n_kv,
+	                                 dm->n_h / dm->n_kv, dm->d, M, self, nsplit, part));
+	op_done(c, "attention");
+}
+
+static void cu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int inter)
+{
+	struct cuda *c = be->ctx;
+
+	CUDA_CHECK(NULL, HI3K(swiglu)(c->stream, y, ab, M, inter));
+	op_done(c, "swiglu");
+}
+
+static void cu_gather(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
+{
+	struct cuda *c = be->ctx;
+
+	CUDA_CHECK(NULL, HI3K(gather)(c->stream, dst, src, idx, n, w));
+	op_done(c, "gather");
+}
+
+static void cu_scatter_add(hi3_backend *be, float *dst, const float *src, const int32_t *idx, const float *scale,
+                           int n, int w)
+{
+	struct cuda *c = be->ctx;
+
+	CUDA_CHECK(NULL, HI3K(scatter_add)(c->stream, dst, src, idx, scale, n, w));
+	op_done(c, "scatter_add");
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static void cu_destroy(hi3_backend *be)
+{
+	struct cuda *c;
+
+	if (!be)
+		return;
+	if ((c = be->ctx)) {
+		while (c->kvs)
+			cu_kv_detach(be, c->kvs->kv);
+		if (c->stream)
+			cudaStreamSynchronize(c->stream);
+		cudaFree(c->xb);
+		cudaFree(c->keep);
+		cudaFree(c->part);
+		cudaFree(c->jobs);
+		free(c->jobs_h);
+		if (c->stage)
+			cudaFreeHost(c->stage);
+		if (c->blas)
+			cublasDestroy(c->blas);
+		if (c->stream)
+			cudaStreamDestroy(c->stream);
+		free(c);
+	}
+	free(be);
+}
+
+int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_error *err)
+{
+	struct cudaDeviceProp prop;
+	hi3_backend *be = NULL;
+	struct cuda *c = NULL;
+	const char *sync = getenv("HI3_CUDA_SYNC");
+	cudaError_t e;
+	int n = 0;
+
+	(void)threads;
+	(void)batch_invariant;
+	*out = NULL;
+	if ((e = cudaGetDeviceCount(&n)) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: no CUDA device available: "
+		                     "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+	}
+	if (n < 1)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: no CUDA device available: "
+		                     "cudaGetDeviceCount found none");
+	if (!(be = hi3i_calloc(1, sizeof(*be), err)) || !(c = be->ctx = hi3i_calloc(1, sizeof(*c), err)))
+		goto fail;
+	if (CUDA_CHECK(err, cudaSetDevice(0)) || CUDA_CHECK(err, cudaGetDeviceProperties(&prop, 0)) ||
+	    CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
+	    CUBLAS_CHECK(err, cublasCreate(&c->blas)) || CUBLAS_CHECK(err, cublasSetStream(c->blas, c->stream)) ||
+	    CUBLAS_CHECK(err, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH)))
+		goto fail;
+	if ((e = HI3K(probe)()) != cudaSuccess) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: GPU 0 (%s, compute capability %d.%d) cannot run "
+		              "this build's kernels: %s (configure with CUDA_ARCH='-gencode arch=compute_%d%d,code=sm_%d%d')",
+		              prop.name, prop.major, prop.minor, cudaGetErrorString(e), prop.major, prop.minor, prop.major,
+		              prop.minor);
+		goto fail;
+	}
+	if (cudaHostAlloc((void **)&c->stage, STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess) {
+		(void)cudaGetLastError();  /* no pinned ring: uploads wait instead */
+		c->stage = NULL;
+	}
+	c->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+	c->sync_each = sync && *sync && strcmp(sync, "0") != 0;
+	hi3_log(HI3_LOG_DEBUG, "cuda: GPU 0: %s, compute capability %d.%d, %d multiprocessors, %.1f GiB", prop.name,
+	        prop.major, prop.minor, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30));
+	be->name = "cuda";
+	be->batch_invariant = 0;
+	be->destroy = cu_destroy;
+	be->alloc = cu_alloc;
+	be->free = cu_free;
+	be->upload = cu_upload;
+	be->download = cu_download;
+	be->mem_free = cu_mem_free;
+	be->weight = cu_weight;
+	be->weight_free = cu_weight_free;
+	be->kv_attach = cu_kv_attach;
+	be->kv_detach = cu_kv_detach;
+	be->kv_layer = cu_kv_layer;
+	be->kv_sync_host = cu_kv_sync_host;
+	be->matmul = cu_matmul;
+	be->matmul_group = cu_matmul_group;
+	be->embed = cu_embed;
+	be->rmsnorm = cu_rmsnorm;
+	be->zero = cu_zero;
+	be->add = cu_add;
+	be->rope_qk = cu_rope_qk;
+	be->kv_store = cu_kv_store;
+	be->attention = cu_attention;
+	be->swiglu = cu_swiglu;
+	be->gather = cu_gather;
+	be->scatter_add = cu_scatter_add;
+	*out = be;
+	return 0;
+fail:
+	cu_destroy(be);
+	return -1;
+}
+
+#else /* no CUDA */
+
+int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_error *err)
+{
+	(void)threads;
+	(void)batch_invariant;
+	*out = NULL;
+	return hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: this hi3 was built without CUDA "
+	                     "(nvcc/cuBLAS were not found by ./configure)");
+}
+
+#endif

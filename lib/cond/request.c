@@ -1,0 +1,333 @@
+/*
+ * request.c -- the JSONL requests of `hi3 tokenize-concat`: one JSON object
+ * per line, checked field by field; every error names FILE:LINE.
+ *
+ *   {"prompt": "...", "system": "...", "cot": "...", "bot_task": "auto",
+ *    "mode": "gen_text", "image_size": "1024x768", "cond_images": [[H, W]],
+ *    "seed": 7}
+ *   {"tokens": [1, 2, 3], "stop_tokens": [2], "seed": 7}
+ */
+#include <stdarg.h>
+#include <string.h>
+#include "cond/cond-internal.h"
+
+const char *const hi3i_bot_task_names[] = {"auto", "image", "think", "recaption", "img_ratio", NULL};
+const char *const hi3i_mode_names[] = {"gen_text", "gen_image", NULL};
+
+static const char *const fields[] = {"prompt", "system", "cot",    "bot_task",   "mode",        "image_size",
+                                     "cond_images", "seed", "tokens", "stop_tokens", NULL};
+
+#define MAX_IMAGE_SIDE 65536
+
+static int bad(hi3_error *err, const struct hi3_requests *rq, int line, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int bad(hi3_error *err, const struct hi3_requests *rq, int line, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: %s", rq->name, line, msg);
+}
+
+static int lookup(const char *const *names, const char *s)
+{
+	for (int i = 0; names[i]; i++)
+		if (!strcmp(names[i], s))
+			return i;
+	return -1;
+}
+
+static int get_string(const struct hi3_requests *rq, struct hi3i_request *r, const char *key, const char **out,
+                      size_t *len, hi3_error *err)
+{
+	json_t *v = json_object_get(r->obj, key);
+
+	*out = NULL;
+	if (!v)
+		return 0;
+	if (!json_is_string(v))
+		return bad(err, rq, r->line, "field '%s': expected a string", key);
+	*out = json_string_value(v);
+	if (len)
+		*len = json_string_length(v);
+	return 0;
+}
+
+/* A JSON array of integers in [lo, hi] into a fresh array. */
+static int get_int_array(const struct hi3_requests *rq, struct hi3i_request *r, const char *key, int64_t lo,
+                         int64_t hi, int64_t **out, size_t *n, hi3_error *err)
+{
+	json_t *v = json_object_get(r->obj, key), *e;
+	size_t i;
+
+	*out = NULL;
+	*n = 0;
+	if (!v)
+		return 0;
+	if (!json_is_array(v))
+		return bad(err, rq, r->line, "field '%s': expected an array of integers", key);
+	if (json_array_size(v) == 0)
+		return bad(err, rq, r->line, "field '%s': the array is empty", key);
+	if (!(*out = hi3i_malloc(json_array_size(v) * sizeof(int64_t), err)))
+		return -1;
+	json_array_foreach(v, i, e) {
+		if (!json_is_integer(e))
+			return bad(err, rq, r->line, "field '%s': element %zu is not an integer", key, i);
+		if (json_integer_value(e) < lo || json_integer_value(e) > hi)
+			return bad(err, rq, r->line, "field '%s': element %zu is %lld, expected [%lld, %lld]", key, i,
+			           (long long)json_integer_value(e), (long long)lo, (long long)hi);
+		(*out)[i] = json_integer_value(e);
+	}
+	*n = json_array_size(v);
+	return 0;
+}
+
+/* Strict decimal integer of a whole string in [1, MAX_IMAGE_SIDE]. */
+static int side(const char *s, size_t len, int64_t *out)
+{
+	char buf[16];
+
+	if (len == 0 || len >= sizeof(buf))
+		return -1;
+	for (size_t i = 0; i < len; i++)
+		if (s[i] < '0' || s[i] > '9')
+			return -1;
+	memcpy(buf, s, len);
+	buf[len] = 0;
+	return hi3i_parse_i64(buf, 1, MAX_IMAGE_SIDE, out);
+}
+
+static int parse_image_size(const struct hi3_requests *rq, struct hi3i_request *r, hi3_error *err)
+{
+	json_t *v = json_object_get(r->obj, "image_size");
+	const char *s, *sep;
+	int64_t idx;
+
+	if (!v)
+		return 0;
+	if (json_is_array(v)) {
+		if (json_array_size(v) != 2 || !json_is_integer(json_array_get(v, 0)) ||
+		    !json_is_integer(json_array_get(v, 1)))
+			return bad(err, rq, r->line, "field 'image_size': expected [H, W], \"HxW\", \"H:W\", "
+			           "\"<img_ratio_I>\" or \"auto\"");
+		r->size_h = json_integer_value(json_array_get(v, 0));
+		r->size_w = json_integer_value(json_array_get(v, 1));
+		if (r->size_h < 1 || r->size_h > MAX_IMAGE_SIDE || r->size_w < 1 || r->size_w > MAX_IMAGE_SIDE)
+			return bad(err, rq, r->line, "field 'image_size': [%lld, %lld]: sides must be in [1, %d]",
+			           (long long)r->size_h, (long long)r->size_w, MAX_IMAGE_SIDE);
+		r->size_kind = 1;
+		return 0;
+	}
+	if (!json_is_string(v))
+		return bad(err, rq, r->line, "field 'image_size': expected [H, W] or a string");
+	s = json_string_value(v);
+	if (!strcmp(s, "auto"))
+		return 0;
+	if (!strncmp(s, "<img_ratio_", 11) && s[strlen(s) - 1] == '>') {
+		char num[16];
+		size_t n = strlen(s) - 12;
+		if (n == 0 || n >= sizeof(num) || strspn(s + 11, "0123456789") != n)
+			return bad(err, rq, r->line, "field 'image_size': bad ratio token '%s'", s);
+		memcpy(num, s + 11, n);
+		num[n] = 0;
+		if (hi3i_parse_i64(num, 0, 1000, &idx) != 0)
+			return bad(err, rq, r->line, "field 'image_size': bad ratio token '%s'", s);
+		r->size_kind = 2;
+		r->ratio_index = (int)idx;
+		return 0;
+	}
+	sep = strpbrk(s, "x:");
+	if (!sep || side(s, (size_t)(sep - s), &r->size_h) != 0 || side(sep + 1, strlen(sep + 1), &r->size_w) != 0)
+		return bad(err, rq, r->line, "field 'image_size': expected \"HxW\", \"H:W\", \"<img_ratio_I>\", "
+		           "\"auto\" or [H, W] with sides in [1, %d], found '%s'", MAX_IMAGE_SIDE, s);
+	r->size_kind = 1;
+	return 0;
+}
+
+static int parse_cond_images(const struct hi3_requests *rq, struct hi3i_request *r, hi3_error *err)
+{
+	json_t *v = json_object_get(r->obj, "cond_images"), *e;
+	size_t i;
+
+	if (!v)
+		return 0;
+	if (!json_is_array(v))
+		return bad(err, rq, r->line, "field 'cond_images': expected an array of [H, W]");
+	if (json_array_size(v) == 0)
+		return 0;
+	r->cond = hi3i_calloc(json_array_size(v), sizeof(*r->cond), err);
+	if (!r->cond)
+		return -1;
+	json_array_foreach(v, i, e) {
+		json_t *h = json_array_get(e, 0), *w = json_array_get(e, 1);
+		if (!json_is_array(e) || json_array_size(e) != 2 || !json_is_integer(h) || !json_is_integer(w) ||
+		    json_integer_value(h) < 1 || json_integer_value(h) > MAX_IMAGE_SIDE || json_integer_value(w) < 1 ||
+		    json_integer_value(w) > MAX_IMAGE_SIDE)
+			return bad(err, rq, r->line, "field 'cond_images': element %zu: expected [H, W] with sides "
+			           "in [1, %d]", i, MAX_IMAGE_SIDE);
+		r->cond[i][0] = json_integer_value(h);
+		r->cond[i][1] = json_integer_value(w);
+	}
+	r->n_cond = (int)json_array_size(v);
+	return 0;
+}
+
+static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, hi3_error *err)
+{
+	const char *key, *s;
+	json_t *v;
+	size_t n;
+
+	json_object_foreach(r->obj, key, v) {
+		if (lookup(fields, key) < 0)
+			return bad(err, rq, r->line, "unknown field '%s' (expected prompt, system, cot, bot_task, mode, "
+			           "image_size, cond_images, seed, tokens or stop_tokens)", key);
+	}
+	if (get_string(rq, r, "prompt", &r->prompt, &r->prompt_len, err) ||
+	    get_string(rq, r, "system", &r->system, &r->system_len, err) ||
+	    get_string(rq, r, "cot", &r->cot, &r->cot_len, err))
+		return -1;
+	if (get_string(rq, r, "bot_task", &s, NULL, err))
+		return -1;
+	if (s && (r->bot_task = lookup(hi3i_bot_task_names, s)) < 0)
+		return bad(err, rq, r->line, "field 'bot_task': unknown value '%s' (expected auto, image, think, "
+		           "recaption or img_ratio)", s);
+	if (get_string(rq, r, "mode", &s, NULL, err))
+		return -1;
+	if (s && (r->mode = lookup(hi3i_mode_names, s)) < 0)
+		return bad(err, rq, r->line, "field 'mode': unknown value '%s' (expected gen_text or gen_image)", s);
+	if (parse_image_size(rq, r, err) || parse_cond_images(rq, r, err))
+		return -1;
+	if ((v = json_object_get(r->obj, "seed"))) {
+		if (!json_is_integer(v))
+			return bad(err, rq, r->line, "field 'seed': expected an integer");
+		r->has_seed = 1;
+		r->seed = json_integer_value(v);
+	}
+	if (get_int_array(rq, r, "tokens", 0, INT64_MAX, &r->tokens, &r->n_tokens, err) ||
+	    get_int_array(rq, r, "stop_tokens", 0, INT64_MAX, &r->stops, &n, err))
+		return -1;
+	r->n_stops = (int)n;
+	if (r->tokens) {
+		if (r->prompt || r->system || r->cot || r->n_cond || r->mode != HI3I_GEN_TEXT)
+			return bad(err, rq, r->line, "field 'tokens' is a complete row: it excludes prompt, system, "
+			           "cot, cond_images and mode gen_image");
+	} else if (!r->prompt) {
+		return bad(err, rq, r->line, "no 'prompt' (or 'tokens')");
+	}
+	if (r->mode == HI3I_GEN_IMAGE && r->size_kind == 0)
+		return bad(err, rq, r->line, "mode gen_image needs image_size (\"HxW\", \"H:W\", [H, W] or "
+		           "\"<img_ratio_I>\")");
+	return 0;
+}
+
+static int blank(const char *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != ' ' && p[i] != '\t')
+			return 0;
+	return 1;
+}
+
+void hi3_requests_free(hi3_requests *rq)
+{
+	if (!rq)
+		return;
+	for (int i = 0; i < rq->n; i++) {
+		json_decref(rq->r[i].obj);
+		free(rq->r[i].cond);
+		free(rq->r[i].tokens);
+		free(rq->r[i].stops);
+	}
+	free(rq->r);
+	free(rq->name);
+	free(rq);
+}
+
+int hi3_requests_parse(hi3_requests **out, const char *text, size_t len, const char *name, hi3_error *err)
+{
+	hi3_requests *rq = calloc(1, sizeof(*rq));
+	size_t pos = 0, cap = 0;
+	int line = 0;
+
+	*out = NULL;
+	if (!rq || !(rq->name = hi3i_strdup(name))) {
+		free(rq);
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	}
+	while (pos < len) {
+		const char *p = text + pos, *nl = memchr(p, '\n', len - pos);
+		size_t n = nl ? (size_t)(nl - p) : len - pos;
+		struct hi3i_request *r;
+		json_error_t je;
+
+		pos += n + (nl ? 1 : 0);
+		line++;
+		if (n && p[n - 1] == '\r')
+			n--;
+		if (blank(p, n))
+			continue;
+		if (rq->n == (int)cap) {
+			size_t nc = cap ? 2 * cap : 16;
+			struct hi3i_request *nr = realloc(rq->r, nc * sizeof(*nr));
+			if (!nr) {
+				hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+				goto fail;
+			}
+			rq->r = nr;
+			cap = nc;
+		}
+		r = &rq->r[rq->n];
+		memset(r, 0, sizeof(*r));
+		r->line = line;
+		r->obj = json_loadb(p, n, JSON_REJECT_DUPLICATES, &je);
+		if (!r->obj) {
+			bad(err, rq, line, "not valid JSON: %s (column %d)", je.text, je.column);
+			goto fail;
+		}
+		rq->n++;
+		if (!json_is_object(r->obj)) {
+			bad(err, rq, line, "expected a JSON object");
+			goto fail;
+		}
+		if (parse_request(rq, r, err) != 0)
+			goto fail;
+	}
+	if (rq->n == 0) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: no requests (the input is empty)", name);
+		goto fail;
+	}
+	*out = rq;
+	return 0;
+fail:
+	hi3_requests_free(rq);
+	return -1;
+}
+
+int hi3_requests_read(hi3_requests **out, const char *path, hi3_error *err)
+{
+	char *text;
+	size_t len;
+	int rc;
+
+	*out = NULL;
+	if (hi3i_read_file(path, &text, &len, err) != 0)
+		return -1;
+	rc = hi3_requests_parse(out, text, len, strcmp(path, "-") ? path : "<stdin>", err);
+	free(text);
+	return rc;
+}
+
+int hi3_requests_count(const hi3_requests *rq) { return rq->n; }
+
+int hi3_requests_need_tokenizer(const hi3_requests *rq)
+{
+	for (int i = 0; i < rq->n; i++)
+		if (!rq->r[i].tokens)
+			return 1;
+	return 0;
+}

@@ -1,0 +1,850 @@
+/*
+ * template.c -- the HunyuanImage-3.0 sequence template (SPEC 4): a request
+ * becomes a list of sections (text, generated image, joint cond image) the
+ * way upstream's chat template builds them, then one row of token ids with
+ * its full-attention blocks, 2-D RoPE positions, image masks, <timestep>
+ * positions and stop tokens.
+ *
+ * Row layout (instruct; pretrain has no role texts and no <answer> pair):
+ *   <bos> [system "\n\n"] "User: " [joint image...] prompt "\n\n"
+ *   ["Assistant: " cot... ["<answer>" gen image "</answer>"] "\n\n"]
+ *   [assistant prefix by bot_task, gen_text only]
+ * gen image:   <boi> <img_size_B> <img_ratio_R> <timestep> <img>*(h*w) <eoi>
+ * joint image: <boi> <img_size_B> <img_ratio_R> <timestep> <img>*(vae h*w)
+ *              <joint_img_sep> <img>*(vit max patches) <eoi>
+ * Every text section is encoded alone (special tokens recognised); in the
+ * classifier-free-guidance (uncond) row the user and cot texts become as
+ * many <cfg> tokens.
+ */
+#include <math.h>
+#include <string.h>
+#include "cond/cond-internal.h"
+
+#define MAX_RESO 128
+
+struct hi3_template {
+	char name[16];               /* pretrain or instruct */
+	int drop_think;
+	hi3_tok *tok;                /* NULL when not loaded */
+	char *tok_path;
+	int64_t vocab;               /* 0 when unknown */
+	int64_t pad_id, bos_id, eos_id;  /* -1 when unknown */
+	/* image settings of config.json */
+	int base_size;               /* image_base_size */
+	int down_h, down_w;          /* vae_downsample_factor */
+	int patch;                   /* patch_size */
+	int vit_patch, vit_max;      /* vit_processor patch_size, max_num_patches */
+	int n_reso;
+	int reso[MAX_RESO][2];       /* buckets (H, W), sorted by H/W */
+	char fingerprint[17];
+};
+
+/* -------------------------------------------------------------- images */
+
+/* The resolution buckets of base size B: from (B, B), heights up to 2B
+ * while widths go down to B/2 in steps of B/16, and the mirror, sorted by
+ * H/W (stable). Returns the count, or -1. */
+int hi3i_buckets(int B, int (*r)[2], int max)
+{
+	int step = B / 16, n = 0;
+
+	if (step < 1 || max < 1)
+		return -1;
+	r[n][0] = B;
+	r[n][1] = B;
+	n++;
+	for (int dir = 0; dir < 2; dir++) {
+		int h = B, w = B;
+		for (;;) {
+			if (dir == 0 ? h >= 2 * B && w <= B / 2 : h <= B / 2 && w >= 2 * B)
+				break;
+			if (n == max)
+				return -1;
+			h = dir == 0 ? HI3_MIN(h + step, 2 * B) : HI3_MAX(h - step, B / 2);
+			w = dir == 0 ? HI3_MAX(w - step, B / 2) : HI3_MIN(w + step, 2 * B);
+			r[n][0] = h;
+			r[n][1] = w;
+			n++;
+		}
+	}
+	for (int i = 1; i < n; i++)                 /* insertion sort: stable */
+		for (int j = i; j > 0 && (double)r[j][0] / r[j][1] < (double)r[j - 1][0] / r[j - 1][1]; j--) {
+			int th = r[j][0], tw = r[j][1];
+			r[j][0] = r[j - 1][0];
+			r[j][1] = r[j - 1][1];
+			r[j - 1][0] = th;
+			r[j - 1][1] = tw;
+		}
+	return n;
+}
+
+int hi3i_bucket_of(const int (*r)[2], int n, int64_t h, int64_t w)
+{
+	double ratio = (double)h / (double)w, best = INFINITY;
+	int idx = 0;
+
+	for (int i = 0; i < n; i++) {
+		double d = fabs((double)r[i][0] / r[i][1] - ratio);
+		if (d < best) {
+			best = d;
+			idx = i;
+		}
+	}
+	return idx;
+}
+
+static int bucket_of(const hi3_template *t, int64_t h, int64_t w)
+{
+	return hi3i_bucket_of((const int (*)[2])t->reso, t->n_reso, h, w);
+}
+
+void hi3i_vit_grid(int64_t h, int64_t w, int p, int max, int *gh, int *gw)
+{
+	double eps = 1e-5, lo = eps / 10, hi = 100.0;
+	int64_t th, tw;
+
+#define SIDE(s, n) HI3_MAX((int64_t)p, (int64_t)(ceil((double)(n) * (s) / p) * p))
+	while (hi - lo >= eps) {
+		double mid = (lo + hi) / 2;
+		th = SIDE(mid, h);
+		tw = SIDE(mid, w);
+		if ((double)(th / p) * (double)(tw / p) <= max)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	th = SIDE(lo, h);
+	tw = SIDE(lo, w);
+#undef SIDE
+	*gh = (int)(th / p);
+	*gw = (int)(tw / p);
+}
+
+/* ------------------------------------------------------------ loading */
+
+static json_t *load_json(const char *dir, const char *file, int required, hi3_error *err)
+{
+	char *path = hi3i_asprintf("%s/%s", dir, file);
+	json_error_t je;
+	json_t *js;
+	FILE *f;
+
+	if (!path) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		return NULL;
+	}
+	if (!required && !(f = fopen(path, "r"))) {
+		free(path);
+		return json_object();
+	} else if (!required) {
+		fclose(f);
+	}
+	js = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+	if (!js)
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: %s (line %d)", path, je.text, je.line);
+	else if (!json_is_object(js)) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: expected a JSON object", path);
+		json_decref(js);
+		js = NULL;
+	}
+	free(path);
+	return js;
+}
+
+/* An integer field (absent: def); a list takes entry `at`. */
+static int int_field(json_t *obj, const char *key, int at, int64_t def, int64_t lo, int64_t hi, const char *file,
+                     int64_t *out, hi3_error *err)
+{
+	json_t *v = json_object_get(obj, key);
+
+	if (json_is_array(v))
+		v = json_array_get(v, json_array_size(v) == 1 ? 0 : (size_t)at);
+	if (!v || json_is_null(v)) {
+		*out = def;
+		return 0;
+	}
+	if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: '%s': expected an integer in [%lld, %lld]", file, key,
+		                     (long long)lo, (long long)hi);
+	*out = json_integer_value(v);
+	return 0;
+}
+
+/* A token name of tokenizer_config.json: a string or {"content": ...}. */
+static const char *token_name(json_t *tcfg, const char *key)
+{
+	json_t *v = json_object_get(tcfg, key);
+
+	if (json_is_object(v))
+		v = json_object_get(v, "content");
+	return json_string_value(v);
+}
+
+static int read_config(hi3_template *t, const char *dir, hi3_error *err)
+{
+	json_t *cfg = load_json(dir, "config.json", 1, err), *vit;
+	char file[64] = "config.json";
+	int64_t v[8];
+	int rc = -1;
+
+	if (!cfg)
+		return -1;
+	vit = json_object_get(cfg, "vit_processor");
+	if (!json_is_object(vit))
+		vit = NULL;
+	if (int_field(cfg, "vocab_size", 0, 0, 1, INT64_MAX, file, &v[0], err) ||
+	    int_field(cfg, "pad_token_id", 0, -1, -1, INT64_MAX, file, &t->pad_id, err) ||
+	    int_field(cfg, "bos_token_id", 0, -1, -1, INT64_MAX, file, &t->bos_id, err) ||
+	    int_field(cfg, "eos_token_id", 0, -1, -1, INT64_MAX, file, &t->eos_id, err) ||
+	    int_field(cfg, "image_base_size", 0, 1024, 16, 1 << 16, file, &v[1], err) ||
+	    int_field(cfg, "vae_downsample_factor", 0, 16, 1, 1 << 16, file, &v[2], err) ||
+	    int_field(cfg, "vae_downsample_factor", 1, 16, 1, 1 << 16, file, &v[3], err) ||
+	    int_field(cfg, "patch_size", 0, 1, 1, 1 << 16, file, &v[4], err) ||
+	    int_field(vit, "patch_size", 0, 16, 1, 1 << 16, "config.json vit_processor", &v[5], err) ||
+	    int_field(vit, "max_num_patches", 0, 1024, 1, 1 << 24, "config.json vit_processor", &v[6], err))
+		goto out;
+	t->vocab = v[0];
+	t->base_size = (int)v[1];
+	t->down_h = (int)v[2];
+	t->down_w = (int)v[3];
+	t->patch = (int)v[4];
+	t->vit_patch = (int)v[5];
+	t->vit_max = (int)v[6];
+	rc = 0;
+out:
+	if (rc)
+		hi3_error_prefix(err, "%s", dir);
+	json_decref(cfg);
+	return rc;
+}
+
+/* bos/eos/pad by the names of tokenizer_config.json, when it names them. */
+static int special_ids(hi3_template *t, json_t *tcfg, const char *dir, hi3_error *err)
+{
+	static const char *const keys[] = {"bos_token", "eos_token", "pad_token"};
+	int64_t *ids[] = {&t->bos_id, &t->eos_id, &t->pad_id};
+
+	for (int i = 0; i < 3; i++) {
+		const char *name = token_name(tcfg, keys[i]);
+		if (!name)
+			continue;
+		if ((*ids[i] = hi3_tok_id(t->tok, name)) < 0)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s/tokenizer_config.json: %s '%s' is not a token of %s",
+			                     dir, keys[i], name, t->tok_path);
+	}
+	return 0;
+}
+
+static int fingerprint(hi3_template *t, const char *dir, hi3_error *err)
+{
+	hi3_config cfg = {0};
+	hi3_ckpt *ck = NULL;
+	char *path = hi3i_asprintf("%s/config.json", dir);
+	int rc = -1;
+
+	if (!path)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	if (hi3_config_load(&cfg, path, err) == 0 && hi3_ckpt_open(&ck, dir, err) == 0) {
+		rc = hi3_fingerprint(&cfg, ck, t->fingerprint);
+		if (rc)
+			hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot fingerprint the model", dir);
+	}
+	hi3_ckpt_close(ck);
+	hi3_config_release(&cfg);
+	free(path);
+	return rc;
+}
+
+void hi3_template_free(hi3_template *t)
+{
+	if (!t)
+		return;
+	hi3_tok_free(t->tok);
+	free(t->tok_path);
+	free(t);
+}
+
+int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error *err)
+{
+	hi3_template *t = hi3i_calloc(1, sizeof(*t), err);
+	json_t *tcfg = NULL, *gcfg = NULL;
+	const char *name = o->name;
+	int rc;
+
+	*out = NULL;
+	if (!t)
+		return -1;
+	t->pad_id = t->bos_id = t->eos_id = -1;
+	t->base_size = 1024;
+	t->down_h = t->down_w = 16;
+	t->patch = 1;
+	t->vit_patch = 16;
+	t->vit_max = 1024;
+	t->drop_think = o->drop_think;
+	if (o->model_dir) {
+		if (read_config(t, o->model_dir, err) != 0 ||
+		    !(tcfg = load_json(o->model_dir, "tokenizer_config.json", 0, err)) ||
+		    !(gcfg = load_json(o->model_dir, "generation_config.json", 0, err)))
+			goto fail;
+		if (!name)
+			name = json_string_value(json_object_get(gcfg, "sequence_template"));
+		if (o->fingerprint && fingerprint(t, o->model_dir, err) != 0)
+			goto fail;
+	}
+	if (!name)
+		name = "pretrain";
+	if (strcmp(name, "pretrain") && strcmp(name, "instruct")) {
+		hi3_error_set(err, o->name ? HI3_ERR_USAGE : HI3_ERR_INPUT, "%s%s: unknown sequence template '%s' "
+		              "(expected pretrain or instruct)", o->name ? "--template" : o->model_dir,
+		              o->name ? "" : "/generation_config.json", name);
+		goto fail;
+	}
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	if ((t->n_reso = hi3i_buckets(t->base_size, t->reso, MAX_RESO)) < 1) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s/config.json: image_base_size %d gives no resolution buckets",
+		              o->model_dir, t->base_size);
+		goto fail;
+	}
+	if (o->load_tokenizer) {
+		if (!o->tokenizer && !o->model_dir) {
+			hi3_error_set(err, HI3_ERR_USAGE, "prompts need a tokenizer: give -m MODEL or --tokenizer FILE");
+			goto fail;
+		}
+		t->tok_path = o->tokenizer ? hi3i_strdup(o->tokenizer) : hi3i_asprintf("%s/tokenizer.json", o->model_dir);
+		if (!t->tok_path) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+			goto fail;
+		}
+		if (hi3_tok_load(&t->tok, t->tok_path, err) != 0)
+			goto fail;
+		if (!o->model_dir) {
+			/* no model: the tokenizer_config.json beside the tokenizer, if any */
+			char *dir = hi3i_strdup(t->tok_path), *slash = dir ? strrchr(dir, '/') : NULL;
+			if (!dir) {
+				hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+				goto fail;
+			}
+			if (slash)
+				*slash = 0;
+			tcfg = load_json(slash ? dir : ".", "tokenizer_config.json", 0, err);
+			rc = tcfg ? special_ids(t, tcfg, slash ? dir : ".", err) : -1;
+			free(dir);
+		} else {
+			rc = special_ids(t, tcfg, o->model_dir, err);
+		}
+		if (rc != 0)
+			goto fail;
+		if (!t->vocab)
+			t->vocab = hi3_tok_vocab_size(t->tok);
+	}
+	if (o->pad_id >= 0)
+		t->pad_id = o->pad_id;
+	if (t->vocab && t->pad_id >= t->vocab) {
+		hi3_error_set(err, HI3_ERR_INPUT, "pad id %lld is outside the vocabulary of %lld tokens",
+		              (long long)t->pad_id, (long long)t->vocab);
+		goto fail;
+	}
+	json_decref(tcfg);
+	json_decref(gcfg);
+	*out = t;
+	return 0;
+fail:
+	json_decref(tcfg);
+	json_decref(gcfg);
+	hi3_template_free(t);
+	return -1;
+}
+
+int64_t hi3_template_pad_id(const hi3_template *t) { return t->pad_id; }
+const char *hi3_template_name(const hi3_template *t) { return t->name; }
+const hi3_tok *hi3_template_tok(const hi3_template *t) { return t->tok; }
+const char *hi3_template_fingerprint(const hi3_template *t) { return t->fingerprint; }
+int64_t hi3i_template_vocab(const hi3_template *t) { return t->vocab; }
+
+/* ------------------------------------------------------------- sections */
+
+enum { SEC_TEXT, SEC_GEN, SEC_JOINT };
+
+struct section {
+	int type;
+	const char *text;            /* SEC_TEXT */
+	size_t len;
+	int uncond;                  /* becomes <cfg> tokens in the uncond row */
+	int ratio;                   /* image sections: the bucket index */
+	int h, w;                    /* SEC_GEN grid; SEC_JOINT: the VAE grid */
+	int vit_h, vit_w;            /* SEC_JOINT: the ViT grid */
+};
+
+struct seclist {
+	struct section *s;
+	int n, cap;
+	char *owned[4];              /* texts built here */
+	int n_owned;
+};
+
+static int add(struct seclist *l, struct section s, hi3_error *err)
+{
+	if (l->n == l->cap) {
+		int cap = l->cap ? 2 * l->cap : 32;
+		struct section *ns = realloc(l->s, (size_t)cap * sizeof(*ns));
+		if (!ns)
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		l->s = ns;
+		l->cap = cap;
+	}
+	l->s[l->n++] = s;
+	return 0;
+}
+
+static int add_text(struct seclist *l, const char *text, size_t len, int uncond, hi3_error *err)
+{
+	struct section s = {.type = SEC_TEXT, .text = text, .len = len, .uncond = uncond};
+
+	return add(l, s, err);
+}
+
+/* Python's s.split(sep)[k]: the text between the k-th and (k+1)-th sep. */
+static void split_piece(const char *s, size_t n, const char *sep, int k, const char **p, size_t *len)
+{
+	size_t m = strlen(sep);
+	const char *end = s + n, *q;
+
+	for (; k > 0; k--) {
+		q = memmem(s, (size_t)(end - s), sep, m);
+		s = q ? q + m : end;
+	}
+	q = memmem(s, (size_t)(end - s), sep, m);
+	*p = s;
+	*len = (size_t)((q ? q : end) - s);
+}
+
+static int contains(const char *s, size_t n, const char *sub)
+{
+	return memmem(s, n, sub, strlen(sub)) != NULL;
+}
+
+/* Chain-of-thought text: <think>...</think> and <recaption>...</recaption>
+ * pairs become their own sections (the think one dropped with drop_think);
+ * the rest is plain text. */
+static int cot_sections(struct seclist *l, const char *s, size_t n, int drop_think, hi3_error *err)
+{
+	static const char *const tags[2][2] = {{"<think>", "</think>"}, {"<recaption>", "</recaption>"}};
+
+	if (n == 0)
+		return 0;
+	for (int k = 0; k < 2; k++) {
+		const char *open = tags[k][0], *close = tags[k][1], *p;
+		size_t len, inner_len;
+		const char *inner;
+
+		if (!contains(s, n, open) || !contains(s, n, close))
+			continue;
+		split_piece(s, n, open, 0, &p, &len);                 /* before */
+		if (cot_sections(l, p, len, drop_think, err) != 0)
+			return -1;
+		if (!(k == 0 && drop_think)) {
+			split_piece(s, n, open, 1, &p, &len);
+			split_piece(p, len, close, 0, &inner, &inner_len);
+			if (add_text(l, open, strlen(open), 0, err) || add_text(l, inner, inner_len, 1, err) ||
+			    add_text(l, close, strlen(close), 0, err))
+				return -1;
+		}
+		split_piece(s, n, close, 1, &p, &len);                /* after */
+		return cot_sections(l, p, len, drop_think, err);
+	}
+	return add_text(l, s, n, 1, err);
+}
+
+static int cot_has_pair(const char *s, size_t n)
+{
+	return (contains(s, n, "<recaption>") && contains(s, n, "</recaption>")) ||
+	       (contains(s, n, "<think>") && contains(s, n, "</think>"));
+}
+
+/* The sections of request r (SPEC 4; upstream apply_chat_template with one
+ * system, user and assistant turn). */
+static int build_sections(const hi3_template *t, const struct hi3i_request *r, struct seclist *l, hi3_error *err)
+{
+	int instruct = !strcmp(t->name, "instruct"), final_assistant = 0;
+	const char *sys_suffix = instruct ? "\n\n" : "", *user_prefix = instruct ? "User: " : "";
+	const char *bot_prefix = instruct ? "Assistant: " : "", *sep = sys_suffix;
+	const char *ans_open = instruct ? "<answer>" : "", *ans_close = instruct ? "</answer>" : "";
+
+	if (r->system && r->system_len) {
+		if (add_text(l, r->system, r->system_len, 0, err) || add_text(l, sys_suffix, strlen(sys_suffix), 0, err))
+			return -1;
+	}
+	if (add_text(l, user_prefix, strlen(user_prefix), 0, err))
+		return -1;
+	for (int i = 0; i < r->n_cond; i++) {
+		struct section s = {.type = SEC_JOINT};
+		int b = bucket_of(t, r->cond[i][0], r->cond[i][1]);
+		int bh = t->reso[b][0], bw = t->reso[b][1];
+		s.h = bh / (t->down_h * t->patch);
+		s.w = bw / (t->down_w * t->patch);
+		s.ratio = bucket_of(t, bh, bw);
+		hi3i_vit_grid(r->cond[i][0], r->cond[i][1], t->vit_patch, t->vit_max, &s.vit_h, &s.vit_w);
+		if (add(l, s, err))
+			return -1;
+	}
+	if (add_text(l, r->prompt, r->prompt_len, 1, err) || add_text(l, sep, strlen(sep), 0, err))
+		return -1;
+	if (r->cot || r->mode == HI3I_GEN_IMAGE) {
+		final_assistant = 1;
+		if (add_text(l, bot_prefix, strlen(bot_prefix), 0, err))
+			return -1;
+		if (r->cot && (cot_has_pair(r->cot, r->cot_len) ? cot_sections(l, r->cot, r->cot_len, t->drop_think, err)
+		                                                : add_text(l, r->cot, r->cot_len, 1, err)))
+			return -1;
+		if (r->mode == HI3I_GEN_IMAGE) {
+			struct section s = {.type = SEC_GEN};
+			int64_t h = r->size_h, w = r->size_w;
+			int b;
+			if (r->size_kind == 2) {
+				h = t->reso[r->ratio_index][0];
+				w = t->reso[r->ratio_index][1];
+			}
+			b = bucket_of(t, h, w);
+			s.h = t->reso[b][0] / (t->down_h * t->patch);
+			s.w = t->reso[b][1] / (t->down_w * t->patch);
+			s.ratio = b;
+			if (add_text(l, ans_open, strlen(ans_open), 0, err) || add(l, s, err) ||
+			    add_text(l, ans_close, strlen(ans_close), 0, err))
+				return -1;
+		}
+		if (add_text(l, sep, strlen(sep), 0, err))
+			return -1;
+	}
+	if (r->mode == HI3I_GEN_TEXT) {
+		/* the assistant prefix by bot_task */
+		const char *bp = bot_prefix;
+		char *text;
+		if (final_assistant) {
+			bp = "";
+			if (l->n && l->s[l->n - 1].type == SEC_TEXT && l->s[l->n - 1].len == strlen(sep) &&
+			    !memcmp(l->s[l->n - 1].text, sep, strlen(sep)))
+				l->n--;
+		}
+		switch (r->bot_task) {
+		case HI3I_BOT_IMAGE: text = hi3i_strdup(""); break;
+		case HI3I_BOT_THINK: text = hi3i_asprintf("%s<think>", bp); break;
+		case HI3I_BOT_RECAPTION: text = hi3i_asprintf("%s<recaption>", bp); break;
+		case HI3I_BOT_IMG_RATIO: text = hi3i_asprintf("%s%s<boi><img_size_%d>", bp, ans_open, t->base_size); break;
+		default: text = hi3i_strdup(bp); break;
+		}
+		if (!text)
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		l->owned[l->n_owned++] = text;
+		if (add_text(l, text, strlen(text), 0, err))
+			return -1;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------- encoding */
+
+/* A growing row. */
+struct rowbuf {
+	hi3_cond_row *row;
+	size_t cap;
+	int runs;                    /* image runs for RoPE */
+	int64_t (*run)[3];           /* (runs, 3) start, h, w */
+};
+
+static int grow(struct rowbuf *rb, size_t extra, hi3_error *err)
+{
+	hi3_cond_row *r = rb->row;
+	size_t need = (size_t)r->n + extra, cap = rb->cap;
+	int64_t *ids;
+	uint8_t *m[3];
+
+	if (need <= cap)
+		return 0;
+	while (cap < need)
+		cap = cap ? 2 * cap : 256;
+	if (!(ids = realloc(r->ids, cap * sizeof(int64_t))))
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	r->ids = ids;
+	m[0] = r->gen_image_mask;
+	m[1] = r->cond_vit_mask;
+	m[2] = r->cond_vae_mask;
+	for (int i = 0; i < 3; i++) {
+		uint8_t *nm;
+		if (!m[i])
+			continue;
+		if (!(nm = realloc(m[i], cap)))
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		memset(nm + rb->cap, 0, cap - rb->cap);
+		m[i] = nm;
+	}
+	r->gen_image_mask = m[0];
+	r->cond_vit_mask = m[1];
+	r->cond_vae_mask = m[2];
+	rb->cap = cap;
+	return 0;
+}
+
+static int push(struct rowbuf *rb, int64_t id, int64_t count, hi3_error *err)
+{
+	if (grow(rb, (size_t)count, err) != 0)
+		return -1;
+	for (int64_t i = 0; i < count; i++)
+		rb->row->ids[rb->row->n++] = id;
+	return 0;
+}
+
+/* Mark [start, start + n) in *mask (allocated on first use). */
+static int mark(struct rowbuf *rb, uint8_t **mask, int64_t start, int64_t n, hi3_error *err)
+{
+	if (!*mask && !(*mask = hi3i_calloc(rb->cap ? rb->cap : 1, 1, err)))
+		return -1;
+	memset(*mask + start, 1, (size_t)n);
+	return 0;
+}
+
+static int add_run(struct rowbuf *rb, int64_t start, int h, int w, hi3_error *err)
+{
+	int64_t (*nr)[3] = realloc(rb->run, (size_t)(rb->runs + 1) * sizeof(*nr));
+
+	if (!nr)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	rb->run = nr;
+	rb->run[rb->runs][0] = start;
+	rb->run[rb->runs][1] = h;
+	rb->run[rb->runs][2] = w;
+	rb->runs++;
+	return 0;
+}
+
+static int add_block(hi3_cond_row *r, int64_t start, int64_t stop, hi3_error *err)
+{
+	int32_t *nb = realloc(r->blocks, (size_t)(r->n_blocks + 1) * 2 * sizeof(int32_t));
+
+	if (!nb)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	r->blocks = nb;
+	r->blocks[2 * r->n_blocks] = (int32_t)start;
+	r->blocks[2 * r->n_blocks + 1] = (int32_t)stop;
+	r->n_blocks++;
+	return 0;
+}
+
+static int add_list(int64_t **v, int *n, int64_t x, hi3_error *err)
+{
+	int64_t *nv = realloc(*v, (size_t)(*n + 1) * sizeof(int64_t));
+
+	if (!nv)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	*v = nv;
+	nv[(*n)++] = x;
+	return 0;
+}
+
+/* The id of a special token by name; the error names the request line. */
+static int special(const hi3_template *t, const hi3_requests *rq, int i, const char *name, int64_t *id,
+                   hi3_error *err)
+{
+	if ((*id = hi3_tok_id(t->tok, name)) < 0)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: the tokenizer %s has no token '%s'", rq->name,
+		                     rq->r[i].line, t->tok_path, name);
+	return 0;
+}
+
+/* <boi> <img_size_B> <img_ratio_R> <timestep>, the start of every image. */
+static int image_head(const hi3_template *t, const hi3_requests *rq, int i, struct rowbuf *rb, int ratio,
+                      hi3_error *err)
+{
+	char size_name[32], ratio_name[32];
+	int64_t boi, size, rt, ts;
+
+	snprintf(size_name, sizeof(size_name), "<img_size_%d>", t->base_size);
+	snprintf(ratio_name, sizeof(ratio_name), "<img_ratio_%d>", ratio);
+	if (special(t, rq, i, "<boi>", &boi, err) || special(t, rq, i, size_name, &size, err) ||
+	    special(t, rq, i, ratio_name, &rt, err) || special(t, rq, i, "<timestep>", &ts, err))
+		return -1;
+	if (push(rb, boi, 1, err) || push(rb, size, 1, err) || push(rb, rt, 1, err) ||
+	    add_list(&rb->row->timestep_index, &rb->row->n_ts, rb->row->n, err) || push(rb, ts, 1, err))
+		return -1;
+	return 0;
+}
+
+static int encode_text(const hi3_template *t, const hi3_requests *rq, int i, struct rowbuf *rb,
+                       const struct section *s, int uncond, hi3_error *err)
+{
+	int64_t *ids = NULL, cfg;
+	size_t n = 0;
+
+	if (s->len == 0)
+		return 0;
+	if (hi3_tok_encode(t->tok, s->text, s->len, HI3_TOK_SPECIAL, &ids, &n, err) != 0)
+		return hi3_error_prefix(err, "%s:%d", rq->name, rq->r[i].line);
+	if (uncond && s->uncond) {
+		if (special(t, rq, i, "<cfg>", &cfg, err) != 0) {
+			free(ids);
+			return -1;
+		}
+		for (size_t k = 0; k < n; k++)
+			ids[k] = cfg;
+	}
+	if (grow(rb, n, err) != 0) {
+		free(ids);
+		return -1;
+	}
+	if (n)
+		memcpy(rb->row->ids + rb->row->n, ids, n * sizeof(int64_t));
+	rb->row->n += (int64_t)n;
+	free(ids);
+	return 0;
+}
+
+static int encode_image(const hi3_template *t, const hi3_requests *rq, int i, struct rowbuf *rb,
+                        const struct section *s, hi3_error *err)
+{
+	hi3_cond_row *r = rb->row;
+	int64_t img, eoi, sep, start;
+
+	if (special(t, rq, i, "<img>", &img, err) || special(t, rq, i, "<eoi>", &eoi, err) ||
+	    image_head(t, rq, i, rb, s->ratio, err))
+		return -1;
+	start = r->n;
+	if (add_run(rb, start, s->h, s->w, err) || push(rb, img, (int64_t)s->h * s->w, err))
+		return -1;
+	if (s->type == SEC_GEN) {
+		if (mark(rb, &r->gen_image_mask, start, r->n - start, err) || add_block(r, start, r->n, err))
+			return -1;
+	} else {
+		int64_t vit;
+		if (mark(rb, &r->cond_vae_mask, start, r->n - start, err) ||
+		    special(t, rq, i, "<joint_img_sep>", &sep, err) || push(rb, sep, 1, err))
+			return -1;
+		vit = r->n;
+		if (add_run(rb, vit, s->vit_h, s->vit_w, err) || push(rb, img, t->vit_max, err) ||
+		    mark(rb, &r->cond_vit_mask, vit, t->vit_max, err) || add_block(r, start, r->n, err))
+			return -1;
+	}
+	return push(rb, eoi, 1, err);
+}
+
+/* RoPE: (t, t) for every column, then each image run of h x w starting at
+ * index L gets, for its token (i, j), y = L + i + floor(h(w-1)/2) and
+ * x = L + j + floor(w(h-1)/2) (SPEC 3). */
+static int rope_positions(struct rowbuf *rb, hi3_error *err)
+{
+	hi3_cond_row *r = rb->row;
+
+	if (!(r->rope = hi3i_malloc((size_t)HI3_MAX(r->n, 1) * 2 * sizeof(int32_t), err)))
+		return -1;
+	for (int64_t p = 0; p < r->n; p++)
+		r->rope[2 * p] = r->rope[2 * p + 1] = (int32_t)p;
+	for (int k = 0; k < rb->runs; k++) {
+		int64_t L = rb->run[k][0], h = rb->run[k][1], w = rb->run[k][2];
+		for (int64_t y = 0; y < h; y++)
+			for (int64_t x = 0; x < w; x++) {
+				int64_t p = L + y * w + x;
+				r->rope[2 * p] = (int32_t)(L + y + h * (w - 1) / 2);
+				r->rope[2 * p + 1] = (int32_t)(L + x + w * (h - 1) / 2);
+			}
+	}
+	return 0;
+}
+
+/* Stop tokens by bot_task (SPEC 4): with image_size "auto" the <img_ratio_*>
+ * tokens end an automatic answer, with a given size <boi> does. */
+static int stop_tokens(const hi3_template *t, const hi3_requests *rq, int i, hi3_cond_row *row, hi3_error *err)
+{
+	const struct hi3i_request *r = &rq->r[i];
+	int64_t id;
+
+	if (r->stops) {
+		for (int k = 0; k < r->n_stops; k++)
+			if (add_list(&row->stop_tokens, &row->n_stop, r->stops[k], err))
+				return -1;
+		return 0;
+	}
+	if (!t->tok) {
+		/* pre-tokenized, no tokenizer: the end of sequence when known */
+		return t->eos_id >= 0 ? add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err) : 0;
+	}
+	if (t->eos_id < 0)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: no end-of-sequence token: the model names no "
+		                     "eos_token (tokenizer_config.json) or eos_token_id (config.json)", rq->name, r->line);
+	switch (r->bot_task) {
+	case HI3I_BOT_THINK:
+	case HI3I_BOT_RECAPTION:
+		if (special(t, rq, i, "</recaption>", &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err) ||
+		    special(t, rq, i, "</answer>", &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err))
+			return -1;
+		/* fall through */
+	case HI3I_BOT_IMAGE:
+		return add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err);
+	case HI3I_BOT_AUTO:
+		if (add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err))
+			return -1;
+		break;
+	default:
+		break;
+	}
+	if (r->size_kind != 0)
+		return special(t, rq, i, "<boi>", &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err);
+	for (int k = 0; k < t->n_reso; k++) {
+		char name[32];
+		snprintf(name, sizeof(name), "<img_ratio_%d>", k);
+		if (special(t, rq, i, name, &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err))
+			return -1;
+	}
+	return 0;
+}
+
+int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, int uncond, hi3_cond_row *row,
+                        hi3_error *err)
+{
+	const struct hi3i_request *r = &rq->r[i];
+	struct rowbuf rb = {.row = row};
+	struct seclist l = {0};
+	int rc = -1;
+
+	memset(row, 0, sizeof(*row));
+	if (r->tokens) {
+		if (!(row->ids = hi3i_malloc(r->n_tokens * sizeof(int64_t), err)))
+			goto out;
+		memcpy(row->ids, r->tokens, r->n_tokens * sizeof(int64_t));
+		row->n = (int64_t)r->n_tokens;
+	} else {
+		if (!t->tok) {
+			hi3_error_set(err, HI3_ERR_USAGE, "%s:%d: a prompt needs a tokenizer", rq->name, r->line);
+			goto out;
+		}
+		if (r->size_kind == 2 && r->ratio_index >= t->n_reso) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': <img_ratio_%d> is not one of the "
+			              "%d buckets", rq->name, r->line, r->ratio_index, t->n_reso);
+			goto out;
+		}
+		if (t->bos_id < 0) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: no begin-of-sequence token: the model names no bos_token "
+			              "(tokenizer_config.json) or bos_token_id (config.json)", rq->name, r->line);
+			goto out;
+		}
+		if (build_sections(t, r, &l, err) != 0 || push(&rb, t->bos_id, 1, err) != 0)
+			goto out;
+		for (int k = 0; k < l.n; k++)
+			if ((l.s[k].type == SEC_TEXT ? encode_text(t, rq, i, &rb, &l.s[k], uncond, err)
+			                             : encode_image(t, rq, i, &rb, &l.s[k], err)) != 0)
+				goto out;
+	}
+	if (row->n > INT32_MAX) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: the row has %lld tokens, more than a conditions file holds",
+		              rq->name, r->line, (long long)row->n);
+		goto out;
+	}
+	if (rope_positions(&rb, err) != 0 || stop_tokens(t, rq, i, row, err) != 0)
+		goto out;
+	rc = 0;
+out:
+	for (int k = 0; k < l.n_owned; k++)
+		free(l.owned[k]);
+	free(l.s);
+	free(rb.run);
+	if (rc)
+		hi3_cond_row_release(row);
+	return rc;
+}

@@ -1,0 +1,251 @@
+/* tensor.c -- dtypes, element access and half-precision conversion. */
+#include <math.h>
+#include <string.h>
+#include "core/internal.h"
+
+static const struct {
+	const char *name;
+	size_t size;
+	int is_float;
+} dtypes[HI3_DTYPE_COUNT] = {
+	[HI3_F32] = {"F32", 4, 1},      [HI3_F16] = {"F16", 2, 1},
+	[HI3_BF16] = {"BF16", 2, 1},    [HI3_F64] = {"F64", 8, 1},
+	[HI3_I64] = {"I64", 8, 0},      [HI3_I32] = {"I32", 4, 0},
+	[HI3_I16] = {"I16", 2, 0},      [HI3_I8] = {"I8", 1, 0},
+	[HI3_U64] = {"U64", 8, 0},      [HI3_U32] = {"U32", 4, 0},
+	[HI3_U16] = {"U16", 2, 0},      [HI3_U8] = {"U8", 1, 0},
+	[HI3_BOOL] = {"BOOL", 1, 0},    [HI3_F8_E4M3] = {"F8_E4M3", 1, 1},
+	[HI3_F8_E5M2] = {"F8_E5M2", 1, 1},
+};
+
+const char *hi3_dtype_name(hi3_dtype dt)
+{
+	return (unsigned)dt < HI3_DTYPE_COUNT ? dtypes[dt].name : "?";
+}
+
+int hi3_dtype_parse(const char *name, hi3_dtype *out)
+{
+	for (int i = 0; i < HI3_DTYPE_COUNT; i++) {
+		if (!strcmp(name, dtypes[i].name)) {
+			*out = (hi3_dtype)i;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+size_t hi3_dtype_size(hi3_dtype dt)
+{
+	return (unsigned)dt < HI3_DTYPE_COUNT ? dtypes[dt].size : 0;
+}
+
+int hi3_dtype_is_float(hi3_dtype dt)
+{
+	return (unsigned)dt < HI3_DTYPE_COUNT && dtypes[dt].is_float;
+}
+
+float hi3_bf16_to_f32(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+uint16_t hi3_f32_to_bf16(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffffu) > 0x7f800000u)      /* NaN: keep it quiet */
+		return (uint16_t)((u >> 16) | 0x40);
+	u += 0x7fffu + ((u >> 16) & 1);            /* round to nearest even */
+	return (uint16_t)(u >> 16);
+}
+
+float hi3_f16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+	uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+	float f;
+
+	if (exp == 0) {
+		if (man == 0) {
+			u = sign;
+		} else {                          /* subnormal */
+			f = ldexpf((float)man, -24);
+			return sign ? -f : f;
+		}
+	} else if (exp == 31) {
+		u = sign | 0x7f800000u | (man << 13);
+	} else {
+		u = sign | ((exp + 112) << 23) | (man << 13);
+	}
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+uint16_t hi3_f32_to_f16(float f)
+{
+	uint32_t u, sign, man;
+	int exp;
+
+	memcpy(&u, &f, 4);
+	sign = (u >> 16) & 0x8000;
+	exp = (int)((u >> 23) & 0xff) - 127 + 15;
+	man = u & 0x7fffff;
+	if (((u >> 23) & 0xff) == 0xff)
+		return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+	if (exp >= 31)
+		return (uint16_t)(sign | 0x7c00);
+	if (exp <= 0) {
+		if (exp < -10)
+			return (uint16_t)sign;
+		man |= 0x800000;
+		int shift = 14 - exp;
+		uint32_t half = 1u << (shift - 1), rest = man & ((1u << shift) - 1);
+		uint32_t r = man >> shift;
+		if (rest > half || (rest == half && (r & 1)))
+			r++;
+		return (uint16_t)(sign | r);
+	}
+	uint32_t r = ((uint32_t)exp << 10) | (man >> 13), rest = man & 0x1fff;
+	if (rest > 0x1000 || (rest == 0x1000 && (r & 1)))
+		r++;                                 /* may carry into the exponent: correct */
+	return (uint16_t)(sign | r);
+}
+
+static double f8_to_f64(uint8_t v, int e4m3)
+{
+	int sign = v >> 7, exp, man;
+	double x;
+
+	if (e4m3) {
+		exp = (v >> 3) & 0xf;
+		man = v & 7;
+		if (exp == 15 && man == 7)
+			return NAN;
+		x = exp ? ldexp(1.0 + man / 8.0, exp - 7) : ldexp(man / 8.0, -6);
+	} else {
+		exp = (v >> 2) & 0x1f;
+		man = v & 3;
+		if (exp == 31)
+			return man ? NAN : (sign ? -INFINITY : INFINITY);
+		x = exp ? ldexp(1.0 + man / 4.0, exp - 15) : ldexp(man / 4.0, -14);
+	}
+	return sign ? -x : x;
+}
+
+double hi3_elem_f64(const void *data, hi3_dtype dt, size_t i)
+{
+	const unsigned char *p = (const unsigned char *)data + i * hi3_dtype_size(dt);
+	union { float f; double d; int64_t i64; int32_t i32; int16_t i16; int8_t i8;
+	        uint64_t u64; uint32_t u32; uint16_t u16; uint8_t u8; } v;
+
+	memcpy(&v, p, hi3_dtype_size(dt));
+	switch (dt) {
+	case HI3_F32: return v.f;
+	case HI3_F64: return v.d;
+	case HI3_F16: return hi3_f16_to_f32(v.u16);
+	case HI3_BF16: return hi3_bf16_to_f32(v.u16);
+	case HI3_I64: return (double)v.i64;
+	case HI3_I32: return v.i32;
+	case HI3_I16: return v.i16;
+	case HI3_I8: return v.i8;
+	case HI3_U64: return (double)v.u64;
+	case HI3_U32: return v.u32;
+	case HI3_U16: return v.u16;
+	case HI3_U8: return v.u8;
+	case HI3_BOOL: return v.u8 != 0;
+	case HI3_F8_E4M3: return f8_to_f64(v.u8, 1);
+	case HI3_F8_E5M2: return f8_to_f64(v.u8, 0);
+	default: return NAN;
+	}
+}
+
+void hi3_to_f32(float *dst, const void *src, hi3_dtype dt, size_t n)
+{
+	const unsigned char *p = src;
+
+	switch (dt) {
+	case HI3_F32:
+		memcpy(dst, src, n * 4);
+		break;
+	case HI3_BF16:
+		for (size_t i = 0; i < n; i++) {
+			uint16_t h;
+			memcpy(&h, p + 2 * i, 2);
+			dst[i] = hi3_bf16_to_f32(h);
+		}
+		break;
+	case HI3_F16:
+		for (size_t i = 0; i < n; i++) {
+			uint16_t h;
+			memcpy(&h, p + 2 * i, 2);
+			dst[i] = hi3_f16_to_f32(h);
+		}
+		break;
+	default:
+		for (size_t i = 0; i < n; i++)
+			dst[i] = (float)hi3_elem_f64(src, dt, i);
+		break;
+	}
+}
+
+int64_t hi3_tensor_numel(const hi3_tensor *t)
+{
+	int64_t n = 1;
+
+	for (int i = 0; i < t->ndim; i++)
+		n *= t->shape[i];
+	return n;
+}
+
+const char *hi3_shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+	size_t off = 0;
+
+	off += (size_t)snprintf(buf, n, "(");
+	for (int i = 0; i < ndim && off < n; i++)
+		off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? ", " : "", (long long)shape[i]);
+	if (ndim == 1 && off < n)
+		off += (size_t)snprintf(buf + off, n - off, ",");
+	if (off < n)
+		snprintf(buf + off, n - off, ")");
+	return buf;
+}
+
+int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n)
+{
+	const unsigned char *p = data;
+	int64_t bad = 0;
+
+	switch (dt) {
+	case HI3_F32:
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (n >= (1u << 20))
+		for (size_t i = 0; i < n; i++) {
+			uint32_t u;
+			memcpy(&u, p + 4 * i, 4);
+			bad += (u & 0x7f800000u) == 0x7f800000u;
+		}
+		return bad;
+	case HI3_BF16:
+	case HI3_F16: {
+		uint16_t mask = dt == HI3_BF16 ? 0x7f80 : 0x7c00;
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (n >= (1u << 20))
+		for (size_t i = 0; i < n; i++) {
+			uint16_t u;
+			memcpy(&u, p + 2 * i, 2);
+			bad += (u & mask) == mask;
+		}
+		return bad;
+	}
+	default:
+		if (!hi3_dtype_is_float(dt))
+			return 0;
+		for (size_t i = 0; i < n; i++)
+			bad += !isfinite(hi3_elem_f64(data, dt, i));
+		return bad;
+	}
+}

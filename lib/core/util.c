@@ -1,0 +1,173 @@
+/* util.c -- whole-file I/O, atomic replacement, strict number parsing. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "core/internal.h"
+
+int hi3i_read_file(const char *path, char **out, size_t *len, hi3_error *err)
+{
+	FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+	size_t cap = 1 << 16, n = 0;
+	char *buf = NULL;
+
+	*out = NULL;
+	if (!f)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
+	buf = malloc(cap);
+	while (buf) {
+		size_t got = fread(buf + n, 1, cap - n - 1, f);
+
+		n += got;
+		if (n + 1 < cap)
+			break;
+		char *nb = realloc(buf, cap * 2);
+		if (!nb) {
+			free(buf);
+			buf = NULL;
+			break;
+		}
+		buf = nb;
+		cap *= 2;
+	}
+	if (!buf) {
+		if (f != stdin)
+			fclose(f);
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory reading the file", path);
+	}
+	if (ferror(f)) {
+		int e = errno;
+		free(buf);
+		if (f != stdin)
+			fclose(f);
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: read error: %s", path, strerror(e));
+	}
+	if (f != stdin)
+		fclose(f);
+	buf[n] = '\0';
+	*out = buf;
+	if (len)
+		*len = n;
+	return 0;
+}
+
+int hi3i_tmpfile_for(const char *path, char **tmp, hi3_error *err)
+{
+	char *t = hi3i_asprintf("%s.tmp.XXXXXX", path);
+	int fd;
+
+	*tmp = NULL;
+	if (!t)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	fd = mkstemp(t);
+	if (fd < 0) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot create a temporary file beside it: %s",
+		              path, strerror(errno));
+		free(t);
+		return -1;
+	}
+	*tmp = t;
+	return fd;
+}
+
+int hi3i_commit_tmpfile(int fd, const char *tmp, const char *path, hi3_error *err)
+{
+	mode_t mask = umask(0);
+
+	umask(mask);
+	if (fchmod(fd, 0666 & ~mask) != 0 || fsync(fd) != 0) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot finish writing: %s", path, strerror(errno));
+		close(fd);
+		unlink(tmp);
+		return -1;
+	}
+	if (close(fd) != 0) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot finish writing: %s", path, strerror(errno));
+		unlink(tmp);
+		return -1;
+	}
+	if (rename(tmp, path) != 0) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot rename the temporary file into place: %s",
+		              path, strerror(errno));
+		unlink(tmp);
+		return -1;
+	}
+	return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t w = write(fd, p, len);
+
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		p += w;
+		len -= (size_t)w;
+	}
+	return 0;
+}
+
+int hi3i_write_file(const char *path, const void *buf, size_t len, hi3_error *err)
+{
+	char *tmp;
+	int fd, rc;
+
+	if (!strcmp(path, "-")) {
+		if (write_all(STDOUT_FILENO, buf, len) != 0)
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "standard output: write error: %s",
+			                     strerror(errno));
+		return 0;
+	}
+	fd = hi3i_tmpfile_for(path, &tmp, err);
+	if (fd < 0)
+		return -1;
+	if (write_all(fd, buf, len) != 0) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: write error: %s", path, strerror(errno));
+		close(fd);
+		unlink(tmp);
+		free(tmp);
+		return -1;
+	}
+	rc = hi3i_commit_tmpfile(fd, tmp, path, err);
+	free(tmp);
+	return rc;
+}
+
+int hi3i_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+	char *end;
+	long long v;
+
+	if (!s || !*s)
+		return -1;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno || *end || end == s || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+int hi3i_parse_f64(const char *s, double *out)
+{
+	char *end;
+	double v;
+
+	if (!s || !*s)
+		return -1;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || *end || end == s || !isfinite(v))
+		return -1;
+	*out = v;
+	return 0;
+}

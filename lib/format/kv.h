@@ -1,0 +1,67 @@
+/*
+ * kv.h -- the KV file (format hi3.kv): a static cache plus the decode
+ * record, mapped writable and updated in place (internal).
+ *
+ * Tensors (B rows, C = L + max_new slots, G = max_new):
+ *   k.<l>, v.<l>      (B, n_kv, C, d) F32|BF16   the cache, upstream layout
+ *   kv_len            (B) I64    valid slots per row
+ *   prompt_len        (B) I64    n_i, the row's true prompt length
+ *   next_logits       (B, V) F32 logits for each row's next token
+ *   next_logits_alt   (B, V) F32 second buffer used while decoding
+ *   finished          (B) U8
+ *   gen_tokens        (B, G) I64, gen_logprobs (B, G) F32, gen_len (B) I64
+ *   commit            (B) I64    2 * gen_len + finished: the commit word
+ *   gen_route_ids     (B, G, n_moe, k) I16, gen_route_w (B, G, n_moe, k) F32  (MoE models)
+ *   prompt_route_ids  (B, L, n_moe, k) I16, prompt_route_w F32  (prefill --record-routing)
+ *
+ * Crash consistency: a decode step writes its payload (K/V slots, the
+ * token and log-prob, the next logits into the buffer that is not current),
+ * flushes it, then stores the row's commit word (one aligned 8-byte store),
+ * then the derived kv_len/gen_len/finished, and flushes again. The current
+ * logits buffer for a row with g tokens is next_logits when g is even, else
+ * next_logits_alt; so a kill at any point leaves each row at its last
+ * committed step with its logits intact, and a later call continues from
+ * there. At the end of a call next_logits is made current for every row.
+ */
+#ifndef HI3_KV_H
+#define HI3_KV_H
+
+#include "core/internal.h"
+
+typedef struct hi3_kvfile {
+	hi3_st *st;
+	hi3_kvcache cache;        /* points into the mapping */
+	int B, L, C, G, V, n_moe, k_route;
+	int64_t *kv_len, *prompt_len, *gen_tokens, *gen_len, *commit;  /* (B), (B), (B, G), (B), (B) */
+	float *next_logits, *next_logits_alt, *gen_logprobs;            /* (B, V), (B, V), (B, G) */
+	uint8_t *finished;                                              /* (B) */
+	int16_t *gen_route_ids;   /* (B, G, n_moe, k) or NULL */
+	float *gen_route_w;       /* (B, G, n_moe, k) or NULL */
+	int16_t *prompt_route_ids;/* (B, L, n_moe, k) with prefill --record-routing, or NULL */
+	float *prompt_route_w;    /* (B, L, n_moe, k) */
+} hi3_kvfile;
+
+/* Hash of the conditions tensors a KV file depends on (16 hex digits). */
+void hi3i_cond_hash(const hi3_cond *c, char out[17]);
+/* Refuse a stage file (at path, with these metadata values) made by another
+ * model, or from conditions other than c; the message names both values. */
+int hi3i_check_made_by(const char *path, const char *fingerprint, const hi3_model *m, hi3_error *err);
+int hi3i_check_made_from(const char *path, const char *conditions_hash, const hi3_cond *c, hi3_error *err);
+/* Create a zeroed KV file for (model, conditions) at path, atomically. */
+int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, const char *cond_path, int max_new,
+                   hi3_dtype dt, int prompt_routing, hi3_error *err);
+/* Open writable; check the model fingerprint and the conditions it belongs
+ * to (c may be NULL to skip that); repair derived fields from commit. */
+int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err);
+void hi3i_kv_close(hi3_kvfile *kv);
+/* The logits buffer holding row i's current logits. */
+float *hi3i_kv_logits(hi3_kvfile *kv, int row);
+float *hi3i_kv_logits_next(hi3_kvfile *kv, int row);
+/* Flush the whole mapping (msync). */
+int hi3i_kv_flush(hi3_kvfile *kv, hi3_error *err);
+/* Store the commit word of a row, then its derived fields. */
+void hi3i_kv_commit(hi3_kvfile *kv, int row, int64_t gen_len, int finished);
+/* Make next_logits current for every row (end of a call). */
+void hi3i_kv_settle(hi3_kvfile *kv);
+
+#endif

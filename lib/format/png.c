@@ -1,0 +1,169 @@
+/*
+ * png.c -- PNG output for the inspection tools: an atomic RGB writer
+ * (libpng into memory, then temporary name + rename) and the colour maps
+ * used by heatmaps.
+ */
+#include <math.h>
+#include <png.h>
+#include <setjmp.h>
+#include <string.h>
+#include "tools/tools.h"
+
+struct membuf {
+	unsigned char *p;
+	size_t len, cap;
+	int oom;
+};
+
+static void mem_write(png_structp png, png_bytep data, png_size_t n)
+{
+	struct membuf *m = png_get_io_ptr(png);
+
+	if (m->oom)
+		return;
+	if (m->len + n > m->cap) {
+		size_t cap = m->cap ? m->cap : 65536;
+		unsigned char *np;
+
+		while (cap < m->len + n)
+			cap *= 2;
+		np = realloc(m->p, cap);
+		if (!np) {
+			m->oom = 1;
+			return;
+		}
+		m->p = np;
+		m->cap = cap;
+	}
+	memcpy(m->p + m->len, data, n);
+	m->len += n;
+}
+
+static void mem_flush(png_structp png) { (void)png; }
+
+/* Encode into m; returns 0 or -1 (libpng error or out of memory). The
+ * state touched after setjmp lives in m and the caller's frame. */
+static int encode(struct membuf *m, int width, int height, const uint8_t *rgb)
+{
+	png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+	png_infop info = png ? png_create_info_struct(png) : NULL;
+
+	if (!png || !info) {
+		png_destroy_write_struct(&png, &info);
+		return -1;
+	}
+	if (setjmp(png_jmpbuf(png))) {
+		png_destroy_write_struct(&png, &info);
+		return -1;
+	}
+	png_set_write_fn(png, m, mem_write, mem_flush);
+	png_set_IHDR(png, info, (png_uint_32)width, (png_uint_32)height, 8, PNG_COLOR_TYPE_RGB,
+	             PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+	png_write_info(png, info);
+	for (int y = 0; y < height; y++)
+		png_write_row(png, (png_const_bytep)(rgb + (size_t)y * (size_t)width * 3));
+	png_write_end(png, NULL);
+	png_destroy_write_struct(&png, &info);
+	return m->oom ? -1 : 0;
+}
+
+int hi3_png_write_rgb(const char *path, int width, int height, const uint8_t *rgb, hi3_error *err)
+{
+	struct membuf m = {0};
+	int rc;
+
+	if (width <= 0 || height <= 0 || width > (1 << 20) || height > (1 << 20))
+		return hi3_error_set(err, HI3_ERR_USAGE, "%s: a %d x %d image cannot be written as PNG "
+		                     "(each side must be 1 to %d pixels)", path, width, height, 1 << 20);
+	if (encode(&m, width, height, rgb) != 0) {
+		free(m.p);
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot encode the PNG (%d x %d): %s", path, width,
+		                     height, m.oom ? "out of memory" : "libpng error");
+	}
+	rc = hi3i_write_file(path, m.p, m.len, err);
+	free(m.p);
+	return rc;
+}
+
+/* ------------------------------------------------------------ colour maps */
+
+struct stop {
+	double t;
+	uint8_t r, g, b;
+};
+
+static void ramp(const struct stop *s, int n, double t, uint8_t *out)
+{
+	int i = 0;
+	double f;
+
+	if (t <= s[0].t) {
+		out[0] = s[0].r, out[1] = s[0].g, out[2] = s[0].b;
+		return;
+	}
+	while (i < n - 2 && t > s[i + 1].t)
+		i++;
+	if (t >= s[n - 1].t) {
+		out[0] = s[n - 1].r, out[1] = s[n - 1].g, out[2] = s[n - 1].b;
+		return;
+	}
+	f = (t - s[i].t) / (s[i + 1].t - s[i].t);
+	out[0] = (uint8_t)lround(s[i].r + f * (s[i + 1].r - s[i].r));
+	out[1] = (uint8_t)lround(s[i].g + f * (s[i + 1].g - s[i].g));
+	out[2] = (uint8_t)lround(s[i].b + f * (s[i + 1].b - s[i].b));
+}
+
+/* Blue for negative, white at zero, red for positive (t in [-1, 1]). */
+static const struct stop diverging[] = {
+	{-1.0, 20, 40, 140}, {-0.5, 90, 140, 220}, {0.0, 247, 247, 247}, {0.5, 235, 120, 90}, {1.0, 140, 10, 30},
+};
+/* Dark blue through teal and green to yellow (t in [0, 1]). */
+static const struct stop sequential[] = {
+	{0.0, 30, 10, 70}, {0.25, 50, 80, 150}, {0.5, 30, 150, 140}, {0.75, 120, 200, 70}, {1.0, 250, 230, 40},
+};
+
+void hi3i_colormap(const double *v, int64_t n, double lo, double hi, int diverging_map, uint8_t *rgb)
+{
+	double m = fmax(fabs(lo), fabs(hi));
+
+	for (int64_t i = 0; i < n; i++) {
+		uint8_t *o = rgb + 3 * i;
+		double x = v[i], t;
+
+		if (isnan(x)) {
+			o[0] = 255, o[1] = 0, o[2] = 255;
+			continue;
+		}
+		if (diverging_map) {
+			t = m > 0 ? x / m : 0;
+			ramp(diverging, (int)HI3_ARRAY_SIZE(diverging), fmax(-1, fmin(1, t)), o);
+		} else {
+			t = hi > lo ? (x - lo) / (hi - lo) : 0.5;
+			ramp(sequential, (int)HI3_ARRAY_SIZE(sequential), fmax(0, fmin(1, t)), o);
+		}
+	}
+}
+
+uint8_t *hi3i_upscale(const uint8_t *rgb, int rows, int cols, int scale, hi3_error *err)
+{
+	size_t w = (size_t)cols * (size_t)scale, h = (size_t)rows * (size_t)scale;
+	uint8_t *out = hi3i_malloc(w * h * 3, err);
+
+	if (!out)
+		return NULL;
+	for (size_t y = 0; y < h; y++) {
+		const uint8_t *src = rgb + (y / (size_t)scale) * (size_t)cols * 3;
+		uint8_t *dst = out + y * w * 3;
+
+		for (size_t x = 0; x < w; x++)
+			memcpy(dst + 3 * x, src + 3 * (x / (size_t)scale), 3);
+	}
+	return out;
+}
+
+int hi3i_auto_scale(int64_t rows, int64_t cols)
+{
+	int64_t m = HI3_MAX(rows, cols), s = m > 0 ? 1024 / m : 16;
+
+	return (int)HI3_MAX(1, HI3_MIN(16, s));
+}

@@ -1,0 +1,908 @@
+/*
+ * st.c -- safetensors files: a validating, memory-mapping reader, an atomic
+ * writer, and sharded checkpoints.
+ *
+ * The format, byte by byte:
+ *   [0, 8)          u64 little endian N: the header size in bytes
+ *   [8, 8 + N)      JSON object, UTF-8: { "__metadata__": {str: str},
+ *                   name: {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ... }
+ *                   hi3 pads it with spaces so that 8 + N is a multiple of 64
+ *   [8 + N, end)    the data area; tensor bytes [b, e) are relative to its
+ *                   start, little endian, row major. The spans tile the data
+ *                   area exactly: sorted by b they start at 0, each begins
+ *                   where the previous ends, and the last ends at the file end.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "core/internal.h"
+
+#define MAX_HEADER (256u << 20)   /* refuse headers above 256 MiB */
+
+struct hi3_st {
+	char *path;
+	int fd;                   /* -1 when read from stdin */
+	unsigned char *map;       /* the whole file */
+	size_t size;
+	int mapped;               /* map came from mmap (else malloc) */
+	size_t header_size;       /* N */
+	int n;
+	hi3_tensor *t;            /* file (offset) order */
+	int *by_name;             /* indices sorted by name */
+	int n_meta;
+	char **meta_key, **meta_val;
+};
+
+static int name_cmp_ctx_st_sort(const void *a, const void *b, void *ctx)
+{
+	const hi3_tensor *t = ctx;
+
+	return strcmp(t[*(const int *)a].name, t[*(const int *)b].name);
+}
+
+static int offset_cmp(const void *a, const void *b)
+{
+	const hi3_tensor *x = a, *y = b;
+	uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
+
+	if (px != py)
+		return px < py ? -1 : 1;
+	return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+static int read_stdin(hi3_st *st, hi3_error *err)
+{
+	char *buf;
+	size_t len;
+
+	if (hi3i_read_file("-", &buf, &len, err) != 0)
+		return -1;
+	st->map = (unsigned char *)buf;
+	st->size = len;
+	st->mapped = 0;
+	return 0;
+}
+
+static int map_file(hi3_st *st, int flags, hi3_error *err)
+{
+	struct stat sb;
+	int wr = flags & HI3_ST_RDWR;
+
+	st->fd = open(st->path, wr ? O_RDWR : O_RDONLY);
+	if (st->fd < 0)
+		return hi3_error_set(err, errno == ENOENT ? HI3_ERR_INPUT : HI3_ERR_RUNTIME,
+		                     "%s: cannot open: %s", st->path, strerror(errno));
+	if (fstat(st->fd, &sb) != 0)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot stat: %s", st->path, strerror(errno));
+	if (!S_ISREG(sb.st_mode))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: not a regular file", st->path);
+	st->size = (size_t)sb.st_size;
+	if (st->size < 8)
+		return hi3_error_set(err, HI3_ERR_INPUT,
+		                     "%s: truncated: the file has %zu bytes, fewer than the 8-byte header size",
+		                     st->path, st->size);
+	st->map = mmap(NULL, st->size, PROT_READ | (wr ? PROT_WRITE : 0),
+	               wr ? MAP_SHARED : MAP_PRIVATE, st->fd, 0);
+	if (st->map == MAP_FAILED) {
+		st->map = NULL;
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot map: %s", st->path, strerror(errno));
+	}
+	st->mapped = 1;
+	return 0;
+}
+
+static int parse_shape(hi3_st *st, const char *name, json_t *js, hi3_tensor *t, hi3_error *err)
+{
+	size_t i;
+	json_t *v;
+
+	if (!json_is_array(js))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': \"shape\" is not an array", st->path, name);
+	if (json_array_size(js) > HI3_MAX_DIMS)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': %zu dimensions, at most %d supported",
+		                     st->path, name, json_array_size(js), HI3_MAX_DIMS);
+	t->ndim = (int)json_array_size(js);
+	json_array_foreach(js, i, v) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0)
+			return hi3_error_set(err, HI3_ERR_INPUT,
+			                     "%s: tensor '%s': shape entry %zu is not a non-negative integer",
+			                     st->path, name, i);
+		t->shape[i] = json_integer_value(v);
+	}
+	return 0;
+}
+
+/* Byte span of numel x size, or SIZE_MAX on overflow. */
+static size_t span_bytes(const hi3_tensor *t)
+{
+	size_t n = hi3_dtype_size(t->dtype);
+
+	for (int i = 0; i < t->ndim; i++) {
+		uint64_t d = (uint64_t)t->shape[i];
+		if (d && n > SIZE_MAX / d)
+			return SIZE_MAX;
+		n *= d;
+	}
+	return n;
+}
+
+static int parse_tensor(hi3_st *st, const char *name, json_t *js, hi3_tensor *t,
+                        size_t data_size, hi3_error *err)
+{
+	json_t *dt = json_object_get(js, "dtype"), *off = json_object_get(js, "data_offsets");
+	json_int_t b, e;
+	size_t want;
+
+	if (!json_is_object(js))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': entry is not an object", st->path, name);
+	t->name = name;
+	if (!json_is_string(dt))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': missing \"dtype\"", st->path, name);
+	if (hi3_dtype_parse(json_string_value(dt), &t->dtype) != 0)
+		return hi3_error_set(err, HI3_ERR_INPUT,
+		                     "%s: tensor '%s': unknown dtype '%s' (expected one of F32, F16, BF16, F64, "
+		                     "I64, I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3, F8_E5M2)",
+		                     st->path, name, json_string_value(dt));
+	if (parse_shape(st, name, json_object_get(js, "shape"), t, err) != 0)
+		return -1;
+	if (!json_is_array(off) || json_array_size(off) != 2 ||
+	    !json_is_integer(json_array_get(off, 0)) || !json_is_integer(json_array_get(off, 1)))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': \"data_offsets\" is not [begin, end]",
+		                     st->path, name);
+	b = json_integer_value(json_array_get(off, 0));
+	e = json_integer_value(json_array_get(off, 1));
+	if (b < 0 || e < b)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': bad data_offsets [%lld, %lld]",
+		                     st->path, name, (long long)b, (long long)e);
+	if ((uint64_t)e > data_size)
+		return hi3_error_set(err, HI3_ERR_INPUT,
+		                     "%s: tensor '%s': data_offsets [%lld, %lld] run past the data area of %zu bytes "
+		                     "(truncated file?)", st->path, name, (long long)b, (long long)e, data_size);
+	want = span_bytes(t);
+	if (want != (size_t)(e - b)) {
+		char sh[128];
+		return hi3_error_set(err, HI3_ERR_INPUT,
+		                     "%s: tensor '%s': shape %s x %s (%zu bytes) does not match its byte span %lld",
+		                     st->path, name, hi3_shape_str(sh, sizeof(sh), t->ndim, t->shape),
+		                     hi3_dtype_name(t->dtype), want, (long long)(e - b));
+	}
+	t->nbytes = want;
+	t->data = st->map + 8 + st->header_size + b;
+	return 0;
+}
+
+static int parse_metadata(hi3_st *st, json_t *md, hi3_error *err)
+{
+	const char *k;
+	json_t *v;
+	size_t n;
+
+	if (!json_is_object(md))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: \"__metadata__\" is not an object", st->path);
+	n = json_object_size(md);
+	st->meta_key = calloc(n + 1, sizeof(char *));
+	st->meta_val = calloc(n + 1, sizeof(char *));
+	if (!st->meta_key || !st->meta_val)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	json_object_foreach(md, k, v) {
+		if (!json_is_string(v))
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: __metadata__ '%s' is not a string", st->path, k);
+		st->meta_key[st->n_meta] = strdup(k);
+		st->meta_val[st->n_meta] = strdup(json_string_value(v));
+		if (!st->meta_key[st->n_meta] || !st->meta_val[st->n_meta])
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		st->n_meta++;
+	}
+	return 0;
+}
+
+static int parse_header(hi3_st *st, hi3_error *err)
+{
+	uint64_t n;
+	json_t *root;
+	json_error_t jerr;
+	const char *key;
+	json_t *val;
+	size_t data_size, pos;
+	int rc = -1, i;
+
+	memcpy(&n, st->map, 8);                     /* little-endian hosts only */
+	if (n > st->size - 8)
+		return hi3_error_set(err, HI3_ERR_INPUT,
+		                     "%s: header length %llu is larger than the %zu bytes after it (truncated file?)",
+		                     st->path, (unsigned long long)n, st->size - 8);
+	if (n > MAX_HEADER)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: header length %llu exceeds the %u-byte limit",
+		                     st->path, (unsigned long long)n, MAX_HEADER);
+	st->header_size = (size_t)n;
+	data_size = st->size - 8 - st->header_size;
+	root = json_loadb((const char *)st->map + 8, st->header_size, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: header is not valid JSON: %s (header byte %d)",
+		                     st->path, jerr.text, jerr.position);
+	if (!json_is_object(root)) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: header is not a JSON object", st->path);
+		goto out;
+	}
+	st->t = calloc(json_object_size(root) + 1, sizeof(hi3_tensor));
+	if (!st->t) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto out;
+	}
+	json_object_foreach(root, key, val) {
+		if (!strcmp(key, "__metadata__")) {
+			if (parse_metadata(st, val, err) != 0)
+				goto out;
+			continue;
+		}
+		char *name = strdup(key);
+		if (!name) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+			goto out;
+		}
+		st->t[st->n].name = name;
+		st->n++;
+		if (parse_tensor(st, name, val, &st->t[st->n - 1], data_size, err) != 0)
+			goto out;
+	}
+	if (st->n > 1)
+		qsort(st->t, (size_t)st->n, sizeof(hi3_tensor), offset_cmp);
+	pos = 0;
+	for (i = 0; i < st->n; i++) {
+		size_t b = (size_t)((unsigned char *)st->t[i].data - (st->map + 8 + st->header_size));
+
+		if (b < pos) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' overlaps tensor '%s' (data offset %zu < %zu)",
+			              st->path, st->t[i].name, st->t[i - 1].name, b, pos);
+			goto out;
+		}
+		if (b > pos) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: hole in the data area: bytes [%zu, %zu) before tensor '%s' "
+			              "belong to no tensor", st->path, pos, b, st->t[i].name);
+			goto out;
+		}
+		pos = b + st->t[i].nbytes;
+	}
+	if (pos != data_size) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: the data area has %zu bytes but the tensors cover %zu "
+		              "(trailing bytes or truncated tensors)", st->path, data_size, pos);
+		goto out;
+	}
+	st->by_name = malloc(sizeof(int) * (size_t)(st->n + 1));
+	if (!st->by_name) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto out;
+	}
+	for (i = 0; i < st->n; i++)
+		st->by_name[i] = i;
+	if (st->n > 1)
+		qsort_r(st->by_name, (size_t)st->n, sizeof(int), name_cmp_ctx_st_sort, st->t);
+	rc = 0;
+out:
+	json_decref(root);
+	return rc;
+}
+
+int hi3_st_open(hi3_st **out, const char *path, int flags, hi3_error *err)
+{
+	hi3_st *st = calloc(1, sizeof(*st));
+
+	*out = NULL;
+	if (!st)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	st->fd = -1;
+	st->path = strdup(path);
+	if (!st->path) {
+		free(st);
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	}
+	if (!strcmp(path, "-")) {
+		free(st->path);
+		st->path = strdup("<stdin>");
+		if ((flags & HI3_ST_RDWR) || !st->path) {
+			hi3_error_set(err, HI3_ERR_USAGE, "standard input cannot be updated in place");
+			goto fail;
+		}
+		if (read_stdin(st, err) != 0)
+			goto fail;
+		if (st->size < 8) {
+			hi3_error_set(err, HI3_ERR_INPUT, "<stdin>: truncated: %zu bytes, fewer than the 8-byte header size",
+			              st->size);
+			goto fail;
+		}
+	} else if (map_file(st, flags, err) != 0) {
+		goto fail;
+	}
+	if (parse_header(st, err) != 0)
+		goto fail;
+	*out = st;
+	return 0;
+fail:
+	hi3_st_close(st);
+	return -1;
+}
+
+void hi3_st_close(hi3_st *st)
+{
+	if (!st)
+		return;
+	if (st->map) {
+		if (st->mapped)
+			munmap(st->map, st->size);
+		else
+			free(st->map);
+	}
+	if (st->fd >= 0)
+		close(st->fd);
+	for (int i = 0; i < st->n; i++)
+		free((char *)st->t[i].name);
+	for (int i = 0; i < st->n_meta; i++) {
+		free(st->meta_key[i]);
+		free(st->meta_val[i]);
+	}
+	free(st->meta_key);
+	free(st->meta_val);
+	free(st->t);
+	free(st->by_name);
+	free(st->path);
+	free(st);
+}
+
+const char *hi3_st_path(const hi3_st *st) { return st->path; }
+size_t hi3_st_file_size(const hi3_st *st) { return st->size; }
+size_t hi3_st_header_size(const hi3_st *st) { return st->header_size; }
+int hi3_st_count(const hi3_st *st) { return st->n; }
+
+const hi3_tensor *hi3_st_at(const hi3_st *st, int i)
+{
+	return i >= 0 && i < st->n ? &st->t[i] : NULL;
+}
+
+const hi3_tensor *hi3_st_find(const hi3_st *st, const char *name)
+{
+	int lo = 0, hi = st->n - 1;
+
+	while (lo <= hi) {
+		int mid = (lo + hi) / 2, c = strcmp(name, st->t[st->by_name[mid]].name);
+
+		if (!c)
+			return &st->t[st->by_name[mid]];
+		if (c < 0)
+			hi = mid - 1;
+		else
+			lo = mid + 1;
+	}
+	return NULL;
+}
+
+static int check_tensor(const char *path, const char *name, const hi3_tensor *t, int dtype,
+                        int ndim, const int64_t *shape, hi3_error *err)
+{
+	char want[160], got[160];
+	int ok = t->ndim == ndim;
+
+	if (dtype >= 0 && t->dtype != (hi3_dtype)dtype)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': expected dtype %s, found %s", path, name,
+		                     hi3_dtype_name((hi3_dtype)dtype), hi3_dtype_name(t->dtype));
+	for (int i = 0; ok && i < ndim; i++)
+		ok = shape[i] < 0 || shape[i] == t->shape[i];
+	if (!ok) {
+		int64_t w[HI3_MAX_DIMS] = {0};
+		size_t off = 0;
+
+		for (int i = 0; i < ndim && i < HI3_MAX_DIMS; i++)
+			w[i] = shape[i];
+		hi3_shape_str(want, sizeof(want), ndim, w);
+		for (int i = 0; i < ndim; i++)
+			if (shape[i] < 0)
+				off++;
+		hi3_shape_str(got, sizeof(got), t->ndim, t->shape);
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': expected shape %s%s, found %s", path, name,
+		                     want, off ? " (-1: any)" : "", got);
+	}
+	if (hi3_dtype_size(t->dtype) > 1 && ((uintptr_t)t->data % hi3_dtype_size(t->dtype)))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': data is not aligned to its %zu-byte dtype",
+		                     path, name, hi3_dtype_size(t->dtype));
+	return 0;
+}
+
+int hi3_st_get(const hi3_st *st, const char *name, int dtype, int ndim, const int64_t *shape,
+               const hi3_tensor **out, hi3_error *err)
+{
+	const hi3_tensor *t = hi3_st_find(st, name);
+
+	*out = NULL;
+	if (!t)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is missing", st->path, name);
+	if (check_tensor(st->path, name, t, dtype, ndim, shape, err) != 0)
+		return -1;
+	*out = t;
+	return 0;
+}
+
+const char *hi3_st_meta(const hi3_st *st, const char *key)
+{
+	for (int i = 0; i < st->n_meta; i++)
+		if (!strcmp(st->meta_key[i], key))
+			return st->meta_val[i];
+	return NULL;
+}
+
+int hi3_st_meta_count(const hi3_st *st) { return st->n_meta; }
+
+void hi3_st_meta_at(const hi3_st *st, int i, const char **key, const char **val)
+{
+	*key = st->meta_key[i];
+	*val = st->meta_val[i];
+}
+
+int hi3_st_expect_format(const hi3_st *st, const char *format, hi3_error *err)
+{
+	const char *f = hi3_st_meta(st, "format"), *v = hi3_st_meta(st, "format_version");
+
+	if (!f || strcmp(f, format))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: expected format '%s', found '%s'", st->path, format,
+		                     f ? f : "(none: no __metadata__ format)");
+	if (!v || strcmp(v, HI3_FORMAT_VERSION))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: expected format_version '%s', found '%s'", st->path,
+		                     HI3_FORMAT_VERSION, v ? v : "(none)");
+	return 0;
+}
+
+int hi3i_st_lock(hi3_st *st, hi3_error *err)
+{
+	if (st->fd < 0)
+		return hi3_error_set(err, HI3_ERR_USAGE, "%s: cannot lock standard input", st->path);
+	if (flock(st->fd, LOCK_EX | LOCK_NB) != 0)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: %s", st->path,
+		                     errno == EWOULDBLOCK ? "another process is updating this file (it is locked)"
+		                                          : strerror(errno));
+	return 0;
+}
+
+int hi3_st_sync(hi3_st *st, const void *addr, size_t len, hi3_error *err)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t a = (uintptr_t)addr & ~(page - 1);
+
+	if (!st->mapped)
+		return 0;
+	if (msync((void *)a, len + ((uintptr_t)addr - a), MS_SYNC) != 0)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: msync failed: %s", st->path, strerror(errno));
+	return 0;
+}
+
+/* ------------------------------------------------------------- writer */
+
+struct wtensor {
+	char *name;
+	hi3_dtype dtype;
+	int ndim;
+	int64_t shape[HI3_MAX_DIMS];
+	size_t nbytes;
+	const void *data;
+	int seq;
+};
+
+struct hi3_st_writer {
+	json_t *meta;
+	struct wtensor *t;
+	int n, cap;
+};
+
+hi3_st_writer *hi3_stw_new(void)
+{
+	hi3_st_writer *w = calloc(1, sizeof(*w));
+
+	if (w && !(w->meta = json_object())) {
+		free(w);
+		return NULL;
+	}
+	return w;
+}
+
+void hi3_stw_free(hi3_st_writer *w)
+{
+	if (!w)
+		return;
+	for (int i = 0; i < w->n; i++)
+		free(w->t[i].name);
+	free(w->t);
+	json_decref(w->meta);
+	free(w);
+}
+
+int hi3_stw_meta(hi3_st_writer *w, const char *key, const char *val)
+{
+	return json_object_set_new(w->meta, key, json_string(val)) == 0 ? 0 : -1;
+}
+
+int hi3_stw_add(hi3_st_writer *w, const char *name, hi3_dtype dt, int ndim, const int64_t *shape,
+                const void *data)
+{
+	struct wtensor *t;
+
+	if (!name || !*name || !strcmp(name, "__metadata__") || ndim < 0 || ndim > HI3_MAX_DIMS ||
+	    (unsigned)dt >= HI3_DTYPE_COUNT)
+		return -1;
+	for (int i = 0; i < w->n; i++)
+		if (!strcmp(w->t[i].name, name))
+			return -1;
+	if (w->n == w->cap) {
+		int cap = w->cap ? 2 * w->cap : 16;
+		struct wtensor *nt = realloc(w->t, sizeof(*nt) * (size_t)cap);
+		if (!nt)
+			return -1;
+		w->t = nt;
+		w->cap = cap;
+	}
+	t = &w->t[w->n];
+	memset(t, 0, sizeof(*t));
+	t->name = strdup(name);
+	if (!t->name)
+		return -1;
+	t->dtype = dt;
+	t->ndim = ndim;
+	t->nbytes = hi3_dtype_size(dt);
+	for (int i = 0; i < ndim; i++) {
+		if (shape[i] < 0) {
+			free(t->name);
+			return -1;
+		}
+		t->shape[i] = shape[i];
+		t->nbytes *= (size_t)shape[i];
+	}
+	t->data = data;
+	t->seq = w->n;
+	w->n++;
+	return 0;
+}
+
+/* Wider dtypes first so every tensor stays aligned to its element size;
+ * insertion order otherwise. */
+static int layout_cmp(const void *a, const void *b)
+{
+	const struct wtensor *x = a, *y = b;
+	size_t sx = hi3_dtype_size(x->dtype), sy = hi3_dtype_size(y->dtype);
+
+	if (sx != sy)
+		return sx > sy ? -1 : 1;
+	return x->seq - y->seq;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t r = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
+
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		p += r;
+		len -= (size_t)r;
+	}
+	return 0;
+}
+
+static int write_zeros(int fd, size_t len)
+{
+	static const char zeros[65536];
+
+	while (len) {
+		size_t n = len < sizeof(zeros) ? len : sizeof(zeros);
+		if (write_all(fd, zeros, n) != 0)
+			return -1;
+		len -= n;
+	}
+	return 0;
+}
+
+static char *build_header(hi3_st_writer *w, size_t *hlen)
+{
+	json_t *root = json_object();
+	size_t off = 0, n;
+	char *s, *padded;
+
+	if (!root)
+		return NULL;
+	if (json_object_size(w->meta))
+		json_object_set(root, "__metadata__", w->meta);
+	for (int i = 0; i < w->n; i++) {
+		struct wtensor *t = &w->t[i];
+		json_t *shape = json_array(), *e = json_object();
+
+		for (int d = 0; d < t->ndim; d++)
+			json_array_append_new(shape, json_integer(t->shape[d]));
+		json_object_set_new(e, "dtype", json_string(hi3_dtype_name(t->dtype)));
+		json_object_set_new(e, "shape", shape);
+		json_object_set_new(e, "data_offsets",
+		                    json_pack("[II]", (json_int_t)off, (json_int_t)(off + t->nbytes)));
+		json_object_set_new(root, t->name, e);
+		off += t->nbytes;
+	}
+	s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(root);
+	if (!s)
+		return NULL;
+	n = strlen(s);
+	*hlen = (n + 8 + 63) / 64 * 64 - 8;
+	padded = malloc(*hlen + 8);
+	if (padded) {
+		uint64_t h = *hlen;
+		memcpy(padded, &h, 8);
+		memcpy(padded + 8, s, n);
+		memset(padded + 8 + n, ' ', *hlen - n);
+	}
+	free(s);
+	return padded;
+}
+
+int hi3_stw_write(hi3_st_writer *w, const char *path, hi3_error *err)
+{
+	int to_stdout = !strcmp(path, "-"), fd;
+	char *hdr = NULL, *tmp = NULL;
+	size_t hlen = 0, total;
+
+	if (w->n > 1)
+		qsort(w->t, (size_t)w->n, sizeof(*w->t), layout_cmp);
+	hdr = build_header(w, &hlen);
+	if (!hdr)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory building the header", path);
+	total = 8 + hlen;
+	for (int i = 0; i < w->n; i++)
+		total += w->t[i].nbytes;
+	if (to_stdout) {
+		fd = STDOUT_FILENO;
+	} else {
+		fd = hi3i_tmpfile_for(path, &tmp, err);
+		if (fd < 0) {
+			free(hdr);
+			return -1;
+		}
+	}
+	if (write_all(fd, hdr, hlen + 8) != 0)
+		goto io_fail;
+	for (int i = 0; i < w->n; i++) {
+		const struct wtensor *t = &w->t[i];
+		int rc;
+
+		if (t->data)
+			rc = write_all(fd, t->data, t->nbytes);
+		else if (!to_stdout)
+			rc = lseek(fd, (off_t)t->nbytes, SEEK_CUR) < 0 ? -1 : 0;  /* sparse zeros */
+		else
+			rc = write_zeros(fd, t->nbytes);
+		if (rc != 0)
+			goto io_fail;
+	}
+	free(hdr);
+	if (to_stdout)
+		return 0;
+	if (ftruncate(fd, (off_t)total) != 0)
+		goto io_fail_nohdr;
+	{
+		int rc = hi3i_commit_tmpfile(fd, tmp, path, err);
+		free(tmp);
+		return rc;
+	}
+io_fail:
+	free(hdr);
+io_fail_nohdr:
+	hi3_error_set(err, HI3_ERR_RUNTIME, "%s: write error: %s", to_stdout ? "standard output" : path,
+	              strerror(errno));
+	if (!to_stdout) {
+		close(fd);
+		unlink(tmp);
+		free(tmp);
+	}
+	return -1;
+}
+
+/* --------------------------------------------------------- checkpoints */
+
+struct ck_entry {
+	const hi3_tensor *t;
+	int file;
+};
+
+struct hi3_ckpt {
+	char *dir;
+	hi3_st **files;
+	char **file_names;
+	int n_files;
+	struct ck_entry *e;   /* sorted by name */
+	int n;
+};
+
+static int ck_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct ck_entry *)a)->t->name, ((const struct ck_entry *)b)->t->name);
+}
+
+static int ck_add_file(hi3_ckpt *ck, const char *fname, hi3_error *err)
+{
+	char *p = hi3i_asprintf("%s/%s", ck->dir, fname);
+	hi3_st *st;
+
+	if (!p)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	if (hi3_st_open(&st, p, HI3_ST_READ, err) != 0) {
+		free(p);
+		return -1;
+	}
+	free(p);
+	ck->files[ck->n_files] = st;
+	ck->file_names[ck->n_files] = strdup(fname);
+	ck->n_files++;
+	return 0;
+}
+
+static int ck_open_index(hi3_ckpt *ck, const char *index, hi3_error *err)
+{
+	json_error_t jerr;
+	json_t *root = json_load_file(index, 0, &jerr), *map;
+	const char *name;
+	json_t *v;
+	int rc = -1;
+	size_t nshards = 0;
+
+	if (!root)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: not valid JSON: %s", index, jerr.line, jerr.text);
+	map = json_object_get(root, "weight_map");
+	if (!json_is_object(map)) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: no \"weight_map\" object", index);
+		goto out;
+	}
+	ck->files = calloc(json_object_size(map) + 1, sizeof(hi3_st *));
+	ck->file_names = calloc(json_object_size(map) + 1, sizeof(char *));
+	ck->e = calloc(json_object_size(map) + 1, sizeof(struct ck_entry));
+	if (!ck->files || !ck->file_names || !ck->e) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto out;
+	}
+	json_object_foreach(map, name, v) {
+		int f;
+
+		if (!json_is_string(v) || strchr(json_string_value(v), '/')) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: weight_map entry '%s' is not a shard file name", index, name);
+			goto out;
+		}
+		for (f = 0; f < ck->n_files; f++)
+			if (!strcmp(ck->file_names[f], json_string_value(v)))
+				break;
+		if (f == ck->n_files) {
+			if (ck_add_file(ck, json_string_value(v), err) != 0) {
+				hi3_error_prefix(err, "%s: shard '%s' (named for tensor '%s')", index,
+				                 json_string_value(v), name);
+				err->status = HI3_ERR_INPUT;
+				goto out;
+			}
+			nshards++;
+		}
+		ck->e[ck->n].t = hi3_st_find(ck->files[f], name);
+		ck->e[ck->n].file = f;
+		if (!ck->e[ck->n].t) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is mapped to shard '%s', which does not hold it",
+			              index, name, json_string_value(v));
+			goto out;
+		}
+		ck->n++;
+	}
+	rc = 0;
+out:
+	json_decref(root);
+	return rc;
+}
+
+int hi3_ckpt_open(hi3_ckpt **out, const char *dir, hi3_error *err)
+{
+	hi3_ckpt *ck = calloc(1, sizeof(*ck));
+	char *index = NULL;
+	int rc = -1;
+
+	*out = NULL;
+	if (!ck)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	ck->dir = strdup(dir);
+	index = hi3i_asprintf("%s/model.safetensors.index.json", dir);
+	if (!ck->dir || !index) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto out;
+	}
+	if (access(index, F_OK) == 0) {
+		if (ck_open_index(ck, index, err) != 0)
+			goto out;
+	} else {
+		ck->files = calloc(1, sizeof(hi3_st *));
+		ck->file_names = calloc(1, sizeof(char *));
+		if (!ck->files || !ck->file_names) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+			goto out;
+		}
+		if (ck_add_file(ck, "model.safetensors", err) != 0) {
+			hi3_error_prefix(err, "%s: no model.safetensors.index.json, and model.safetensors", dir);
+			goto out;
+		}
+		ck->e = calloc((size_t)hi3_st_count(ck->files[0]) + 1, sizeof(struct ck_entry));
+		if (!ck->e) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+			goto out;
+		}
+		for (int i = 0; i < hi3_st_count(ck->files[0]); i++) {
+			ck->e[i].t = hi3_st_at(ck->files[0], i);
+			ck->e[i].file = 0;
+		}
+		ck->n = hi3_st_count(ck->files[0]);
+	}
+	if (ck->n > 1)
+		qsort(ck->e, (size_t)ck->n, sizeof(*ck->e), ck_cmp);
+	*out = ck;
+	rc = 0;
+out:
+	free(index);
+	if (rc)
+		hi3_ckpt_close(ck);
+	return rc;
+}
+
+void hi3_ckpt_close(hi3_ckpt *ck)
+{
+	if (!ck)
+		return;
+	for (int i = 0; i < ck->n_files; i++) {
+		hi3_st_close(ck->files[i]);
+		free(ck->file_names[i]);
+	}
+	free(ck->files);
+	free(ck->file_names);
+	free(ck->e);
+	free(ck->dir);
+	free(ck);
+}
+
+static const struct ck_entry *ck_lookup(const hi3_ckpt *ck, const char *name)
+{
+	int lo = 0, hi = ck->n - 1;
+
+	while (lo <= hi) {
+		int mid = (lo + hi) / 2, c = strcmp(name, ck->e[mid].t->name);
+
+		if (!c)
+			return &ck->e[mid];
+		if (c < 0)
+			hi = mid - 1;
+		else
+			lo = mid + 1;
+	}
+	return NULL;
+}
+
+const hi3_tensor *hi3_ckpt_find(const hi3_ckpt *ck, const char *name)
+{
+	const struct ck_entry *e = ck_lookup(ck, name);
+
+	return e ? e->t : NULL;
+}
+
+int hi3_ckpt_count(const hi3_ckpt *ck) { return ck->n; }
+
+const hi3_tensor *hi3_ckpt_at(const hi3_ckpt *ck, int i)
+{
+	return i >= 0 && i < ck->n ? ck->e[i].t : NULL;
+}
+
+const char *hi3_ckpt_file_of(const hi3_ckpt *ck, const char *name)
+{
+	const struct ck_entry *e = ck_lookup(ck, name);
+
+	return e ? hi3_st_path(ck->files[e->file]) : NULL;
+}

@@ -1,0 +1,700 @@
+/*
+ * model.c -- the HunyuanImage-3.0 decoder, top to bottom as SPEC section 3
+ * reads, written against the backend ops table (backend.h).
+ *
+ * Per token:  x = wte[id]
+ *   per layer: x += o_proj(attn(rope_qknorm(qkv_proj(rmsnorm_in(x)))))
+ *              x += mlp(rmsnorm_post(x))        (dense SwiGLU or MoE)
+ *   logits = lm_head(rmsnorm_f(x))
+ *
+ * Shapes: M = B*T tokens of this call, H hidden, W = (n_h + 2 n_kv) d.
+ */
+#include "config.h"
+#include <math.h>
+#include <string.h>
+#include "model/model.h"
+
+#define NAME(...) (snprintf(nm, sizeof(nm), __VA_ARGS__), nm)
+
+static hi3_wt *load_w(hi3_model *m, const char *name, int kind, hi3_error *err)
+{
+	const hi3_tensor *t = hi3_ckpt_find(m->ck, name);
+	hi3_wt *w;
+
+	if (!t) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is missing", m->dir, name);
+		return NULL;
+	}
+	{
+		int64_t bad = hi3i_count_nonfinite(t->data, t->dtype, (size_t)hi3_tensor_numel(t));
+		if (bad)
+			hi3_log(HI3_LOG_WARN, "%s: tensor '%s' holds %lld NaN/Inf values of %lld",
+			        hi3_ckpt_file_of(m->ck, name), name, (long long)bad, (long long)hi3_tensor_numel(t));
+	}
+	w = m->be->weight(m->be, t, kind, err);
+	if (!w)
+		hi3_error_prefix(err, "%s: tensor '%s'", m->dir, name);
+	return w;
+}
+
+static int load_mlp(hi3_model *m, struct hi3_mlp_w *mw, const char *prefix, int I, hi3_error *err)
+{
+	char nm[256];
+
+	mw->I = I;
+	if (!(mw->gate_up = load_w(m, NAME("%s.gate_and_up_proj.weight", prefix), HI3_WT_MATRIX, err)) ||
+	    !(mw->down = load_w(m, NAME("%s.down_proj.weight", prefix), HI3_WT_MATRIX, err)))
+		return -1;
+	if (I > m->max_I)
+		m->max_I = I;
+	return 0;
+}
+
+static void free_mlp(hi3_model *m, struct hi3_mlp_w *mw)
+{
+	m->be->weight_free(m->be, mw->gate_up);
+	m->be->weight_free(m->be, mw->down);
+}
+
+static int load_layer(hi3_model *m, int l, hi3_error *err)
+{
+	const hi3_config *c = &m->cfg;
+	struct hi3_layer_w *L = &m->layers[l];
+	char nm[256], pre[64];
+
+	snprintf(pre, sizeof(pre), "model.layers.%d", l);
+	if (!(L->ln_in = load_w(m, NAME("%s.input_layernorm.weight", pre), HI3_WT_VECTOR, err)) ||
+	    !(L->ln_post = load_w(m, NAME("%s.post_attention_layernorm.weight", pre), HI3_WT_VECTOR, err)) ||
+	    !(L->qkv = load_w(m, NAME("%s.self_attn.qkv_proj.weight", pre), HI3_WT_MATRIX, err)) ||
+	    !(L->o = load_w(m, NAME("%s.self_attn.o_proj.weight", pre), HI3_WT_MATRIX, err)))
+		return -1;
+	if (c->use_qk_norm &&
+	    (!(L->qn = load_w(m, NAME("%s.self_attn.query_layernorm.weight", pre), HI3_WT_VECTOR, err)) ||
+	     !(L->kn = load_w(m, NAME("%s.self_attn.key_layernorm.weight", pre), HI3_WT_VECTOR, err))))
+		return -1;
+	L->moe = hi3_config_is_moe_layer(c, l);
+	if (!L->moe)
+		return load_mlp(m, &L->mlp, NAME("%s.mlp", pre), c->intermediate_size, err);
+	L->moe_index = m->n_moe++;
+	L->E = c->num_experts[l];
+	L->k = c->moe_topk[l];
+	if (L->k > m->max_k)
+		m->max_k = L->k;
+	if (!(L->router = load_w(m, NAME("%s.mlp.gate.wg.weight", pre), HI3_WT_MATRIX, err)))
+		return -1;
+	L->experts = hi3i_calloc((size_t)L->E, sizeof(*L->experts), err);
+	if (!L->experts)
+		return -1;
+	for (int e = 0; e < L->E; e++) {
+		char ep[128];
+		snprintf(ep, sizeof(ep), "%s.mlp.experts.%d", pre, e);
+		if (load_mlp(m, &L->experts[e], ep, c->moe_intermediate_size[l], err))
+			return -1;
+	}
+	if (c->use_mixed_mlp_moe && c->num_shared_expert[l] > 0) {
+		L->has_shared = 1;
+		if (load_mlp(m, &L->shared, NAME("%s.mlp.shared_mlp", pre),
+		             c->moe_intermediate_size[l] * c->num_shared_expert[l], err))
+			return -1;
+	}
+	return 0;
+}
+
+int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts, hi3_error *err)
+{
+	hi3_model *m = hi3i_calloc(1, sizeof(*m), err);
+	hi3_model_opts def = {.backend = "cpu", .batch_invariant = 1};
+	char *cfg_path = NULL;
+	int rc = -1;
+
+	*out = NULL;
+	if (!m)
+		return -1;
+	if (!opts)
+		opts = &def;
+	m->dir = hi3i_strdup(dir);
+	cfg_path = hi3i_asprintf("%s/config.json", dir);
+	if (!m->dir || !cfg_path) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto out;
+	}
+	if (hi3_config_load(&m->cfg, cfg_path, err) != 0)
+		goto out;
+	if (hi3_ckpt_open(&m->ck, dir, err) != 0)
+		goto out;
+	if (hi3_config_validate(&m->cfg, m->ck, err) != 0)
+		goto out;
+	if (hi3_fingerprint(&m->cfg, m->ck, m->fingerprint) != 0) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto out;
+	}
+	if (!opts->backend || !strcmp(opts->backend, "cpu")) {
+		if (hi3i_backend_cpu(&m->be, opts->threads, opts->batch_invariant, err) != 0)
+			goto out;
+	} else if (!strcmp(opts->backend, "cuda")) {
+		if (hi3i_backend_cuda(&m->be, opts->threads, opts->batch_invariant, err) != 0)
+			goto out;
+	} else {
+		hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", opts->backend);
+		goto out;
+	}
+	m->dims.H = m->cfg.hidden_size;
+	m->dims.n_h = m->cfg.num_attention_heads;
+	m->dims.n_kv = m->cfg.num_key_value_heads;
+	m->dims.d = m->cfg.attention_head_dim;
+	m->dims.eps = (float)m->cfg.rms_norm_eps;
+	m->layers = hi3i_calloc((size_t)m->cfg.num_hidden_layers, sizeof(*m->layers), err);
+	if (!m->layers)
+		goto out;
+	if (!(m->wte = load_w(m, "model.wte.weight", HI3_WT_ROWS, err)) ||
+	    !(m->ln_f = load_w(m, "model.ln_f.weight", HI3_WT_VECTOR, err)) ||
+	    !(m->lm_head = load_w(m, hi3_ckpt_find(m->ck, "lm_head.weight") ? "lm_head.weight" : "model.wte.weight",
+	                          HI3_WT_MATRIX, err)))
+		goto out;
+	for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+		if (load_layer(m, l, err) != 0)
+			goto out;
+	{
+		float theta[512];
+		hi3i_rope_theta(theta, m->dims.d, m->cfg.rope_theta);
+		m->theta = m->be->alloc(m->be, sizeof(float) * (size_t)(m->dims.d / 2));
+		if (!m->theta || m->be->upload(m->be, m->theta, theta, sizeof(float) * (size_t)(m->dims.d / 2))) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+			goto out;
+		}
+	}
+	*out = m;
+	rc = 0;
+out:
+	free(cfg_path);
+	if (rc)
+		hi3_model_close(m);
+	return rc;
+}
+
+static void work_free(hi3_model *m)
+{
+	struct hi3_work *w = &m->w;
+	void *bufs[] = {w->x, w->h, w->qkv, w->att, w->y, w->ab, w->mid, w->ye, w->xe, w->ys, w->rl, w->sab, w->smid, w->lx,
+	                w->logits, w->ids, w->pos, w->rows, w->idx, w->slots, w->plan, w->scale};
+
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(bufs); i++)
+		if (bufs[i])
+			m->be->free(m->be, bufs[i]);
+	memset(w, 0, sizeof(*w));
+}
+
+void hi3_model_close(hi3_model *m)
+{
+	if (!m)
+		return;
+	if (m->be) {
+		work_free(m);
+		if (m->attached)
+			m->be->kv_detach(m->be, m->attached);
+		if (m->theta)
+			m->be->free(m->be, m->theta);
+		m->be->weight_free(m->be, m->wte);
+		m->be->weight_free(m->be, m->ln_f);
+		m->be->weight_free(m->be, m->lm_head);
+		for (int l = 0; m->layers && l < m->cfg.num_hidden_layers; l++) {
+			struct hi3_layer_w *L = &m->layers[l];
+			hi3_wt *ws[] = {L->ln_in, L->ln_post, L->qkv, L->o, L->qn, L->kn, L->router};
+			for (size_t i = 0; i < HI3_ARRAY_SIZE(ws); i++)
+				m->be->weight_free(m->be, ws[i]);
+			free_mlp(m, &L->mlp);
+			for (int e = 0; L->experts && e < L->E; e++)
+				free_mlp(m, &L->experts[e]);
+			free(L->experts);
+			if (L->has_shared)
+				free_mlp(m, &L->shared);
+		}
+		m->be->destroy(m->be);
+	}
+	free(m->layers);
+	hi3_ckpt_close(m->ck);
+	hi3_config_release(&m->cfg);
+	free(m->dir);
+	free(m);
+}
+
+const hi3_config *hi3_model_config(const hi3_model *m) { return &m->cfg; }
+const char *hi3_model_fingerprint(const hi3_model *m) { return m->fingerprint; }
+const char *hi3_model_dir(const hi3_model *m) { return m->dir; }
+const char *hi3_model_backend(const hi3_model *m) { return m->be->name; }
+int hi3_model_n_moe_layers(const hi3_model *m) { return m->n_moe; }
+int hi3_model_max_topk(const hi3_model *m) { return m->max_k; }
+
+int hi3_model_batch_invariant(const hi3_model *m)
+{
+	return m->be->batch_invariant;
+}
+
+hi3_dtype hi3_model_weight_dtype(const hi3_model *m)
+{
+	const hi3_tensor *t = hi3_ckpt_find(m->ck, "model.layers.0.self_attn.qkv_proj.weight");
+
+	return t ? t->dtype : HI3_F32;
+}
+
+/* Make sure the scratch buffers hold M tokens and n_logit logit rows. */
+static int work_reserve(hi3_model *m, size_t M, size_t n_logit, hi3_error *err)
+{
+	struct hi3_work *w = &m->w;
+	const hi3_config *c = &m->cfg;
+	size_t H = (size_t)c->hidden_size, d = (size_t)c->attention_head_dim;
+	size_t W = (size_t)(c->num_attention_heads + 2 * c->num_key_value_heads) * d;
+	size_t I = (size_t)m->max_I, E = 1, V = (size_t)c->vocab_size, Kx = (size_t)HI3_MAX(m->max_k, 1);
+	hi3_backend *be = m->be;
+
+	for (int l = 0; l < c->num_hidden_layers; l++)
+		if ((size_t)c->num_experts[l] > E)
+			E = (size_t)c->num_experts[l];
+	if (M > w->M) {
+		size_t oldn = w->n_logit;
+		work_free(m);
+		w->n_logit = oldn;
+		M = M < 16 ? 16 : M;
+#define A(p, n) ((p) = be->alloc(be, (n))) == NULL
+		/* expert buffers hold every (token, chosen expert) pair: M k rows */
+		if (A(w->x, M * H * 4) || A(w->h, M * H * 4) || A(w->qkv, M * W * 4) ||
+		    A(w->att, M * (size_t)c->num_attention_heads * d * 4) || A(w->y, M * H * 4) ||
+		    A(w->ab, M * Kx * 2 * I * 4) || A(w->mid, M * Kx * I * 4) || A(w->ye, M * Kx * H * 4) ||
+		    A(w->xe, M * Kx * H * 4) || A(w->ys, M * H * 4) || A(w->sab, M * 2 * I * 4) ||
+		    A(w->smid, M * I * 4) || A(w->rl, M * E * 4) || A(w->ids, M * 8) || A(w->pos, M * 8) ||
+		    A(w->rows, M * 4) || A(w->idx, M * Kx * 4) || A(w->slots, M * 8) ||
+		    A(w->plan, M * sizeof(hi3_attn_q)) || A(w->scale, M * Kx * 4))
+			goto oom;
+		w->M = M;
+		w->lx = NULL;
+		w->logits = NULL;
+		w->n_logit = 0;
+	}
+	if (n_logit > w->n_logit || !w->logits) {
+		if (w->lx)
+			be->free(be, w->lx);
+		if (w->logits)
+			be->free(be, w->logits);
+		w->lx = w->logits = NULL;
+		n_logit = n_logit < 1 ? 1 : n_logit;
+		if (A(w->lx, n_logit * H * 4) || A(w->logits, n_logit * V * 4))
+			goto oom;
+		w->n_logit = n_logit;
+	}
+#undef A
+	return 0;
+oom:
+	work_free(m);
+	return hi3_error_set(err, HI3_ERR_RUNTIME,
+	                     "out of %s memory for %zu tokens of activations (%zu MiB free)", be->name, M,
+	                     be->mem_free(be) >> 20);
+}
+
+/* y (M, H) = SwiGLU MLP of h (M, H). */
+static void mlp_forward(hi3_model *m, const struct hi3_mlp_w *mw, float *y, const float *h, int M)
+{
+	hi3_backend *be = m->be;
+
+	be->matmul(be, m->w.ab, h, mw->gate_up, M);
+	be->swiglu(be, m->w.mid, m->w.ab, M, mw->I);
+	be->matmul(be, y, m->w.mid, mw->down, M);
+}
+
+/* Grouped products through the backend, or one by one when it has none. */
+static void matmul_group(hi3_model *m, int n, float *const *y, const float *const *x, const hi3_wt *const *w,
+                         const int *M)
+{
+	if (m->be->matmul_group) {
+		m->be->matmul_group(m->be, n, y, x, w, M);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		m->be->matmul(m->be, y[i], x[i], w[i], M[i]);
+}
+
+struct route {
+	int16_t *ids;             /* (M, k) host */
+	float *w;                 /* (M, k) host */
+};
+
+/* Top-k of softmax(logits) like upstream topkgating: fp32 softmax, ties to
+ * the lower expert id, weights renormalised over the chosen k. */
+static void route_token(const float *logit, int E, int k, int norm, float scale, const int16_t *force,
+                        const float *force_w, int16_t *ids, float *w)
+{
+	float p[1024], mx = -INFINITY, sum = 0.0f;
+	int used[1024] = {0};
+
+	for (int e = 0; e < E; e++)
+		mx = logit[e] > mx ? logit[e] : mx;
+	for (int e = 0; e < E; e++) {
+		p[e] = expf(logit[e] - mx);
+		sum += p[e];
+	}
+	for (int e = 0; e < E; e++)
+		p[e] /= sum;
+	for (int j = 0; j < k; j++) {
+		int best = -1;
+		if (force) {
+			best = force[j];
+		} else {
+			for (int e = 0; e < E; e++)
+				if (!used[e] && (best < 0 || p[e] > p[best]))
+					best = e;
+		}
+		used[best] = 1;
+		ids[j] = (int16_t)best;
+		w[j] = p[best];
+	}
+	if (force_w) {
+		memcpy(w, force_w, sizeof(float) * (size_t)k);
+		return;
+	}
+	if (norm && k > 1) {
+		float s = 0.0f;
+		for (int j = 0; j < k; j++)
+			s += w[j];
+		if (s < 1.1920928955078125e-07f)
+			s = 1.1920928955078125e-07f;
+		for (int j = 0; j < k; j++)
+			w[j] /= s;
+	} else {
+		for (int j = 0; j < k; j++)
+			w[j] *= scale;
+	}
+}
+
+static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, const float *h, int M,
+                       const hi3_batch *b, hi3_error *err)
+{
+	hi3_backend *be = m->be;
+	const int H = m->cfg.hidden_size, E = L->E, k = L->k, K = m->max_k, NM = m->n_moe;
+	float *rl = NULL, *wts = NULL, *sc = NULL;
+	int16_t *ids = NULL;
+	int32_t *idx = NULL;
+	int rc = -1;
+
+	rl = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)E, err);
+	ids = hi3i_malloc(sizeof(int16_t) * (size_t)M * (size_t)k, err);
+	wts = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)k, err);
+	idx = hi3i_malloc(sizeof(int32_t) * (size_t)M * (size_t)k, err);
+	sc = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)k, err);
+	if (!rl || !ids || !wts || !idx || !sc)
+		goto out;
+	be->matmul(be, m->w.rl, h, L->router, M);
+	be->download(be, rl, m->w.rl, sizeof(float) * (size_t)M * (size_t)E);
+	for (int t = 0; t < M; t++) {
+		size_t rec = ((size_t)t * NM + (size_t)L->moe_index) * (size_t)K;
+		/* a token whose record starts with -1 routes freely */
+		const int16_t *force = b->force_route && b->force_route[rec] >= 0 ? b->force_route + rec : NULL;
+		if (force)
+			for (int j = 0; j < k; j++)
+				if (force[j] < 0 || force[j] >= E) {
+					hi3_error_set(err, HI3_ERR_INPUT, "forced routing for token %d, MoE layer %d names "
+					              "expert %d of %d", t, L->moe_index, force[j], E);
+					goto out;
+				}
+		route_token(rl + (size_t)t * E, E, k, m->cfg.norm_topk_prob, (float)m->cfg.routed_scaling_factor,
+		            force, force && b->force_route_w ? b->force_route_w + rec : NULL, ids + (size_t)t * k,
+		            wts + (size_t)t * k);
+		if (b->route_ids) {
+			for (int j = 0; j < K; j++) {
+				b->route_ids[rec + j] = j < k ? ids[(size_t)t * k + j] : -1;
+				b->route_w[rec + j] = j < k ? wts[(size_t)t * k + j] : 0.0f;
+			}
+		}
+	}
+	/* Routed experts: each expert's tokens gathered into one packed
+	 * buffer, both GEMM stages of every expert (and the shared MLP) run
+	 * as one grouped call each, then the outputs are added to y expert by
+	 * expert in ascending id, so a token sums its experts in one order
+	 * whatever else is in the batch. */
+	{
+		const int inter = L->experts[0].I, n_jobs_max = E + 1;
+		float **ys = NULL;
+		const float **xs = NULL;
+		const hi3_wt **ws = NULL;
+		int *ms = NULL, *first = NULL, *count = NULL, n_jobs = 0, rows = 0;
+
+		ys = hi3i_calloc((size_t)n_jobs_max, sizeof(*ys), err);
+		xs = hi3i_calloc((size_t)n_jobs_max, sizeof(*xs), err);
+		ws = hi3i_calloc((size_t)n_jobs_max, sizeof(*ws), err);
+		ms = hi3i_calloc((size_t)n_jobs_max, sizeof(*ms), err);
+		first = hi3i_calloc((size_t)E, sizeof(*first), err);
+		count = hi3i_calloc((size_t)E, sizeof(*count), err);
+		if (!ys || !xs || !ws || !ms || !first || !count)
+			goto moe_out;
+		for (int e = 0; e < E; e++) {
+			first[e] = rows;
+			for (int t = 0; t < M; t++)
+				for (int j = 0; j < k; j++)
+					if (ids[(size_t)t * k + j] == e) {
+						idx[rows] = t;
+						sc[rows] = wts[(size_t)t * k + j];
+						rows++;
+					}
+			count[e] = rows - first[e];
+		}
+		if (rows) {
+			be->upload(be, m->w.idx, idx, sizeof(int32_t) * (size_t)rows);
+			be->upload(be, m->w.scale, sc, sizeof(float) * (size_t)rows);
+			be->gather(be, m->w.xe, h, m->w.idx, rows, H);
+		}
+		/* stage 1: gate_up of every expert with tokens, and the shared MLP */
+		for (int e = 0; e < E; e++)
+			if (count[e]) {
+				xs[n_jobs] = m->w.xe + (size_t)first[e] * H;
+				ys[n_jobs] = m->w.ab + (size_t)first[e] * 2 * inter;
+				ws[n_jobs] = L->experts[e].gate_up;
+				ms[n_jobs++] = count[e];
+			}
+		if (L->has_shared) {
+			xs[n_jobs] = h;
+			ys[n_jobs] = m->w.sab;
+			ws[n_jobs] = L->shared.gate_up;
+			ms[n_jobs++] = M;
+		}
+		matmul_group(m, n_jobs, ys, xs, ws, ms);
+		if (rows)
+			be->swiglu(be, m->w.mid, m->w.ab, rows, inter);
+		if (L->has_shared)
+			be->swiglu(be, m->w.smid, m->w.sab, M, L->shared.I);
+		/* stage 2: down */
+		n_jobs = 0;
+		for (int e = 0; e < E; e++)
+			if (count[e]) {
+				xs[n_jobs] = m->w.mid + (size_t)first[e] * inter;
+				ys[n_jobs] = m->w.ye + (size_t)first[e] * H;
+				ws[n_jobs] = L->experts[e].down;
+				ms[n_jobs++] = count[e];
+			}
+		if (L->has_shared) {
+			xs[n_jobs] = m->w.smid;
+			ys[n_jobs] = m->w.ys;
+			ws[n_jobs] = L->shared.down;
+			ms[n_jobs++] = M;
+		}
+		matmul_group(m, n_jobs, ys, xs, ws, ms);
+		be->zero(be, y, (size_t)M * (size_t)H);
+		for (int e = 0; e < E; e++)
+			if (count[e])
+				be->scatter_add(be, y, m->w.ye + (size_t)first[e] * H, m->w.idx + first[e],
+				                m->w.scale + first[e], count[e], H);
+		if (L->has_shared)
+			be->add(be, y, m->w.ys, (size_t)M * (size_t)H);
+		rc = 0;
+moe_out:
+		free(ys);
+		free(xs);
+		free(ws);
+		free(ms);
+		free(first);
+		free(count);
+		if (rc)
+			goto out;
+		rc = -1;
+	}
+	rc = 0;
+out:
+	free(rl);
+	free(ids);
+	free(wts);
+	free(idx);
+	free(sc);
+	return rc;
+}
+
+static int check_batch(const hi3_model *m, const hi3_kvcache *kv, const hi3_batch *b, hi3_error *err)
+{
+	const hi3_config *c = &m->cfg;
+
+	if (b->B <= 0 || b->T <= 0 || !b->ids || !b->rope || !b->hi)
+		return hi3_error_set(err, HI3_ERR_USAGE, "forward: empty batch or missing ids/rope/hi");
+	if (b->mode != HI3_ATTN_SELF && b->mode != HI3_ATTN_CACHE)
+		return hi3_error_set(err, HI3_ERR_USAGE, "forward: unknown attention mode %d", b->mode);
+	if (b->mode == HI3_ATTN_CACHE && (!kv || !b->slot))
+		return hi3_error_set(err, HI3_ERR_USAGE, "forward: cache attention needs a cache and slots");
+	if (b->route_ids && !b->route_w)
+		return hi3_error_set(err, HI3_ERR_USAGE, "forward: route_ids without route_w");
+	if (kv && (kv->n_layers != c->num_hidden_layers || kv->n_kv != c->num_key_value_heads ||
+	           kv->d != c->attention_head_dim || (kv->dtype != HI3_F32 && kv->dtype != HI3_BF16)))
+		return hi3_error_set(err, HI3_ERR_INPUT,
+		                     "KV cache shape (%d layers, %d kv heads, head dim %d, %s) does not fit the model "
+		                     "(%d, %d, %d)", kv->n_layers, kv->n_kv, kv->d, hi3_dtype_name(kv->dtype),
+		                     c->num_hidden_layers, c->num_key_value_heads, c->attention_head_dim);
+	for (int r = 0; r < b->B; r++) {
+		int row = b->cache_row ? b->cache_row[r] : r;
+		if (kv && (row < 0 || row >= kv->B))
+			return hi3_error_set(err, HI3_ERR_USAGE, "forward: row %d maps to cache row %d of %d", r, row,
+			                     kv->B);
+		for (int t = 0; t < b->T; t++) {
+			size_t i = (size_t)r * b->T + t;
+			if (b->ids[i] < 0 || b->ids[i] >= c->vocab_size)
+				return hi3_error_set(err, HI3_ERR_INPUT, "row %d, column %d: token id %lld is outside the "
+				                     "vocabulary [0, %d)", r, t, (long long)b->ids[i], c->vocab_size);
+			if (b->slot && kv && b->slot[i] >= kv->C)
+				return hi3_error_set(err, HI3_ERR_INPUT, "row %d, column %d: cache slot %lld is beyond "
+				                     "the cache's %d slots", r, t, (long long)b->slot[i], kv->C);
+			if (b->mode == HI3_ATTN_SELF && b->hi[i] >= b->T)
+				return hi3_error_set(err, HI3_ERR_USAGE, "row %d, column %d: attends key %d of %d", r, t,
+				                     b->hi[i], b->T);
+			if (b->mode == HI3_ATTN_CACHE && b->hi[i] >= kv->C)
+				return hi3_error_set(err, HI3_ERR_USAGE, "row %d, column %d: attends slot %d of %d", r, t,
+				                     b->hi[i], kv->C);
+		}
+	}
+	for (int i = 0; i < b->n_logits; i++)
+		if (b->logit_at[2 * i] < 0 || b->logit_at[2 * i] >= b->B || b->logit_at[2 * i + 1] < 0 ||
+		    b->logit_at[2 * i + 1] >= b->T)
+			return hi3_error_set(err, HI3_ERR_USAGE, "forward: logits requested at (%d, %d) outside (%d, %d)",
+			                     b->logit_at[2 * i], b->logit_at[2 * i + 1], b->B, b->T);
+	return 0;
+}
+
+/* Per-query attention plan and per-token cache rows/slots, on the host. */
+static void build_plan(const hi3_batch *b, const hi3_kvcache *kv, hi3_attn_q *plan, int32_t *rows,
+                       int64_t *slots)
+{
+	for (int r = 0; r < b->B; r++) {
+		int crow = b->cache_row ? b->cache_row[r] : r;
+		for (int t = 0; t < b->T; t++) {
+			size_t i = (size_t)r * b->T + t;
+			int64_t key = b->mode == HI3_ATTN_SELF ? t : b->slot[i];
+			hi3_attn_q *q = &plan[i];
+
+			q->row = b->mode == HI3_ATTN_SELF ? r : crow;
+			q->hi = b->hi[i];
+			q->blk_lo = q->blk_hi = 0;
+			for (int s = 0; b->blocks && s < b->S; s++) {
+				const int32_t *bl = b->blocks + ((size_t)r * b->S + s) * 2;
+				if (bl[1] > bl[0] && key >= bl[0] && key < bl[1]) {
+					q->blk_lo = bl[0];
+					q->blk_hi = bl[1];
+					if (b->mode == HI3_ATTN_SELF && q->blk_hi > b->T)
+						q->blk_hi = b->T;
+					if (b->mode == HI3_ATTN_CACHE && kv && q->blk_hi > kv->C)
+						q->blk_hi = kv->C;
+					break;
+				}
+			}
+			rows[i] = crow;
+			slots[i] = b->slot ? b->slot[i] : -1;
+		}
+	}
+}
+
+int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *err)
+{
+	const hi3_config *c = &m->cfg;
+	hi3_backend *be = m->be;
+	const int M = b->B * b->T, H = c->hidden_size, d = c->attention_head_dim;
+	const int g = c->num_attention_heads / c->num_key_value_heads;
+	const int64_t W = (int64_t)(c->num_attention_heads + 2 * c->num_key_value_heads) * d;
+	hi3_attn_q *plan = NULL;
+	int32_t *rows = NULL, *lidx = NULL;
+	int64_t *slots = NULL;
+	int rc = -1;
+
+	if (check_batch(m, kv, b, err) != 0)
+		return -1;
+	if (kv && kv != m->attached) {
+		if (m->attached)
+			be->kv_detach(be, m->attached);
+		m->attached = NULL;
+		if (be->kv_attach(be, kv, err) != 0)
+			return -1;
+		m->attached = kv;
+	}
+	if (work_reserve(m, (size_t)M, (size_t)b->n_logits, err) != 0)
+		return -1;
+	plan = hi3i_malloc(sizeof(*plan) * (size_t)M, err);
+	rows = hi3i_malloc(sizeof(*rows) * (size_t)M, err);
+	slots = hi3i_malloc(sizeof(*slots) * (size_t)M, err);
+	lidx = hi3i_malloc(sizeof(*lidx) * (size_t)(b->n_logits + 1), err);
+	if (!plan || !rows || !slots || !lidx)
+		goto out;
+	build_plan(b, kv, plan, rows, slots);
+	be->upload(be, m->w.ids, b->ids, sizeof(int64_t) * (size_t)M);
+	be->upload(be, m->w.pos, b->rope, sizeof(int32_t) * 2 * (size_t)M);
+	be->upload(be, m->w.plan, plan, sizeof(*plan) * (size_t)M);
+	be->upload(be, m->w.rows, rows, sizeof(*rows) * (size_t)M);
+	be->upload(be, m->w.slots, slots, sizeof(*slots) * (size_t)M);
+
+	be->embed(be, m->w.x, m->w.ids, m->wte, M);
+	for (int l = 0; l < c->num_hidden_layers; l++) {
+		const struct hi3_layer_w *L = &m->layers[l];
+		hi3_kv_src ks, vs;
+		hi3_kv_dst dst = {0};
+
+		if (b->hidden_out)
+			be->download(be, b->hidden_out + (size_t)l * M * H, m->w.x, sizeof(float) * (size_t)M * H);
+		/* attention */
+		be->rmsnorm(be, m->w.h, m->w.x, L->ln_in, M, H, m->dims.eps);
+		be->matmul(be, m->w.qkv, m->w.h, L->qkv, M);
+		be->rope_qk(be, m->w.qkv, m->w.pos, m->theta, L->qn, L->kn, &m->dims, M);
+		if (kv) {
+			be->kv_layer(be, kv, l, &dst.k, &dst.v);
+			dst.dtype = kv->dtype;
+			dst.C = kv->C;
+		}
+		if (b->mode == HI3_ATTN_CACHE) {
+			be->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
+			ks = (hi3_kv_src){dst.k, kv->dtype, (int64_t)kv->n_kv * kv->C * d, (int64_t)kv->C * d, d};
+			vs = ks;
+			vs.base = dst.v;
+		} else {
+			ks = (hi3_kv_src){m->w.qkv + (size_t)g * d, HI3_F32, b->T * W, (int64_t)(g + 2) * d, W};
+			vs = ks;
+			vs.base = m->w.qkv + (size_t)(g + 1) * d;
+		}
+		be->attention(be, m->w.att, m->w.qkv, &ks, &vs, m->w.plan, &m->dims, M);
+		if (b->mode == HI3_ATTN_SELF && kv && b->slot)
+			be->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
+		be->matmul(be, m->w.h, m->w.att, L->o, M);
+		be->add(be, m->w.x, m->w.h, (size_t)M * H);
+		/* MLP */
+		be->rmsnorm(be, m->w.h, m->w.x, L->ln_post, M, H, m->dims.eps);
+		if (L->moe) {
+			if (moe_forward(m, L, m->w.y, m->w.h, M, b, err) != 0)
+				goto out;
+		} else {
+			mlp_forward(m, &L->mlp, m->w.y, m->w.h, M);
+		}
+		be->add(be, m->w.x, m->w.y, (size_t)M * H);
+	}
+	if (b->hidden_out)
+		be->download(be, b->hidden_out + (size_t)c->num_hidden_layers * M * H, m->w.x,
+		             sizeof(float) * (size_t)M * H);
+	if (b->n_logits > 0) {
+		for (int i = 0; i < b->n_logits; i++)
+			lidx[i] = b->logit_at[2 * i] * b->T + b->logit_at[2 * i + 1];
+		be->upload(be, m->w.idx, lidx, sizeof(int32_t) * (size_t)b->n_logits);
+		be->gather(be, m->w.lx, m->w.x, m->w.idx, b->n_logits, H);
+		be->rmsnorm(be, m->w.lx, m->w.lx, m->ln_f, b->n_logits, H, m->dims.eps);
+		be->matmul(be, m->w.logits, m->w.lx, m->lm_head, b->n_logits);
+		be->download(be, b->logits, m->w.logits, sizeof(float) * (size_t)b->n_logits * c->vocab_size);
+	}
+	rc = 0;
+out:
+	free(plan);
+	free(rows);
+	free(slots);
+	free(lidx);
+	return rc;
+}
+
+void hi3i_model_kv_closed(hi3_model *m, const hi3_kvcache *kv)
+{
+	if (m && kv && m->attached == kv) {
+		m->be->kv_detach(m->be, m->attached);
+		m->attached = NULL;
+	}
+}
+
+int hi3_kv_sync_host(hi3_model *m, hi3_kvcache *kv, hi3_error *err)
+{
+	if (m->attached != kv)
+		return 0;
+	return m->be->kv_sync_host(m->be, kv, err);
+}
+

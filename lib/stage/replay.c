@@ -1,0 +1,399 @@
+/*
+ * replay.c -- teacher-forced log-probs of a rollout (SPEC sections 5, 6, 7).
+ *
+ * For row i, one causal forward over its true prompt (its first n_i
+ * columns, no padding) followed by its response tokens; the log-prob of
+ * response token j comes from the logits at index n_i - 1 + j, at
+ * temperature 1, exactly as decode recorded it. Per row (B = 1 each) or
+ * batched (rows right padded into one batch; pads never reach a real
+ * query because attention is causal by column).
+ *
+ * Routing replay: the segment may carry the experts each generated token
+ * was routed to; --routing=recorded forces them, so the rollout/replay gap
+ * can be measured with routing flips removed.
+ */
+#include <math.h>
+#include <string.h>
+#include <time.h>
+#include "format/kv.h"
+
+int hi3_segment_open(hi3_segment **out, const char *path, hi3_error *err)
+{
+	hi3_segment *s = hi3i_calloc(1, sizeof(*s), err);
+	const hi3_tensor *tok, *lp, *cu, *sr, *re, *rw;
+
+	*out = NULL;
+	if (!s)
+		return -1;
+	if (hi3_st_open(&s->st, path, HI3_ST_READ, err) != 0 || hi3_st_expect_format(s->st, "hi3.segment", err))
+		goto fail;
+	if (hi3_st_get(s->st, "tokens", HI3_I64, 1, (int64_t[]){-1}, &tok, err) ||
+	    hi3_st_get(s->st, "logprobs", HI3_F32, 1, (int64_t[]){tok->shape[0]}, &lp, err) ||
+	    hi3_st_get(s->st, "cu_seqlens", HI3_I64, 1, (int64_t[]){-1}, &cu, err))
+		goto fail;
+	s->T = tok->shape[0];
+	s->B = (int)cu->shape[0] - 1;
+	s->tokens = tok->data;
+	s->logprobs = lp->data;
+	s->cu_seqlens = cu->data;
+	if (s->B < 1) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'cu_seqlens' has no rows", path);
+		goto fail;
+	}
+	if (hi3_st_get(s->st, "stop_reason", HI3_U8, 1, (int64_t[]){s->B}, &sr, err))
+		goto fail;
+	s->stop_reason = sr->data;
+	if (s->cu_seqlens[0] != 0 || s->cu_seqlens[s->B] != s->T) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'cu_seqlens' runs from %lld to %lld, expected 0 to %lld",
+		              path, (long long)s->cu_seqlens[0], (long long)s->cu_seqlens[s->B], (long long)s->T);
+		goto fail;
+	}
+	for (int i = 0; i < s->B; i++)
+		if (s->cu_seqlens[i + 1] < s->cu_seqlens[i]) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'cu_seqlens' decreases at row %d", path, i);
+			goto fail;
+		}
+	re = hi3_st_find(s->st, "routing_experts");
+	if (re) {
+		if (hi3_st_get(s->st, "routing_experts", HI3_I16, 3, (int64_t[]){s->T, -1, -1}, &re, err) ||
+		    hi3_st_get(s->st, "routing_weights", HI3_F32, 3, (int64_t[]){s->T, re->shape[1], re->shape[2]}, &rw,
+		               err))
+			goto fail;
+		s->route_ids = re->data;
+		s->route_w = rw->data;
+		s->n_moe = (int)re->shape[1];
+		s->k = (int)re->shape[2];
+	}
+	s->model_fingerprint = hi3_st_meta(s->st, "model_fingerprint");
+	s->conditions_hash = hi3_st_meta(s->st, "conditions_hash");
+	*out = s;
+	return 0;
+fail:
+	hi3_segment_close(s);
+	return -1;
+}
+
+void hi3_segment_close(hi3_segment *s)
+{
+	if (!s)
+		return;
+	hi3_st_close(s->st);
+	free(s);
+}
+
+static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
+                        hi3_error *err)
+{
+	const char *path = hi3_st_path(s->st);
+	int V = hi3_model_config(m)->vocab_size;
+
+	if (hi3_cond_check_model(c, m, err) != 0)
+		return -1;
+	if (hi3i_check_made_by(path, s->model_fingerprint, m, err) != 0)
+		return -1;
+	if (s->B != c->B)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: has %d rows, the conditions file %s has %d", path, s->B,
+		                     hi3_st_path(c->st), c->B);
+	if (hi3i_check_made_from(path, s->conditions_hash, c, err) != 0)
+		return -1;
+	for (int64_t j = 0; j < s->T; j++)
+		if (s->tokens[j] < 0 || s->tokens[j] >= V)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'tokens'[%lld] = %lld is outside the "
+			                     "vocabulary [0, %d)", path, (long long)j, (long long)s->tokens[j], V);
+	if (c->mode && strcmp(c->mode, "gen_text"))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions in mode '%s' cannot be replayed as text",
+		                     hi3_st_path(c->st), c->mode);
+	if (c->cond_vit_mask || c->cond_vae_mask)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: the prompts hold cond image tokens, whose embeddings "
+		                     "hi3 does not compute yet; refusing to replay them as text", hi3_st_path(c->st));
+	if (o->routing_recorded) {
+		if (!s->route_ids)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: --routing=recorded needs recorded routing "
+			                     "(decode with --record-routing)", path);
+		if (s->n_moe != hi3_model_n_moe_layers(m) || s->k != hi3_model_max_topk(m))
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: recorded routing is (%d MoE layers, top-%d), the "
+			                     "model has (%d, top-%d)", path, s->n_moe, s->k, hi3_model_n_moe_layers(m),
+			                     hi3_model_max_topk(m));
+	}
+	for (int i = 0; i < c->B; i++) {
+		int64_t len = s->cu_seqlens[i + 1] - s->cu_seqlens[i];
+		if (c->real_pos[i] + len > INT32_MAX / 4)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: row %d is too long to replay", path, i);
+	}
+	return 0;
+}
+
+/* One forward over a group of rows [r0, r1): prompt + response, right
+ * padded to the longest; fills lp (T) at the rows' segment offsets, and
+ * the free-routing choices of response tokens into route (T, NM, K). */
+static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, int r0,
+                       int r1, int forced, int record, float *lp, int16_t *route, hi3_error *err)
+{
+	const int V = hi3_model_config(m)->vocab_size, NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m);
+	const int NMK = NM * K, nb = r1 - r0;
+	int64_t Tmax = 0, n_log = 0;
+	int64_t *ids = NULL;
+	int32_t *rope = NULL, *hi = NULL, *at = NULL, *blocks = NULL;
+	int16_t *rids = NULL, *force = NULL;
+	float *rw = NULL, *logits = NULL, *force_w = NULL;
+	int rc = -1;
+
+	for (int i = r0; i < r1; i++) {
+		int64_t len = s->cu_seqlens[i + 1] - s->cu_seqlens[i];
+		Tmax = HI3_MAX(Tmax, c->real_pos[i] + len);
+		n_log += len;
+	}
+	if (n_log == 0 && !(record && o->rec_prompt_ids))
+		return 0;
+	ids = hi3i_malloc(sizeof(int64_t) * (size_t)(nb * Tmax), err);
+	rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)(nb * Tmax), err);
+	hi = hi3i_malloc(sizeof(int32_t) * (size_t)(nb * Tmax), err);
+	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)n_log, err);
+	blocks = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)(nb * c->S), err);
+	logits = hi3i_malloc(sizeof(float) * (size_t)(n_log + 1) * V, err);
+	if (NMK) {
+		rids = hi3i_malloc(sizeof(int16_t) * (size_t)(nb * Tmax) * NMK, err);
+		rw = hi3i_malloc(sizeof(float) * (size_t)(nb * Tmax) * NMK, err);
+		if (forced) {
+			force = hi3i_malloc(sizeof(int16_t) * (size_t)(nb * Tmax) * NMK, err);
+			force_w = hi3i_malloc(sizeof(float) * (size_t)(nb * Tmax) * NMK, err);
+		}
+	}
+	if (!ids || !rope || !hi || !at || !blocks || !logits || (NMK && (!rids || !rw)) ||
+	    (forced && NMK && (!force || !force_w)))
+		goto out;
+	n_log = 0;
+	for (int r = 0; r < nb; r++) {
+		int i = r0 + r;
+		int64_t n = c->real_pos[i], off = s->cu_seqlens[i], len = s->cu_seqlens[i + 1] - off;
+		for (int64_t t = 0; t < Tmax; t++) {
+			size_t x = (size_t)r * Tmax + t;
+			if (t < n) {
+				ids[x] = c->input_ids[(size_t)i * c->L + t];
+				rope[2 * x] = c->rope_pos[((size_t)i * c->L + t) * 2];
+				rope[2 * x + 1] = c->rope_pos[((size_t)i * c->L + t) * 2 + 1];
+			} else {
+				ids[x] = t - n < len ? s->tokens[off + (t - n)] : (c->pad_id >= 0 ? c->pad_id : 0);
+				rope[2 * x] = rope[2 * x + 1] = (int32_t)t;
+			}
+			hi[x] = (int32_t)t;
+			if (force) {
+				/* the recorded experts of response token j (fed at
+				 * index n + j); the prompt routes freely */
+				int rec = t >= n && t - n < len && s->route_ids[(size_t)(off + t - n) * NMK] >= 0;
+				for (int j = 0; j < NMK; j++) {
+					force[x * NMK + j] = rec ? s->route_ids[(size_t)(off + t - n) * NMK + j] : -1;
+					force_w[x * NMK + j] = rec ? s->route_w[(size_t)(off + t - n) * NMK + j] : 0.0f;
+				}
+			}
+		}
+		memcpy(blocks + (size_t)r * c->S * 2, c->image_blocks + (size_t)i * c->S * 2,
+		       sizeof(int32_t) * 2 * (size_t)c->S);
+		for (int64_t j = 0; j < len; j++) {
+			at[2 * n_log] = r;
+			at[2 * n_log + 1] = (int32_t)(n - 1 + j);
+			n_log++;
+		}
+	}
+	{
+		hi3_batch b = {
+			.B = nb, .T = (int)Tmax, .mode = HI3_ATTN_SELF, .ids = ids, .rope = rope, .hi = hi,
+			.blocks = blocks, .S = c->S, .n_logits = (int)n_log, .logit_at = at, .logits = logits,
+			.route_ids = rids, .route_w = rw, .force_route = force,
+			.force_route_w = o->weights_recorded ? force_w : NULL,
+		};
+		if (hi3_forward(m, NULL, &b, err) != 0)
+			goto out;
+	}
+	if (record && NMK) {
+		/* the routing that gave these log-probs, prompt and response */
+		int64_t poff = 0;
+		for (int i = 0; i < r0; i++)
+			poff += c->real_pos[i];
+		for (int r = 0; r < nb; r++) {
+			int i = r0 + r;
+			int64_t n = c->real_pos[i], off = s->cu_seqlens[i], len = s->cu_seqlens[i + 1] - off;
+			size_t src = (size_t)r * Tmax * NMK, per = sizeof(int16_t) * (size_t)NMK;
+			if (o->rec_prompt_ids) {
+				memcpy(o->rec_prompt_ids + (size_t)poff * NMK, rids + src, per * (size_t)n);
+				memcpy(o->rec_prompt_w + (size_t)poff * NMK, rw + src, sizeof(float) * NMK * (size_t)n);
+			}
+			if (o->rec_ids) {
+				memcpy(o->rec_ids + (size_t)off * NMK, rids + src + (size_t)n * NMK, per * (size_t)len);
+				memcpy(o->rec_w + (size_t)off * NMK, rw + src + (size_t)n * NMK, sizeof(float) * NMK * (size_t)len);
+			}
+			poff += n;
+		}
+	}
+	n_log = 0;
+	for (int r = 0; r < nb; r++) {
+		int i = r0 + r;
+		int64_t n = c->real_pos[i], off = s->cu_seqlens[i], len = s->cu_seqlens[i + 1] - off;
+		for (int64_t j = 0; j < len; j++, n_log++) {
+			lp[off + j] = (float)hi3_logprob(logits + (size_t)n_log * V, V, s->tokens[off + j]);
+			if (route && NMK)
+				memcpy(route + (size_t)(off + j) * NMK, rids + ((size_t)r * Tmax + n + j) * NMK,
+				       sizeof(int16_t) * (size_t)NMK);
+		}
+	}
+	rc = 0;
+out:
+	free(ids);
+	free(rope);
+	free(hi);
+	free(at);
+	free(blocks);
+	free(logits);
+	free(rids);
+	free(rw);
+	free(force);
+	free(force_w);
+	return rc;
+}
+
+static int run_pass(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, int forced,
+                    int record, float *lp, int16_t *route, hi3_error *err)
+{
+	int group = 1;
+
+	if (o->batched) {
+		/* as many rows per forward as fit the token budget */
+		int64_t budget = o->max_tokens > 0 ? o->max_tokens : 8192, Tmax = 1;
+		for (int i = 0; i < c->B; i++)
+			Tmax = HI3_MAX(Tmax, c->real_pos[i] + s->cu_seqlens[i + 1] - s->cu_seqlens[i]);
+		group = (int)HI3_MAX(1, budget / Tmax);
+	}
+	for (int r0 = 0; r0 < c->B; r0 += group) {
+		int r1 = HI3_MIN(c->B, r0 + group);
+		if (replay_rows(m, c, s, o, r0, r1, forced, record, lp, route, err) != 0)
+			return -1;
+		if (o->progress)
+			o->progress(o->progress_ctx, r1, c->B);
+	}
+	return 0;
+}
+
+static void row_stats(const hi3_segment *s, const float *lp, int i, hi3_replay_row *r)
+{
+	int64_t off = s->cu_seqlens[i], len = s->cu_seqlens[i + 1] - off;
+	double sum = 0, sum_ratio = 0;
+
+	memset(r, 0, sizeof(*r));
+	r->tokens = len;
+	r->worst = -1;
+	r->ratio_min = INFINITY;
+	r->ratio_max = -INFINITY;
+	for (int64_t j = 0; j < len; j++) {
+		double d = (double)lp[off + j] - (double)s->logprobs[off + j], ad = fabs(d), ratio = exp(d);
+		sum += ad;
+		sum_ratio += ratio;
+		if (r->worst < 0 || ad > r->max_abs || isnan(ad)) {
+			r->max_abs = ad;
+			r->worst = j;
+		}
+		r->ratio_min = fmin(r->ratio_min, ratio);
+		r->ratio_max = fmax(r->ratio_max, ratio);
+	}
+	if (len) {
+		r->mean_abs = sum / (double)len;
+		r->ratio_mean = sum_ratio / (double)len;
+	} else {
+		r->ratio_min = r->ratio_max = NAN;
+	}
+}
+
+int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, float *logprobs,
+               hi3_replay_report *rep, hi3_error *err)
+{
+	const int NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m), NMK = NM * K;
+	int16_t *route = NULL;
+	float *lp_free = NULL;
+	struct timespec t0, t1;
+	int rc = -1;
+
+	memset(rep, 0, sizeof(*rep));
+	if (check_inputs(m, c, s, o, err) != 0)
+		return -1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rep->B = s->B;
+	rep->rows = hi3i_calloc((size_t)s->B, sizeof(*rep->rows), err);
+	if (!rep->rows)
+		return -1;
+	if (s->route_ids && NMK) {
+		route = hi3i_malloc(sizeof(int16_t) * (size_t)(s->T + 1) * NMK, err);
+		if (!route)
+			goto out;
+	}
+	if (o->routing_recorded) {
+		/* the free pass first, for the gap without routing replay */
+		lp_free = hi3i_malloc(sizeof(float) * (size_t)(s->T + 1), err);
+		if (!lp_free || run_pass(m, c, s, o, 0, 0, lp_free, route, err) != 0 ||
+		    run_pass(m, c, s, o, 1, 1, logprobs, NULL, err) != 0)
+			goto out;
+	} else if (run_pass(m, c, s, o, 0, 1, logprobs, route, err) != 0) {
+		goto out;
+	}
+	for (int i = 0; i < s->B; i++) {
+		hi3_replay_row *r = &rep->rows[i];
+		row_stats(s, logprobs, i, r);
+		if (lp_free) {
+			hi3_replay_row f;
+			row_stats(s, lp_free, i, &f);
+			r->max_abs_free = f.max_abs;
+			r->mean_abs_free = f.mean_abs;
+		}
+		if (route) {
+			/* a flip: the replay's top-k set differs from the recorded one */
+			for (int64_t j = s->cu_seqlens[i]; j < s->cu_seqlens[i + 1]; j++) {
+				int flip = 0;
+				if (s->route_ids[(size_t)j * NMK] < 0)
+					continue;                /* never fed at rollout: no record */
+				for (int l = 0; l < NM && !flip; l++)
+					for (int a = 0; a < K && !flip; a++) {
+						int16_t e = s->route_ids[((size_t)j * NM + l) * K + a], found = 0;
+						for (int b2 = 0; b2 < K; b2++)
+							found |= route[((size_t)j * NM + l) * K + b2] == e;
+						flip = !found;
+					}
+				r->routing_flips += flip;
+				r->routing_tokens++;
+			}
+		}
+		rep->tokens += r->tokens;
+		rep->empty_rows += r->tokens == 0;
+		rep->routing_flips += r->routing_flips;
+		rep->routing_tokens += r->routing_tokens;
+	}
+	{
+		hi3_replay_row all;
+		hi3_segment whole = *s;
+		int64_t cu[2] = {0, s->T};
+		whole.B = 1;
+		whole.cu_seqlens = cu;
+		row_stats(&whole, logprobs, 0, &all);
+		rep->mean_abs = all.mean_abs;
+		rep->max_abs = all.max_abs;
+		rep->ratio_mean = all.ratio_mean;
+		rep->ratio_min = all.ratio_min;
+		rep->ratio_max = all.ratio_max;
+		rep->worst = all.worst;
+		if (lp_free) {
+			row_stats(&whole, lp_free, 0, &all);
+			rep->max_abs_free = all.max_abs;
+			rep->mean_abs_free = all.mean_abs;
+		}
+	}
+	rc = 0;
+out:
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	rep->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+	free(route);
+	free(lp_free);
+	return rc;
+}
+
+void hi3_replay_report_release(hi3_replay_report *rep)
+{
+	free(rep->rows);
+	rep->rows = NULL;
+}

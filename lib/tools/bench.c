@@ -1,0 +1,287 @@
+/*
+ * bench.c -- measurements `hi3 bench` reports side by side in one run:
+ * memory read bandwidth, OpenBLAS sgemm against hi3's packed GEMM on the
+ * model's own prefill shapes, in-memory prefill and decode, and the decode
+ * floor set by the bytes one step must read.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include <time.h>
+#include "backend/gemm.h"
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* XOR of every 32-byte word in [a, a + n): a pure streaming read. */
+__attribute__((target("avx2"))) static uint64_t read_block(const uint64_t *a, size_t n)
+{
+	__m256i x0 = _mm256_setzero_si256(), x1 = x0, x2 = x0, x3 = x0;
+	size_t i = 0;
+
+	for (; i + 16 <= n; i += 16) {
+		x0 = _mm256_xor_si256(x0, _mm256_load_si256((const __m256i *)(a + i)));
+		x1 = _mm256_xor_si256(x1, _mm256_load_si256((const __m256i *)(a + i + 4)));
+		x2 = _mm256_xor_si256(x2, _mm256_load_si256((const __m256i *)(a + i + 8)));
+		x3 = _mm256_xor_si256(x3, _mm256_load_si256((const __m256i *)(a + i + 12)));
+	}
+	x0 = _mm256_xor_si256(_mm256_xor_si256(x0, x1), _mm256_xor_si256(x2, x3));
+	return (uint64_t)_mm256_extract_epi64(x0, 0) ^ (uint64_t)_mm256_extract_epi64(x0, 3);
+}
+#else
+static uint64_t read_block(const uint64_t *a, size_t n)
+{
+	uint64_t x = 0;
+
+	for (size_t i = 0; i < n; i++)
+		x ^= a[i];
+	return x;
+}
+#endif
+
+double hi3_bench_membw(size_t bytes, int reps)
+{
+	size_t n = bytes / sizeof(uint64_t);
+	uint64_t *a = NULL;
+	double best = 0.0;
+	volatile uint64_t sink = 0;
+
+	if (posix_memalign((void **)&a, 64, n * sizeof(uint64_t)) != 0)
+		return 0.0;
+#pragma omp parallel for schedule(static)
+	for (size_t i = 0; i < n; i++)
+		a[i] = i * 0x9e3779b97f4a7c15ULL;
+	for (int r = 0; r < reps; r++) {
+		double t0 = now_s(), t;
+		uint64_t x = 0;
+#pragma omp parallel reduction(^ : x)
+		{
+			int nt = omp_get_num_threads(), id = omp_get_thread_num();
+			size_t chunk = (n / (size_t)nt) & ~(size_t)15, lo = chunk * (size_t)id;
+			x ^= read_block(a + lo, id == nt - 1 ? n - lo : chunk);
+		}
+		t = now_s() - t0;
+		sink ^= x;
+		if (t > 0 && (double)bytes / t > best)
+			best = (double)bytes / t;
+	}
+	(void)sink;
+	free(a);
+	return best;
+}
+
+/* Time y = x W^T for one (M, N, K) with both implementations; seconds. */
+static int time_gemm(int M, int N, int K, hi3_dtype wdt, int reps, double *t_blas, double *t_hi3)
+{
+	float *x = NULL, *w = NULL, *y = NULL;
+	uint16_t *wb = NULL;
+	hi3_packed p;
+	int rc = -1;
+
+	x = malloc(sizeof(float) * (size_t)M * K);
+	w = malloc(sizeof(float) * (size_t)N * K);
+	y = malloc(sizeof(float) * (size_t)M * N);
+	wb = malloc(2 * (size_t)N * K);
+	if (!x || !w || !y || !wb)
+		goto out;
+	for (size_t i = 0; i < (size_t)M * K; i++)
+		x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+	for (size_t i = 0; i < (size_t)N * K; i++) {
+		w[i] = (float)((i * 40503u) % 997) / 997.0f - 0.5f;
+		wb[i] = hi3_f32_to_bf16(w[i]);
+	}
+	if (hi3i_pack(&p, wdt == HI3_BF16 ? (void *)wb : (void *)w, wdt, N, K, NULL) != 0)
+		goto out;
+	*t_blas = *t_hi3 = INFINITY;
+	for (int r = 0; r < reps; r++) {
+		double t0 = now_s();
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+		double t1 = now_s();
+		hi3i_gemm(y, x, &p, M);
+		double t2 = now_s();
+		*t_blas = fmin(*t_blas, t1 - t0);
+		*t_hi3 = fmin(*t_hi3, t2 - t1);
+	}
+	hi3i_pack_release(&p);
+	rc = 0;
+out:
+	free(x);
+	free(w);
+	free(y);
+	free(wb);
+	return rc;
+}
+
+int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *flops, double *t_blas,
+                   double *t_hi3)
+{
+	int H = c->hidden_size, d = c->attention_head_dim, nh = c->num_attention_heads;
+	int W = (nh + 2 * c->num_key_value_heads) * d, moe = hi3_config_is_moe_layer(c, 0);
+	int inter = moe ? c->moe_intermediate_size[0] : c->intermediate_size;
+	int Msh = M, Me = moe ? HI3_MAX(1, (int)((int64_t)M * c->moe_topk[0] / c->num_experts[0])) : M;
+	/* the shapes of one layer: qkv, o, then the MLP (one expert's share
+	 * of the tokens for MoE, plus the shared MLP) */
+	struct { int M, N, K, times; } sh[6];
+	int n = 0;
+
+	sh[n++] = (typeof(sh[0])){M, W, H, 1};
+	sh[n++] = (typeof(sh[0])){M, H, nh * d, 1};
+	if (moe) {
+		sh[n++] = (typeof(sh[0])){Me, 2 * inter, H, c->num_experts[0]};
+		sh[n++] = (typeof(sh[0])){Me, H, inter, c->num_experts[0]};
+		if (c->use_mixed_mlp_moe && c->num_shared_expert[0] > 0) {
+			int Is = inter * c->num_shared_expert[0];
+			sh[n++] = (typeof(sh[0])){Msh, 2 * Is, H, 1};
+			sh[n++] = (typeof(sh[0])){Msh, H, Is, 1};
+		}
+	} else {
+		sh[n++] = (typeof(sh[0])){M, 2 * inter, H, 1};
+		sh[n++] = (typeof(sh[0])){M, H, inter, 1};
+	}
+	*flops = *t_blas = *t_hi3 = 0.0;
+	for (int i = 0; i < n; i++) {
+		double tb, th;
+		if (time_gemm(sh[i].M, sh[i].N, sh[i].K, wdt, reps, &tb, &th) != 0)
+			return -1;
+		*flops += 2.0 * sh[i].M * sh[i].N * sh[i].K * sh[i].times;
+		*t_blas += tb * sh[i].times;
+		*t_hi3 += th * sh[i].times;
+	}
+	return 0;
+}
+
+/* Bytes one B = 1 decode step must read: the active weights and the KV
+ * of ctx slots. */
+double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, int ctx)
+{
+	double es = (double)hi3_dtype_size(wdt), H = c->hidden_size, d = c->attention_head_dim;
+	double nh = c->num_attention_heads, nkv = c->num_key_value_heads, b = 0.0;
+
+	for (int l = 0; l < c->num_hidden_layers; l++) {
+		b += ((nh + 2 * nkv) * d * H + H * nh * d) * es + 2 * H * 4.0;
+		if (hi3_config_is_moe_layer(c, l)) {
+			double inter = c->moe_intermediate_size[l];
+			b += c->num_experts[l] * H * 4.0;                 /* router, f32 */
+			b += c->moe_topk[l] * 3.0 * H * inter * es;
+			if (c->use_mixed_mlp_moe)
+				b += c->num_shared_expert[l] * 3.0 * H * inter * es;
+		} else {
+			b += 3.0 * H * c->intermediate_size * es;
+		}
+		b += 2.0 * nkv * d * ctx * hi3_dtype_size(kvdt);
+	}
+	b += (double)c->vocab_size * H * es + H * es + H * 4.0;   /* lm_head, one wte row, ln_f */
+	return b;
+}
+
+int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r, hi3_error *err)
+{
+	const hi3_config *c = hi3_model_config(m);
+	const int V = c->vocab_size, C = P + N, nl = c->num_hidden_layers;
+	size_t per = (size_t)B * c->num_key_value_heads * C * c->attention_head_dim;
+	hi3_kvcache kv = {.n_layers = nl, .B = B, .n_kv = c->num_key_value_heads, .C = C,
+	                  .d = c->attention_head_dim, .dtype = HI3_F32};
+	int64_t *ids = NULL, *slot = NULL;
+	int32_t *rope = NULL, *hi = NULL, *at = NULL;
+	float *logits = NULL;
+	int rc = -1;
+	double t0;
+
+	memset(r, 0, sizeof(*r));
+	kv.k = calloc((size_t)nl, sizeof(void *));
+	kv.v = calloc((size_t)nl, sizeof(void *));
+	ids = hi3i_malloc(sizeof(int64_t) * (size_t)B * P, err);
+	slot = hi3i_malloc(sizeof(int64_t) * (size_t)B * P, err);
+	rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B * P, err);
+	hi = hi3i_malloc(sizeof(int32_t) * (size_t)B * P, err);
+	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B, err);
+	logits = hi3i_malloc(sizeof(float) * (size_t)B * V, err);
+	if (!kv.k || !kv.v || !ids || !slot || !rope || !hi || !at || !logits)
+		goto out;
+	for (int l = 0; l < nl; l++) {
+		kv.k[l] = hi3i_calloc(per, sizeof(float), err);
+		kv.v[l] = hi3i_calloc(per, sizeof(float), err);
+		if (!kv.k[l] || !kv.v[l])
+			goto out;
+	}
+	for (int b = 0; b < B; b++) {
+		for (int t = 0; t < P; t++) {
+			size_t i = (size_t)b * P + t;
+			ids[i] = (int64_t)((i * 2654435761u + 12345u) % (uint64_t)V);
+			slot[i] = t;
+			rope[2 * i] = rope[2 * i + 1] = t;
+			hi[i] = t;
+		}
+		at[2 * b] = b;
+		at[2 * b + 1] = P - 1;
+	}
+	{
+		hi3_batch pb = {.B = B, .T = P, .mode = HI3_ATTN_SELF, .ids = ids, .rope = rope, .hi = hi,
+		                .slot = slot, .n_logits = B, .logit_at = at, .logits = logits};
+		t0 = now_s();
+		if (hi3_forward(m, &kv, &pb, err) != 0)
+			goto out;
+		r->prefill_s = now_s() - t0;
+	}
+	t0 = now_s();
+	for (int s = 0; s < N; s++) {
+		for (int b = 0; b < B; b++) {
+			ids[b] = hi3_argmax(logits + (size_t)b * V, V);
+			slot[b] = P + s;
+			rope[2 * b] = rope[2 * b + 1] = P + s;
+			hi[b] = P + s;
+			at[2 * b] = b;
+			at[2 * b + 1] = 0;
+		}
+		hi3_batch db = {.B = B, .T = 1, .mode = HI3_ATTN_CACHE, .ids = ids, .rope = rope, .hi = hi,
+		                .slot = slot, .n_logits = B, .logit_at = at, .logits = logits};
+		if (hi3_forward(m, &kv, &db, err) != 0)
+			goto out;
+	}
+	r->decode_s = now_s() - t0;
+	r->prefill_tok_s = (double)B * P / r->prefill_s;
+	r->decode_tok_s = N ? (double)B * N / r->decode_s : 0.0;
+	{
+		/* model FLOPs of the prefill: 2 per weight per token for the
+		 * active weights, plus causal attention */
+		double H = c->hidden_size, d = c->attention_head_dim, nh = c->num_attention_heads;
+		double per_tok = 0.0;
+		for (int l = 0; l < nl; l++) {
+			per_tok += 2.0 * ((nh + 2.0 * c->num_key_value_heads) * d * H + H * nh * d);
+			if (hi3_config_is_moe_layer(c, l)) {
+				double inter = c->moe_intermediate_size[l];
+				per_tok += 2.0 * c->num_experts[l] * H + 2.0 * c->moe_topk[l] * 3.0 * H * inter;
+				if (c->use_mixed_mlp_moe)
+					per_tok += 2.0 * c->num_shared_expert[l] * 3.0 * H * inter;
+			} else {
+				per_tok += 2.0 * 3.0 * H * c->intermediate_size;
+			}
+		}
+		r->prefill_flops = (double)B * P * per_tok + nl * 2.0 * nh * d * (double)P * P * B +
+		                   2.0 * B * V * H;
+	}
+	rc = 0;
+out:
+	hi3i_model_kv_closed(m, &kv);
+	for (int l = 0; kv.k && kv.v && l < nl; l++) {
+		free(kv.k[l]);
+		free(kv.v[l]);
+	}
+	free(kv.k);
+	free(kv.v);
+	free(ids);
+	free(slot);
+	free(rope);
+	free(hi);
+	free(at);
+	free(logits);
+	return rc;
+}

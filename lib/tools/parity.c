@@ -1,0 +1,328 @@
+/*
+ * parity.c -- prove a batch equals its rows run alone (SPEC 5.8, 5.9).
+ *
+ * For a set of requests, the whole pipeline (prefill, then decode) runs on
+ * each batched construction -- the batch encoded at once, the rows encoded
+ * alone and concatenated, and each row as a right-padded B = 1 -- and on
+ * each row alone (B = 1, unpadded). Per row it compares the generated
+ * tokens, their log-probs, and the prefill KV of the row's valid slots
+ * (slot 0 reported on its own: the position-padding defect shows there).
+ * Every stage file is kept in the work directory for hi3 inspect / diff.
+ *
+ * With an ablation, the batched constructions run with one upstream defect
+ * restored while the rows alone stay correct; the defect must then break
+ * parity in every case.
+ */
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <errno.h>
+#include "format/kv.h"
+
+static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad"};
+
+const char *hi3_parity_ablation_name(int a)
+{
+	return a >= 0 && a < (int)HI3_ARRAY_SIZE(ablation_names) ? ablation_names[a] : "?";
+}
+
+int hi3_parity_ablation_parse(const char *s)
+{
+	for (int i = 0; i < (int)HI3_ARRAY_SIZE(ablation_names); i++)
+		if (!strcmp(s, ablation_names[i]))
+			return i;
+	return -1;
+}
+
+struct run {
+	char *cond, *kv, *seg;
+};
+
+static void run_free(struct run *r)
+{
+	free(r->cond);
+	free(r->kv);
+	free(r->seg);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Write c, prefill it and decode to completion; file names from tag. */
+static int pipeline(hi3_model *m, const hi3_cond *c, const char *dir, const char *tag, int max_new,
+                    const hi3_decode_opts *dopt, const hi3_parity_opts *po, struct run *r, hi3_error *err)
+{
+	hi3_prefill_opts pre = {.max_new = max_new, .kv_dtype = po->kv_dtype};
+	hi3_decode_stats st;
+	hi3_cond *onfile = NULL;
+	int rc = -1;
+
+	r->cond = hi3i_asprintf("%s/%s.cond", dir, tag);
+	r->kv = hi3i_asprintf("%s/%s.kv", dir, tag);
+	r->seg = hi3i_asprintf("%s/%s.seg", dir, tag);
+	if (!r->cond || !r->kv || !r->seg)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	/* through the file, as the stages would see it */
+	if (hi3_cond_write(c, r->cond, err) != 0 || hi3_cond_open(&onfile, r->cond, err) != 0)
+		goto out;
+	if (hi3_prefill(m, onfile, r->cond, &pre, r->kv, err) != 0 ||
+	    hi3_decode(m, onfile, r->kv, dopt, r->seg, &st, err) != 0)
+		goto out;
+	rc = 0;
+out:
+	hi3_cond_close(onfile);
+	if (rc)
+		hi3_error_prefix(err, "parity: %s", tag);
+	return rc;
+}
+
+static double kv_elem(const hi3_tensor *t, size_t i)
+{
+	return t->dtype == HI3_BF16 ? hi3_bf16_to_f32(((const uint16_t *)t->data)[i]) : ((const float *)t->data)[i];
+}
+
+/* Compare row `ra` of run a with row 0 of the row-alone run b. */
+static int compare_row(const struct run *a, int ra, const struct run *b, int64_t n, hi3_parity_row *out,
+                       hi3_error *err)
+{
+	hi3_segment *sa = NULL, *sb = NULL;
+	hi3_st *ka = NULL, *kb = NULL;
+	int rc = -1;
+
+	memset(out, 0, sizeof(*out));
+	out->row = ra;
+	out->n = n;
+	out->first_diff = -1;
+	if (hi3_segment_open(&sa, a->seg, err) || hi3_segment_open(&sb, b->seg, err) ||
+	    hi3_st_open(&ka, a->kv, HI3_ST_READ, err) || hi3_st_open(&kb, b->kv, HI3_ST_READ, err))
+		goto out;
+	{
+		int64_t oa = sa->cu_seqlens[ra], la = sa->cu_seqlens[ra + 1] - oa;
+		int64_t ob = sb->cu_seqlens[0], lb = sb->cu_seqlens[1] - ob, k = HI3_MIN(la, lb);
+
+		out->len_batched = la;
+		out->len_alone = lb;
+		out->tokens_equal = la == lb;
+		for (int64_t j = 0; j < k; j++) {
+			double d = fabs((double)sa->logprobs[oa + j] - (double)sb->logprobs[ob + j]);
+			if (sa->tokens[oa + j] != sb->tokens[ob + j] && out->first_diff < 0) {
+				out->tokens_equal = 0;
+				out->first_diff = j;
+			}
+			if (!(d <= out->logp_max))
+				out->logp_max = d;
+		}
+		if (la != lb && out->first_diff < 0)
+			out->first_diff = k;
+	}
+	for (int i = 0; i < hi3_st_count(ka); i++) {
+		const hi3_tensor *ta = hi3_st_at(ka, i), *tb;
+		if (strncmp(ta->name, "k.", 2) && strncmp(ta->name, "v.", 2))
+			continue;
+		tb = hi3_st_find(kb, ta->name);
+		if (!tb || tb->ndim != 4 || ta->ndim != 4 || ta->shape[1] != tb->shape[1] || ta->shape[3] != tb->shape[3]) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "parity: %s and %s: tensor '%s' does not match", a->kv, b->kv,
+			              ta->name);
+			goto out;
+		}
+		for (int64_t h = 0; h < ta->shape[1]; h++)
+			for (int64_t s = 0; s < n; s++)
+				for (int64_t x = 0; x < ta->shape[3]; x++) {
+					size_t ia = (size_t)(((ra * ta->shape[1] + h) * ta->shape[2] + s) * ta->shape[3] + x);
+					size_t ib = (size_t)((h * tb->shape[2] + s) * tb->shape[3] + x);
+					double d = fabs(kv_elem(ta, ia) - kv_elem(tb, ib));
+					double *slot = s == 0 ? &out->kv_slot0_max : &out->kv_rest_max;
+					if (!(d <= *slot))
+						*slot = d;
+				}
+	}
+	out->kv_max = fmax(out->kv_slot0_max, out->kv_rest_max);
+	rc = 0;
+out:
+	hi3_segment_close(sa);
+	hi3_segment_close(sb);
+	hi3_st_close(ka);
+	hi3_st_close(kb);
+	return rc;
+}
+
+static void case_totals(hi3_parity_case *pc, double tol)
+{
+	pc->tokens_equal = 1;
+	pc->logp_max = pc->kv_max = pc->kv_slot0_max = pc->kv_rest_max = 0.0;
+	for (int i = 0; i < pc->n_rows; i++) {
+		const hi3_parity_row *r = &pc->rows[i];
+		pc->tokens_equal &= r->tokens_equal;
+		pc->logp_max = fmax(pc->logp_max, r->logp_max);
+		pc->kv_max = fmax(pc->kv_max, r->kv_max);
+		pc->kv_slot0_max = fmax(pc->kv_slot0_max, r->kv_slot0_max);
+		pc->kv_rest_max = fmax(pc->kv_rest_max, r->kv_rest_max);
+	}
+	pc->pass = pc->tokens_equal && pc->logp_max <= tol && pc->kv_max <= tol;
+}
+
+static int add_case(hi3_parity_report *rep, hi3_error *err)
+{
+	hi3_parity_case *nc = realloc(rep->cases, sizeof(*nc) * (size_t)(rep->n + 1));
+
+	if (!nc)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	rep->cases = nc;
+	memset(&nc[rep->n], 0, sizeof(nc[0]));
+	rep->n++;
+	return 0;
+}
+
+int hi3_parity(hi3_model *m, const hi3_template *t, const hi3_requests *rq, const hi3_parity_opts *o,
+               hi3_parity_report *rep, hi3_error *err)
+{
+	hi3_cond *good = NULL, *cons[3] = {NULL, NULL, NULL};
+	hi3_cond **alone = NULL;
+	struct run *ar = NULL;
+	static const char *const cons_names[3] = {"batch", "per-row+concat", "padded B=1"};
+	int B = 0, rc = -1, ablate_pad = o->ablate == HI3_ABLATE_POS_PAD;
+	hi3_cond_build_opts bo = {.seed_base = o->seed_base};
+
+	memset(rep, 0, sizeof(*rep));
+	if (mkdir(o->workdir, 0777) != 0 && errno != EEXIST)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot create the work directory: %s", o->workdir,
+		                     strerror(errno));
+	/* the reference rows: built correctly, then each row alone */
+	if (hi3_cond_build(&good, t, rq, &bo, err) != 0)
+		goto out;
+	B = good->B;
+	bo.pad_zero = ablate_pad;
+	if (hi3_cond_build(&cons[0], t, rq, &bo, err) != 0)
+		goto out;
+	bo.per_row = 1;
+	if (hi3_cond_build(&cons[1], t, rq, &bo, err) != 0)
+		goto out;
+	alone = hi3i_calloc((size_t)B, sizeof(*alone), err);
+	ar = hi3i_calloc((size_t)B, sizeof(*ar), err);
+	if (!alone || !ar)
+		goto out;
+	for (int i = 0; i < B; i++)
+		if (hi3_cond_select(&alone[i], good, &i, 1, 0, err) != 0)
+			goto out;
+	if (o->pad_to > 0) {
+		/* every batched construction padded to at least pad_to columns */
+		for (int k = 0; k < 2; k++) {
+			hi3_cond *p = NULL;
+			int *all = hi3i_malloc(sizeof(int) * (size_t)B, err);
+			if (!all)
+				goto out;
+			for (int i = 0; i < B; i++)
+				all[i] = i;
+			rc = hi3_cond_select(&p, cons[k], all, B, o->pad_to, err);
+			free(all);
+			if (rc != 0)
+				goto out;
+			rc = -1;
+			hi3_cond_close(cons[k]);
+			cons[k] = p;
+		}
+	}
+	rep->B = B;
+	for (int sm = 0; sm < 2; sm++) {
+		hi3_decode_opts dref = {0}, dbad;
+		if ((sm == 0 && !o->greedy) || (sm == 1 && !o->sampled))
+			continue;
+		dref.sampler = sm == 0 ? (hi3_sampler){.greedy = 1, .temperature = 1.0, .top_p = 1.0} : o->sampler;
+		dref.no_fsync = 1;
+		dbad = dref;
+		dbad.decode_mask = o->ablate == HI3_ABLATE_DECODE_MASK ? HI3_MASK_NONE : HI3_MASK_CAUSAL;
+		dbad.placement = o->ablate == HI3_ABLATE_TOKEN_PLACEMENT ? HI3_PLACE_TAIL : HI3_PLACE_INDEX;
+		for (int si = 0; si < o->n_steps; si++) {
+			int steps = (int)o->steps[si];
+			const char *smn = sm == 0 ? "greedy" : "sampled";
+
+			for (int i = 0; i < B; i++) {
+				char tag[96];
+				run_free(&ar[i]);
+				snprintf(tag, sizeof(tag), "alone-row%d-%s-%d", i, smn, steps);
+				if (pipeline(m, alone[i], o->workdir, tag, steps, &dref, o, &ar[i], err) != 0)
+					goto out;
+			}
+			for (int k = 0; k < 3; k++) {
+				hi3_parity_case *pc;
+				struct run br = {0};
+				char tag[96];
+
+				if (add_case(rep, err) != 0)
+					goto out;
+				pc = &rep->cases[rep->n - 1];
+				pc->construction = cons_names[k];
+				pc->sampled = sm;
+				pc->steps = steps;
+				pc->rows = hi3i_calloc((size_t)B, sizeof(*pc->rows), err);
+				if (!pc->rows)
+					goto out;
+				pc->n_rows = B;
+				for (int i = 0; i < B; i++) {
+					if (k == 2) {
+						/* row i as a right-padded B = 1 */
+						hi3_cond *p1 = NULL;
+						int L = HI3_MAX(cons[0]->L, o->pad_to);
+						snprintf(tag, sizeof(tag), "padded-row%d-%s-%d", i, smn, steps);
+						if (hi3_cond_select(&p1, cons[0], &i, 1, L, err) != 0)
+							goto out;
+						rc = pipeline(m, p1, o->workdir, tag, steps, &dbad, o, &br, err);
+						hi3_cond_close(p1);
+						if (rc != 0)
+							goto out;
+						rc = -1;
+						pc->L = L;
+						if (compare_row(&br, 0, &ar[i], good->real_pos[i], &pc->rows[i], err) != 0) {
+							run_free(&br);
+							goto out;
+						}
+						pc->rows[i].row = i;
+						run_free(&br);
+						continue;
+					}
+					if (i == 0) {
+						snprintf(tag, sizeof(tag), "%s-%s-%d", k == 0 ? "batch" : "concat", smn, steps);
+						if (pipeline(m, cons[k], o->workdir, tag, steps, &dbad, o, &br, err) != 0)
+							goto out;
+						pc->L = cons[k]->L;
+					}
+					if (compare_row(&br, i, &ar[i], good->real_pos[i], &pc->rows[i], err) != 0) {
+						run_free(&br);
+						goto out;
+					}
+					if (i == B - 1)
+						run_free(&br);
+				}
+				case_totals(pc, o->tol);
+				if (o->progress)
+					o->progress(o->progress_ctx, rep->n, (int64_t)o->n_steps * 3 * (o->greedy + o->sampled));
+			}
+		}
+	}
+	rep->real_pos = hi3i_malloc(sizeof(int64_t) * (size_t)B, err);
+	if (!rep->real_pos)
+		goto out;
+	memcpy(rep->real_pos, good->real_pos, sizeof(int64_t) * (size_t)B);
+	rep->pass = 1;
+	for (int i = 0; i < rep->n; i++)
+		rep->pass &= o->ablate ? !rep->cases[i].pass : rep->cases[i].pass;
+	rc = 0;
+out:
+	for (int i = 0; ar && i < B; i++)
+		run_free(&ar[i]);
+	free(ar);
+	for (int i = 0; alone && i < B; i++)
+		hi3_cond_close(alone[i]);
+	free(alone);
+	for (int k = 0; k < 3; k++)
+		hi3_cond_close(cons[k]);
+	hi3_cond_close(good);
+	return rc;
+}
+
+void hi3_parity_report_release(hi3_parity_report *rep)
+{
+	for (int i = 0; i < rep->n; i++)
+		free(rep->cases[i].rows);
+	free(rep->cases);
+	free(rep->real_pos);
+	memset(rep, 0, sizeof(*rep));
+}

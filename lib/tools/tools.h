@@ -1,0 +1,55 @@
+/*
+ * tools.h -- internal pieces shared by the inspection tools (inspect.c,
+ * diff.c, png.c); not installed.
+ */
+#ifndef HI3_TOOLS_H
+#define HI3_TOOLS_H
+
+#include <jansson.h>
+#include "core/internal.h"
+
+/* Natural name order: digit runs compare as numbers ("k.2" < "k.10"). */
+int hi3i_natcmp(const char *a, const char *b);
+
+/* A numpy-style selection of a tensor: one item per dimension, each an
+ * index (the dimension is dropped) or start:stop:step (kept). */
+typedef struct hi3i_slice {
+	int ndim;                        /* of the source tensor */
+	int64_t start[HI3_MAX_DIMS];
+	int64_t step[HI3_MAX_DIMS];
+	int64_t count[HI3_MAX_DIMS];     /* elements selected along the dimension */
+	int keep[HI3_MAX_DIMS];          /* 0: a single index */
+} hi3i_slice;
+
+/* Parse spec ("" or NULL: everything) against shape; errors are usage
+ * errors (status 2) naming the spec, the dimension and its size. */
+int hi3i_slice_parse(hi3i_slice *s, const char *spec, int ndim, const int64_t *shape, hi3_error *err);
+/* Shape of the selection (kept dimensions only); returns its ndim. */
+int hi3i_slice_shape(const hi3i_slice *s, int64_t *shape);
+int64_t hi3i_slice_numel(const hi3i_slice *s);
+/* Source index (all dimensions) of the i-th selected element, row major
+ * over the selection. */
+void hi3i_slice_src(const hi3i_slice *s, int64_t i, int64_t *src);
+
+/* Row-major flat offset of a multi-index. */
+int64_t hi3i_flat(int ndim, const int64_t *shape, const int64_t *idx);
+
+/* A double as a JSON value: a real (or an integer when it is one, and
+ * as_int), or the strings "NaN", "Infinity", "-Infinity". */
+json_t *hi3i_json_num(double v, int as_int);
+
+/* Write root (consumed) to f as JSON and a newline, with json_dumps
+ * flags (JSON_PRESERVE_ORDER added). */
+int hi3i_json_emit(FILE *f, json_t *root, size_t flags, hi3_error *err);
+
+/* Colour maps for PNG rendering: n values to RGB (3 bytes each). With
+ * diverging, [-m, m] (m = max(|lo|, |hi|)) maps blue - white - red; else
+ * [lo, hi] maps a dark-to-bright ramp. NaN is magenta; +-Inf take the ends. */
+void hi3i_colormap(const double *v, int64_t n, double lo, double hi, int diverging, uint8_t *rgb);
+/* Expand a (rows, cols) RGB image so each cell is scale x scale pixels. */
+uint8_t *hi3i_upscale(const uint8_t *rgb, int rows, int cols, int scale, hi3_error *err);
+/* Pixels per cell for a (rows, cols) picture: 1024 / max(rows, cols)
+ * clamped to [1, 16]. */
+int hi3i_auto_scale(int64_t rows, int64_t cols);
+
+#endif
