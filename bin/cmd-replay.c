@@ -73,41 +73,28 @@ static json_t *row_json(const hi3_replay_row *r, int i, int routed, int have_rou
 }
 
 static int write_replay(const char *path, const hi3_model *m, const hi3_cond *c, const hi3_segment *s,
-                        const float *lp, const char *seg_path, const hi3_replay_opts *o, int64_t P, hi3_error *err)
+                        const float *lp, const char *seg_path, const hi3_replay_opts *o, hi3_error *err)
 {
-	hi3_st_writer *w = hi3_stw_new();
-	int64_t shape[1] = {s->T}, NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m);
-	int64_t sr[3] = {s->T, NM, K}, sp[3] = {P, NM, K}, sc[1] = {c->B + 1}, *pcu = NULL;
+	hi3_replay_file r = {
+		.T = s->T, .logprobs = lp, .n_moe = hi3_model_n_moe_layers(m), .k = hi3_model_max_topk(m),
+		.route_ids = o->rec_ids, .route_w = o->rec_w, .B = c->B, .prompt_route_ids = o->rec_prompt_ids,
+		.prompt_route_w = o->rec_prompt_w, .model_fingerprint = hi3_model_fingerprint(m),
+		.conditions_hash = s->conditions_hash ? s->conditions_hash : "", .segment_file = seg_path,
+		.mode = o->batched ? "batched" : "per-row",
+		.routing = o->routing_recorded ? (o->weights_recorded ? "recorded+weights" : "recorded") : "free",
+	};
+	int64_t *pcu = NULL;
 	int rc;
 
-	if (!w)
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	hi3_stw_meta(w, "format", "hi3.replay");
-	hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION);
-	hi3_stw_meta(w, "model_fingerprint", hi3_model_fingerprint(m));
-	hi3_stw_meta(w, "conditions_hash", s->conditions_hash ? s->conditions_hash : "");
-	hi3_stw_meta(w, "segment_file", seg_path);
-	hi3_stw_meta(w, "mode", o->batched ? "batched" : "per-row");
-	hi3_stw_meta(w, "routing", o->routing_recorded ? (o->weights_recorded ? "recorded+weights" : "recorded")
-	                                               : "free");
 	if (o->rec_ids) {
-		pcu = calloc((size_t)c->B + 1, sizeof(int64_t));
-		for (int i = 0; pcu && i < c->B; i++)
+		if (!(pcu = calloc((size_t)c->B + 1, sizeof(int64_t))))
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		for (int i = 0; i < c->B; i++)
 			pcu[i + 1] = pcu[i] + c->real_pos[i];
+		r.prompt_cu_seqlens = pcu;
 	}
-	if (hi3_stw_add(w, "logprobs", HI3_F32, 1, shape, lp) != 0 || (o->rec_ids && !pcu) ||
-	    (o->rec_ids && (hi3_stw_add(w, "routing_experts", HI3_I16, 3, sr, o->rec_ids) ||
-	                    hi3_stw_add(w, "routing_weights", HI3_F32, 3, sr, o->rec_w) ||
-	                    hi3_stw_add(w, "prompt_routing_experts", HI3_I16, 3, sp, o->rec_prompt_ids) ||
-	                    hi3_stw_add(w, "prompt_routing_weights", HI3_F32, 3, sp, o->rec_prompt_w) ||
-	                    hi3_stw_add(w, "prompt_cu_seqlens", HI3_I64, 1, sc, pcu)))) {
-		free(pcu);
-		hi3_stw_free(w);
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	}
-	rc = hi3_stw_write(w, path, err);
+	rc = hi3_replay_file_write(&r, path, err);
 	free(pcu);
-	hi3_stw_free(w);
 	return rc;
 }
 
@@ -217,7 +204,7 @@ int cmd_replay(int argc, char **argv)
 	rc = hi3_replay(m, c, s, &o, lp, &rep, &err);
 	cli_progress_end();
 	if (rc == 0)
-		rc = write_replay(out, m, c, s, lp, argv[optind + 1], &o, P, &err);
+		rc = write_replay(out, m, c, s, lp, argv[optind + 1], &o, &err);
 	if (rc != 0) {
 		rc = cli_fail(&err);
 		goto out;

@@ -30,7 +30,13 @@
 extern "C" {
 #endif
 
+/* The stage file formats (metadata "format"; hi3-files(5)), all at
+ * format_version HI3_FORMAT_VERSION. */
 #define HI3_FORMAT_VERSION "1"
+#define HI3_FORMAT_CONDITIONS "hi3.conditions"
+#define HI3_FORMAT_KV "hi3.kv"
+#define HI3_FORMAT_SEGMENT "hi3.segment"
+#define HI3_FORMAT_REPLAY "hi3.replay"
 
 /* ---------------------------------------------------------------- errors */
 
@@ -369,7 +375,9 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 
 /* ----------------------------------------------------------------- replay */
 
-/* A segment file (format hi3.segment): packed responses in batch order. */
+/* A segment file (format hi3.segment, hi3-files(5)): packed responses in
+ * batch order. Opened from a file (every pointer into its mapping), or
+ * filled in by the caller and written with hi3_segment_write. */
 typedef struct hi3_segment {
 	int B;
 	int64_t T;
@@ -380,12 +388,45 @@ typedef struct hi3_segment {
 	const int16_t *route_ids;     /* (T, n_moe, k) or NULL */
 	const float *route_w;         /* (T, n_moe, k) or NULL */
 	int n_moe, k;
+	/* metadata (NULL: absent) */
 	const char *model_fingerprint, *conditions_hash;
-	hi3_st *st;
+	const char *sampler;          /* "greedy" or "temperature=T top_k=K top_p=P" */
+	const char *decode_mask;      /* "causal" or "none" */
+	const char *token_placement;  /* "index" or "tail" */
+	hi3_st *st;                   /* the backing file; NULL for one built in memory */
 } hi3_segment;
 
 int hi3_segment_open(hi3_segment **out, const char *path, hi3_error *err);
 void hi3_segment_close(hi3_segment *s);
+/* Write s atomically ("-": standard output), after the same checks
+ * hi3_segment_open makes. */
+int hi3_segment_write(const hi3_segment *s, const char *path, hi3_error *err);
+
+/* A replay file (format hi3.replay, hi3-files(5)): the teacher-forced
+ * log-probs of a segment's tokens, and optionally the routing of the pass
+ * that gave them. Opened (pointers into the mapping) or filled in and
+ * written. */
+typedef struct hi3_replay_file {
+	int64_t T;
+	const float *logprobs;        /* (T) aligned with the segment */
+	int n_moe, k;                 /* routing, when route_ids is not NULL */
+	const int16_t *route_ids;     /* (T, n_moe, k) response tokens, or NULL */
+	const float *route_w;         /* (T, n_moe, k) */
+	int B;                        /* rows of the prompt routing */
+	const int16_t *prompt_route_ids; /* (P, n_moe, k), P = prompt_cu_seqlens[B] */
+	const float *prompt_route_w;  /* (P, n_moe, k) */
+	const int64_t *prompt_cu_seqlens; /* (B + 1) each row's prompt tokens */
+	/* metadata (NULL: absent) */
+	const char *model_fingerprint, *conditions_hash;
+	const char *segment_file;     /* the segment it scores */
+	const char *mode;             /* "per-row" or "batched" */
+	const char *routing;          /* "free", "recorded" or "recorded+weights" */
+	hi3_st *st;
+} hi3_replay_file;
+
+int hi3_replay_file_open(hi3_replay_file **out, const char *path, hi3_error *err);
+void hi3_replay_file_close(hi3_replay_file *r);
+int hi3_replay_file_write(const hi3_replay_file *r, const char *path, hi3_error *err);
 
 typedef struct hi3_replay_opts {
 	int batched;              /* rows right padded into batches, else one row per forward */

@@ -44,6 +44,9 @@ int hi3i_tmpfile_for(const char *path, char **tmp, hi3_error *err);
 /* fsync, chmod to 0666 & ~umask, rename tmp to path. Closes fd. */
 int hi3i_commit_tmpfile(int fd, const char *tmp, const char *path, hi3_error *err);
 
+/* Monotonic seconds. */
+double hi3i_now(void);
+
 /* Strict number parsing: whole string, range checked. */
 int hi3i_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int hi3i_parse_f64(const char *s, double *out);

@@ -1,5 +1,6 @@
 /* util.c -- whole-file I/O, atomic replacement, strict number parsing. */
 #include <errno.h>
+#include <time.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -170,4 +171,12 @@ int hi3i_parse_f64(const char *s, double *out)
 		return -1;
 	*out = v;
 	return 0;
+}
+
+double hi3i_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

@@ -2,20 +2,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include "format/kv.h"
-
-void hi3i_cond_hash(const hi3_cond *c, char out[17])
-{
-	uint64_t h = HI3_HASH_INIT;
-	int32_t dims[3] = {c->B, c->L, c->S};
-
-	h = hi3i_hash(h, dims, sizeof(dims));
-	h = hi3i_hash(h, c->input_ids, sizeof(int64_t) * (size_t)c->B * (size_t)c->L);
-	h = hi3i_hash(h, c->position_ids, sizeof(int64_t) * (size_t)c->B * (size_t)c->L);
-	h = hi3i_hash(h, c->real_pos, sizeof(int64_t) * (size_t)c->B);
-	h = hi3i_hash(h, c->rope_pos, sizeof(int32_t) * 2 * (size_t)c->B * (size_t)c->L);
-	h = hi3i_hash(h, c->image_blocks, sizeof(int32_t) * 2 * (size_t)c->B * (size_t)c->S);
-	snprintf(out, 17, "%016llx", (unsigned long long)h);
-}
+#include "format/provenance.h"
 
 int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, const char *cond_path, int max_new,
                    hi3_dtype dt, int prompt_routing, hi3_error *err)
@@ -36,7 +23,7 @@ int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, cons
 	for (int i = 0; i < B; i++)
 		commit[i] = max_new == 0;        /* nothing to generate: finished at once */
 	hi3i_cond_hash(c, hash);
-	hi3_stw_meta(w, "format", "hi3.kv");
+	hi3_stw_meta(w, "format", HI3_FORMAT_KV);
 	hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION);
 	hi3_stw_meta(w, "model_fingerprint", hi3_model_fingerprint(m));
 	hi3_stw_meta(w, "conditions_hash", hash);
@@ -87,26 +74,6 @@ out:
 	return rc;
 }
 
-int hi3i_check_made_by(const char *path, const char *fp, const hi3_model *m, hi3_error *err)
-{
-	if (!fp || strcmp(fp, hi3_model_fingerprint(m)))
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: made by model fingerprint %s, but the model %s has %s", path,
-		                     fp ? fp : "(none)", hi3_model_dir(m), hi3_model_fingerprint(m));
-	return 0;
-}
-
-int hi3i_check_made_from(const char *path, const char *hash, const hi3_cond *c, hi3_error *err)
-{
-	char want[17];
-
-	hi3i_cond_hash(c, want);
-	if (!hash || strcmp(hash, want))
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: made from other conditions (conditions_hash %s; %s hashes "
-		                     "to %s)", path, hash ? hash : "(none)", c->st ? hi3_st_path(c->st) : "the conditions",
-		                     want);
-	return 0;
-}
-
 static int get(hi3_kvfile *kv, const char *name, hi3_dtype dt, int ndim, const int64_t *shape, void **out,
                hi3_error *err)
 {
@@ -149,7 +116,7 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 	memset(kv, 0, sizeof(*kv));
 	if (hi3_st_open(&kv->st, path, HI3_ST_RDWR, err) != 0)
 		return -1;
-	if (hi3_st_expect_format(kv->st, "hi3.kv", err) != 0 || hi3i_st_lock(kv->st, err) != 0)
+	if (hi3_st_expect_format(kv->st, HI3_FORMAT_KV, err) != 0 || hi3i_st_lock(kv->st, err) != 0)
 		goto fail;
 	if (hi3i_check_made_by(path, hi3_st_meta(kv->st, "model_fingerprint"), m, err) != 0)
 		goto fail;

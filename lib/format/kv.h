@@ -26,7 +26,7 @@
 #ifndef HI3_KV_H
 #define HI3_KV_H
 
-#include "core/internal.h"
+#include "format/provenance.h"
 
 typedef struct hi3_kvfile {
 	hi3_st *st;
@@ -41,12 +41,6 @@ typedef struct hi3_kvfile {
 	float *prompt_route_w;    /* (B, L, n_moe, k) */
 } hi3_kvfile;
 
-/* Hash of the conditions tensors a KV file depends on (16 hex digits). */
-void hi3i_cond_hash(const hi3_cond *c, char out[17]);
-/* Refuse a stage file (at path, with these metadata values) made by another
- * model, or from conditions other than c; the message names both values. */
-int hi3i_check_made_by(const char *path, const char *fingerprint, const hi3_model *m, hi3_error *err);
-int hi3i_check_made_from(const char *path, const char *conditions_hash, const hi3_cond *c, hi3_error *err);
 /* Create a zeroed KV file for (model, conditions) at path, atomically. */
 int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, const char *cond_path, int max_new,
                    hi3_dtype dt, int prompt_routing, hi3_error *err);

@@ -55,4 +55,7 @@ struct hi3_model {
 	hi3_kvcache *attached;    /* the cache the backend mirrors */
 };
 
+/* Free the scratch buffers (forward.c); they grow again on demand. */
+void hi3i_model_work_free(hi3_model *m);
+
 #endif

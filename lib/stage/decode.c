@@ -1,13 +1,8 @@
 /*
- * decode.c -- prefill and decode over a KV file: the batching contract of
- * SPEC section 5, with one code path for every B.
+ * decode.c -- decode over a KV file made by prefill: the batching contract
+ * of SPEC section 5, with one code path for every B.
  *
- * Prefill: the B x L prompt batch in one (or a few, by rows) forward calls
- * in self-attention mode: query column t attends key columns j <= t and its
- * image block; K/V go to cache slot position_ids[i, t] (5.1, 5.2); each
- * row's first logits come from column n_i - 1 (5.5).
- *
- * Decode: each step samples every unfinished row from its current logits,
+ * Each step samples every unfinished row from its current logits,
  * then feeds the new tokens of the rows that go on, one per row, at index
  * p = n_i + g (5.3, 5.4): K/V are written at slot p and the query attends
  * slots [0, p]. A row that samples a stop token or reaches max_new stops:
@@ -17,124 +12,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
+#include "format/conditions.h"
 #include "format/kv.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The conditions need embeddings hi3 does not compute yet: say so rather
- * than silently run the image tokens as text. */
-static int check_text_only(const hi3_cond *c, const char *what, hi3_error *err)
-{
-	if (c->mode && strcmp(c->mode, "gen_text"))
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions in mode '%s': only gen_text rows can be "
-		                     "%s (image generation is diffusion-capture's)", hi3_st_path(c->st), c->mode, what);
-	if (c->cond_vit_mask || c->cond_vae_mask)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions hold cond image tokens; image embeddings "
-		                     "(ViT/VAE) are not implemented, and running them as text would be wrong",
-		                     hi3_st_path(c->st));
-	return 0;
-}
-
-int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi3_prefill_opts *o,
-                const char *kv_path, hi3_error *err)
-{
-	const int L = c->L, V = hi3_model_config(m)->vocab_size;
-	int rows_per = 0, rc = -1, created = 0;
-	hi3_kvfile kv = {0};
-	char *tmp = NULL;
-	int32_t *hi = NULL, *at = NULL, *crow = NULL;
-	float *logits = NULL;
-
-	if (o->max_new < 0 || (o->kv_dtype != HI3_F32 && o->kv_dtype != HI3_BF16))
-		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: max_new must be >= 0 and the cache F32 or BF16");
-	if (hi3_cond_check_model(c, m, err) != 0 || check_text_only(c, "prefilled", err) != 0)
-		return -1;
-	if ((int64_t)L + o->max_new > INT32_MAX / 2)
-		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: L + max_new = %lld slots is too large",
-		                     (long long)L + o->max_new);
-	rows_per = (o->max_tokens > 0 ? o->max_tokens : 8192) / L;
-	if (rows_per < 1)
-		rows_per = 1;
-	if (rows_per > c->B)
-		rows_per = c->B;
-	tmp = hi3i_asprintf("%s.prefill-%ld", kv_path, (long)getpid());
-	hi = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per * L, err);
-	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)rows_per, err);
-	crow = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per, err);
-	logits = hi3i_malloc(sizeof(float) * (size_t)rows_per * V, err);
-	if (!tmp || !hi || !at || !crow || !logits) {
-		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-		goto out;
-	}
-	if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0)
-		goto out;
-	created = 1;
-	if (hi3i_kv_open(&kv, tmp, m, c, err) != 0)
-		goto out;
-	for (int r0 = 0; r0 < c->B; r0 += rows_per) {
-		int nb = HI3_MIN(rows_per, c->B - r0);
-		hi3_batch b = {
-			.B = nb, .T = L, .mode = HI3_ATTN_SELF,
-			.ids = c->input_ids + (size_t)r0 * L,
-			.rope = c->rope_pos + (size_t)r0 * L * 2,
-			.hi = hi,
-			.blocks = c->image_blocks + (size_t)r0 * c->S * 2, .S = c->S,
-			.slot = c->position_ids + (size_t)r0 * L,
-			.cache_row = crow,
-			.n_logits = nb, .logit_at = at, .logits = logits,
-		};
-		if (kv.prompt_route_ids) {
-			/* rows r0 .. r0 + nb of (B, L, n_moe, k) are this chunk's */
-			size_t per = (size_t)L * kv.n_moe * kv.k_route;
-			b.route_ids = kv.prompt_route_ids + (size_t)r0 * per;
-			b.route_w = kv.prompt_route_w + (size_t)r0 * per;
-		}
-		for (int r = 0; r < nb; r++) {
-			for (int t = 0; t < L; t++)
-				hi[(size_t)r * L + t] = t;
-			crow[r] = r0 + r;
-			at[2 * r] = r;
-			at[2 * r + 1] = (int32_t)c->real_pos[r0 + r] - 1;
-		}
-		if (hi3_forward(m, &kv.cache, &b, err) != 0)
-			goto out;
-		for (int r = 0; r < nb; r++)
-			memcpy(kv.next_logits + (size_t)(r0 + r) * V, logits + (size_t)r * V, sizeof(float) * (size_t)V);
-		if (o->progress)
-			o->progress(o->progress_ctx, r0 + nb, c->B);
-	}
-	if (hi3_kv_sync_host(m, &kv.cache, err) != 0 || hi3i_kv_flush(&kv, err) != 0)
-		goto out;
-	hi3i_model_kv_closed(m, &kv.cache);
-	hi3i_kv_close(&kv);
-	if (rename(tmp, kv_path) != 0) {
-		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot rename the finished cache into place", kv_path);
-		goto out;
-	}
-	created = 0;
-	rc = 0;
-out:
-	if (kv.st) {
-		hi3i_model_kv_closed(m, &kv.cache);
-		hi3i_kv_close(&kv);
-	}
-	if (created)
-		unlink(tmp);
-	free(tmp);
-	free(hi);
-	free(at);
-	free(crow);
-	free(logits);
-	return rc;
-}
 
 /*
  * Fault injection for the crash tests: HI3_TEST_KILL_AT=S:R makes the
@@ -179,7 +59,6 @@ static int write_segment(const hi3_kvfile *kv, const hi3_cond *c, const hi3_mode
 	float *lps = NULL, *rw = NULL;
 	int16_t *ri = NULL;
 	uint8_t *reason = NULL;
-	hi3_st_writer *w = NULL;
 	char buf[128], hash[17];
 	int rc = -1, routing = o->record_routing && NM > 0;
 
@@ -193,8 +72,7 @@ static int write_segment(const hi3_kvfile *kv, const hi3_cond *c, const hi3_mode
 		ri = hi3i_malloc(sizeof(int16_t) * (size_t)(T + 1) * NM * K, err);
 		rw = hi3i_malloc(sizeof(float) * (size_t)(T + 1) * NM * K, err);
 	}
-	w = hi3_stw_new();
-	if (!tokens || !lps || !cu || !reason || !w || (routing && (!ri || !rw))) {
+	if (!tokens || !lps || !cu || !reason || (routing && (!ri || !rw))) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
 	}
@@ -212,35 +90,25 @@ static int write_segment(const hi3_kvfile *kv, const hi3_cond *c, const hi3_mode
 		reason[i] = !kv->finished[i] ? 0 : (g > 0 && is_stop(c, o, i, tokens[off + g - 1])) ? 1 : 2;
 	}
 	hi3i_cond_hash(c, hash);
-	hi3_stw_meta(w, "format", "hi3.segment");
-	hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION);
-	hi3_stw_meta(w, "model_fingerprint", hi3_model_fingerprint(m));
-	hi3_stw_meta(w, "conditions_hash", hash);
 	if (o->sampler.greedy || o->sampler.temperature <= 0)
 		snprintf(buf, sizeof(buf), "greedy");
 	else
 		snprintf(buf, sizeof(buf), "temperature=%.17g top_k=%d top_p=%.17g", o->sampler.temperature,
 		         o->sampler.top_k, o->sampler.top_p);
-	hi3_stw_meta(w, "sampler", buf);
-	hi3_stw_meta(w, "decode_mask", o->decode_mask == HI3_MASK_NONE ? "none" : "causal");
-	hi3_stw_meta(w, "token_placement", o->placement == HI3_PLACE_TAIL ? "tail" : "index");
 	{
-		int64_t sT[1] = {T}, sB1[1] = {B + 1}, sB[1] = {B}, sR[3] = {T, NM, K};
-		if (hi3_stw_add(w, "tokens", HI3_I64, 1, sT, tokens) || hi3_stw_add(w, "logprobs", HI3_F32, 1, sT, lps) ||
-		    hi3_stw_add(w, "cu_seqlens", HI3_I64, 1, sB1, cu) ||
-		    hi3_stw_add(w, "stop_reason", HI3_U8, 1, sB, reason) ||
-		    (routing && (hi3_stw_add(w, "routing_experts", HI3_I16, 3, sR, ri) ||
-		                 hi3_stw_add(w, "routing_weights", HI3_F32, 3, sR, rw)))) {
-			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		hi3_segment seg = {
+			.B = B, .T = T, .tokens = tokens, .logprobs = lps, .cu_seqlens = cu, .stop_reason = reason,
+			.route_ids = ri, .route_w = rw, .n_moe = NM, .k = K,
+			.model_fingerprint = hi3_model_fingerprint(m), .conditions_hash = hash, .sampler = buf,
+			.decode_mask = o->decode_mask == HI3_MASK_NONE ? "none" : "causal",
+			.token_placement = o->placement == HI3_PLACE_TAIL ? "tail" : "index",
+		};
+		if (hi3_segment_write(&seg, path, err) != 0)
 			goto out;
-		}
 	}
-	if (hi3_stw_write(w, path, err) != 0)
-		goto out;
 	*total = T;
 	rc = 0;
 out:
-	hi3_stw_free(w);
 	free(tokens);
 	free(lps);
 	free(cu);
@@ -262,11 +130,11 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 	int16_t *route_ids = NULL;
 	uint8_t *stop_now = NULL;
 	void *scratch = NULL;
-	double t0 = now_s();
+	double t0 = hi3i_now();
 	int NMK;
 
 	memset(stats, 0, sizeof(*stats));
-	if (hi3_cond_check_model(c, m, err) != 0 || check_text_only(c, "decoded", err) != 0)
+	if (hi3_cond_check_model(c, m, err) != 0 || hi3i_cond_require_text(c, "decoded", err) != 0)
 		return -1;
 	if (hi3i_kv_open(&kv, kv_path, m, c, err) != 0)
 		return -1;
@@ -397,7 +265,7 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 		goto out;
 	rc = 0;
 out:
-	stats->seconds = now_s() - t0;
+	stats->seconds = hi3i_now() - t0;
 	hi3i_model_kv_closed(m, &kv.cache);
 	hi3i_kv_close(&kv);
 	free(ids);

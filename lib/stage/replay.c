@@ -14,72 +14,8 @@
  */
 #include <math.h>
 #include <string.h>
-#include <time.h>
+#include "format/conditions.h"
 #include "format/kv.h"
-
-int hi3_segment_open(hi3_segment **out, const char *path, hi3_error *err)
-{
-	hi3_segment *s = hi3i_calloc(1, sizeof(*s), err);
-	const hi3_tensor *tok, *lp, *cu, *sr, *re, *rw;
-
-	*out = NULL;
-	if (!s)
-		return -1;
-	if (hi3_st_open(&s->st, path, HI3_ST_READ, err) != 0 || hi3_st_expect_format(s->st, "hi3.segment", err))
-		goto fail;
-	if (hi3_st_get(s->st, "tokens", HI3_I64, 1, (int64_t[]){-1}, &tok, err) ||
-	    hi3_st_get(s->st, "logprobs", HI3_F32, 1, (int64_t[]){tok->shape[0]}, &lp, err) ||
-	    hi3_st_get(s->st, "cu_seqlens", HI3_I64, 1, (int64_t[]){-1}, &cu, err))
-		goto fail;
-	s->T = tok->shape[0];
-	s->B = (int)cu->shape[0] - 1;
-	s->tokens = tok->data;
-	s->logprobs = lp->data;
-	s->cu_seqlens = cu->data;
-	if (s->B < 1) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'cu_seqlens' has no rows", path);
-		goto fail;
-	}
-	if (hi3_st_get(s->st, "stop_reason", HI3_U8, 1, (int64_t[]){s->B}, &sr, err))
-		goto fail;
-	s->stop_reason = sr->data;
-	if (s->cu_seqlens[0] != 0 || s->cu_seqlens[s->B] != s->T) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'cu_seqlens' runs from %lld to %lld, expected 0 to %lld",
-		              path, (long long)s->cu_seqlens[0], (long long)s->cu_seqlens[s->B], (long long)s->T);
-		goto fail;
-	}
-	for (int i = 0; i < s->B; i++)
-		if (s->cu_seqlens[i + 1] < s->cu_seqlens[i]) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'cu_seqlens' decreases at row %d", path, i);
-			goto fail;
-		}
-	re = hi3_st_find(s->st, "routing_experts");
-	if (re) {
-		if (hi3_st_get(s->st, "routing_experts", HI3_I16, 3, (int64_t[]){s->T, -1, -1}, &re, err) ||
-		    hi3_st_get(s->st, "routing_weights", HI3_F32, 3, (int64_t[]){s->T, re->shape[1], re->shape[2]}, &rw,
-		               err))
-			goto fail;
-		s->route_ids = re->data;
-		s->route_w = rw->data;
-		s->n_moe = (int)re->shape[1];
-		s->k = (int)re->shape[2];
-	}
-	s->model_fingerprint = hi3_st_meta(s->st, "model_fingerprint");
-	s->conditions_hash = hi3_st_meta(s->st, "conditions_hash");
-	*out = s;
-	return 0;
-fail:
-	hi3_segment_close(s);
-	return -1;
-}
-
-void hi3_segment_close(hi3_segment *s)
-{
-	if (!s)
-		return;
-	hi3_st_close(s->st);
-	free(s);
-}
 
 static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
                         hi3_error *err)
@@ -100,12 +36,8 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
 		if (s->tokens[j] < 0 || s->tokens[j] >= V)
 			return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'tokens'[%lld] = %lld is outside the "
 			                     "vocabulary [0, %d)", path, (long long)j, (long long)s->tokens[j], V);
-	if (c->mode && strcmp(c->mode, "gen_text"))
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions in mode '%s' cannot be replayed as text",
-		                     hi3_st_path(c->st), c->mode);
-	if (c->cond_vit_mask || c->cond_vae_mask)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: the prompts hold cond image tokens, whose embeddings "
-		                     "hi3 does not compute yet; refusing to replay them as text", hi3_st_path(c->st));
+	if (hi3i_cond_require_text(c, "replayed", err) != 0)
+		return -1;
 	if (o->routing_recorded) {
 		if (!s->route_ids)
 			return hi3_error_set(err, HI3_ERR_INPUT, "%s: --routing=recorded needs recorded routing "
@@ -308,13 +240,12 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	const int NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m), NMK = NM * K;
 	int16_t *route = NULL;
 	float *lp_free = NULL;
-	struct timespec t0, t1;
+	double t0 = hi3i_now();
 	int rc = -1;
 
 	memset(rep, 0, sizeof(*rep));
 	if (check_inputs(m, c, s, o, err) != 0)
 		return -1;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
 	rep->B = s->B;
 	rep->rows = hi3i_calloc((size_t)s->B, sizeof(*rep->rows), err);
 	if (!rep->rows)
@@ -385,8 +316,7 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	}
 	rc = 0;
 out:
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	rep->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+	rep->seconds = hi3i_now() - t0;
 	free(route);
 	free(lp_free);
 	return rc;

@@ -8,16 +8,7 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
-#include <time.h>
 #include "backend/gemm.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -60,7 +51,7 @@ double hi3_bench_membw(size_t bytes, int reps)
 	for (size_t i = 0; i < n; i++)
 		a[i] = i * 0x9e3779b97f4a7c15ULL;
 	for (int r = 0; r < reps; r++) {
-		double t0 = now_s(), t;
+		double t0 = hi3i_now(), t;
 		uint64_t x = 0;
 #pragma omp parallel reduction(^ : x)
 		{
@@ -68,7 +59,7 @@ double hi3_bench_membw(size_t bytes, int reps)
 			size_t chunk = (n / (size_t)nt) & ~(size_t)15, lo = chunk * (size_t)id;
 			x ^= read_block(a + lo, id == nt - 1 ? n - lo : chunk);
 		}
-		t = now_s() - t0;
+		t = hi3i_now() - t0;
 		sink ^= x;
 		if (t > 0 && (double)bytes / t > best)
 			best = (double)bytes / t;
@@ -102,11 +93,11 @@ static int time_gemm(int M, int N, int K, hi3_dtype wdt, int reps, double *t_bla
 		goto out;
 	*t_blas = *t_hi3 = INFINITY;
 	for (int r = 0; r < reps; r++) {
-		double t0 = now_s();
+		double t0 = hi3i_now();
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
-		double t1 = now_s();
+		double t1 = hi3i_now();
 		hi3i_gemm(y, x, &p, M);
-		double t2 = now_s();
+		double t2 = hi3i_now();
 		*t_blas = fmin(*t_blas, t1 - t0);
 		*t_hi3 = fmin(*t_hi3, t2 - t1);
 	}
@@ -226,12 +217,12 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 	{
 		hi3_batch pb = {.B = B, .T = P, .mode = HI3_ATTN_SELF, .ids = ids, .rope = rope, .hi = hi,
 		                .slot = slot, .n_logits = B, .logit_at = at, .logits = logits};
-		t0 = now_s();
+		t0 = hi3i_now();
 		if (hi3_forward(m, &kv, &pb, err) != 0)
 			goto out;
-		r->prefill_s = now_s() - t0;
+		r->prefill_s = hi3i_now() - t0;
 	}
-	t0 = now_s();
+	t0 = hi3i_now();
 	for (int s = 0; s < N; s++) {
 		for (int b = 0; b < B; b++) {
 			ids[b] = hi3_argmax(logits + (size_t)b * V, V);
@@ -246,7 +237,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 		if (hi3_forward(m, &kv, &db, err) != 0)
 			goto out;
 	}
-	r->decode_s = now_s() - t0;
+	r->decode_s = hi3i_now() - t0;
 	r->prefill_tok_s = (double)B * P / r->prefill_s;
 	r->decode_tok_s = N ? (double)B * N / r->decode_s : 0.0;
 	{

@@ -1,5 +1,5 @@
 /*
- * model.c -- the HunyuanImage-3.0 decoder, top to bottom as SPEC section 3
+ * forward.c -- the HunyuanImage-3.0 decoder, top to bottom as SPEC section 3
  * reads, written against the backend ops table (backend.h).
  *
  * Per token:  x = wte[id]
@@ -9,170 +9,11 @@
  *
  * Shapes: M = B*T tokens of this call, H hidden, W = (n_h + 2 n_kv) d.
  */
-#include "config.h"
 #include <math.h>
 #include <string.h>
 #include "model/model.h"
 
-#define NAME(...) (snprintf(nm, sizeof(nm), __VA_ARGS__), nm)
-
-static hi3_wt *load_w(hi3_model *m, const char *name, int kind, hi3_error *err)
-{
-	const hi3_tensor *t = hi3_ckpt_find(m->ck, name);
-	hi3_wt *w;
-
-	if (!t) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is missing", m->dir, name);
-		return NULL;
-	}
-	{
-		int64_t bad = hi3i_count_nonfinite(t->data, t->dtype, (size_t)hi3_tensor_numel(t));
-		if (bad)
-			hi3_log(HI3_LOG_WARN, "%s: tensor '%s' holds %lld NaN/Inf values of %lld",
-			        hi3_ckpt_file_of(m->ck, name), name, (long long)bad, (long long)hi3_tensor_numel(t));
-	}
-	w = m->be->weight(m->be, t, kind, err);
-	if (!w)
-		hi3_error_prefix(err, "%s: tensor '%s'", m->dir, name);
-	return w;
-}
-
-static int load_mlp(hi3_model *m, struct hi3_mlp_w *mw, const char *prefix, int I, hi3_error *err)
-{
-	char nm[256];
-
-	mw->I = I;
-	if (!(mw->gate_up = load_w(m, NAME("%s.gate_and_up_proj.weight", prefix), HI3_WT_MATRIX, err)) ||
-	    !(mw->down = load_w(m, NAME("%s.down_proj.weight", prefix), HI3_WT_MATRIX, err)))
-		return -1;
-	if (I > m->max_I)
-		m->max_I = I;
-	return 0;
-}
-
-static void free_mlp(hi3_model *m, struct hi3_mlp_w *mw)
-{
-	m->be->weight_free(m->be, mw->gate_up);
-	m->be->weight_free(m->be, mw->down);
-}
-
-static int load_layer(hi3_model *m, int l, hi3_error *err)
-{
-	const hi3_config *c = &m->cfg;
-	struct hi3_layer_w *L = &m->layers[l];
-	char nm[256], pre[64];
-
-	snprintf(pre, sizeof(pre), "model.layers.%d", l);
-	if (!(L->ln_in = load_w(m, NAME("%s.input_layernorm.weight", pre), HI3_WT_VECTOR, err)) ||
-	    !(L->ln_post = load_w(m, NAME("%s.post_attention_layernorm.weight", pre), HI3_WT_VECTOR, err)) ||
-	    !(L->qkv = load_w(m, NAME("%s.self_attn.qkv_proj.weight", pre), HI3_WT_MATRIX, err)) ||
-	    !(L->o = load_w(m, NAME("%s.self_attn.o_proj.weight", pre), HI3_WT_MATRIX, err)))
-		return -1;
-	if (c->use_qk_norm &&
-	    (!(L->qn = load_w(m, NAME("%s.self_attn.query_layernorm.weight", pre), HI3_WT_VECTOR, err)) ||
-	     !(L->kn = load_w(m, NAME("%s.self_attn.key_layernorm.weight", pre), HI3_WT_VECTOR, err))))
-		return -1;
-	L->moe = hi3_config_is_moe_layer(c, l);
-	if (!L->moe)
-		return load_mlp(m, &L->mlp, NAME("%s.mlp", pre), c->intermediate_size, err);
-	L->moe_index = m->n_moe++;
-	L->E = c->num_experts[l];
-	L->k = c->moe_topk[l];
-	if (L->k > m->max_k)
-		m->max_k = L->k;
-	if (!(L->router = load_w(m, NAME("%s.mlp.gate.wg.weight", pre), HI3_WT_MATRIX, err)))
-		return -1;
-	L->experts = hi3i_calloc((size_t)L->E, sizeof(*L->experts), err);
-	if (!L->experts)
-		return -1;
-	for (int e = 0; e < L->E; e++) {
-		char ep[128];
-		snprintf(ep, sizeof(ep), "%s.mlp.experts.%d", pre, e);
-		if (load_mlp(m, &L->experts[e], ep, c->moe_intermediate_size[l], err))
-			return -1;
-	}
-	if (c->use_mixed_mlp_moe && c->num_shared_expert[l] > 0) {
-		L->has_shared = 1;
-		if (load_mlp(m, &L->shared, NAME("%s.mlp.shared_mlp", pre),
-		             c->moe_intermediate_size[l] * c->num_shared_expert[l], err))
-			return -1;
-	}
-	return 0;
-}
-
-int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts, hi3_error *err)
-{
-	hi3_model *m = hi3i_calloc(1, sizeof(*m), err);
-	hi3_model_opts def = {.backend = "cpu", .batch_invariant = 1};
-	char *cfg_path = NULL;
-	int rc = -1;
-
-	*out = NULL;
-	if (!m)
-		return -1;
-	if (!opts)
-		opts = &def;
-	m->dir = hi3i_strdup(dir);
-	cfg_path = hi3i_asprintf("%s/config.json", dir);
-	if (!m->dir || !cfg_path) {
-		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-		goto out;
-	}
-	if (hi3_config_load(&m->cfg, cfg_path, err) != 0)
-		goto out;
-	if (hi3_ckpt_open(&m->ck, dir, err) != 0)
-		goto out;
-	if (hi3_config_validate(&m->cfg, m->ck, err) != 0)
-		goto out;
-	if (hi3_fingerprint(&m->cfg, m->ck, m->fingerprint) != 0) {
-		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-		goto out;
-	}
-	if (!opts->backend || !strcmp(opts->backend, "cpu")) {
-		if (hi3i_backend_cpu(&m->be, opts->threads, opts->batch_invariant, err) != 0)
-			goto out;
-	} else if (!strcmp(opts->backend, "cuda")) {
-		if (hi3i_backend_cuda(&m->be, opts->threads, opts->batch_invariant, err) != 0)
-			goto out;
-	} else {
-		hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", opts->backend);
-		goto out;
-	}
-	m->dims.H = m->cfg.hidden_size;
-	m->dims.n_h = m->cfg.num_attention_heads;
-	m->dims.n_kv = m->cfg.num_key_value_heads;
-	m->dims.d = m->cfg.attention_head_dim;
-	m->dims.eps = (float)m->cfg.rms_norm_eps;
-	m->layers = hi3i_calloc((size_t)m->cfg.num_hidden_layers, sizeof(*m->layers), err);
-	if (!m->layers)
-		goto out;
-	if (!(m->wte = load_w(m, "model.wte.weight", HI3_WT_ROWS, err)) ||
-	    !(m->ln_f = load_w(m, "model.ln_f.weight", HI3_WT_VECTOR, err)) ||
-	    !(m->lm_head = load_w(m, hi3_ckpt_find(m->ck, "lm_head.weight") ? "lm_head.weight" : "model.wte.weight",
-	                          HI3_WT_MATRIX, err)))
-		goto out;
-	for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-		if (load_layer(m, l, err) != 0)
-			goto out;
-	{
-		float theta[512];
-		hi3i_rope_theta(theta, m->dims.d, m->cfg.rope_theta);
-		m->theta = m->be->alloc(m->be, sizeof(float) * (size_t)(m->dims.d / 2));
-		if (!m->theta || m->be->upload(m->be, m->theta, theta, sizeof(float) * (size_t)(m->dims.d / 2))) {
-			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-			goto out;
-		}
-	}
-	*out = m;
-	rc = 0;
-out:
-	free(cfg_path);
-	if (rc)
-		hi3_model_close(m);
-	return rc;
-}
-
-static void work_free(hi3_model *m)
+void hi3i_model_work_free(hi3_model *m)
 {
 	struct hi3_work *w = &m->w;
 	void *bufs[] = {w->x, w->h, w->qkv, w->att, w->y, w->ab, w->mid, w->ye, w->xe, w->ys, w->rl, w->sab, w->smid, w->lx,
@@ -182,59 +23,6 @@ static void work_free(hi3_model *m)
 		if (bufs[i])
 			m->be->free(m->be, bufs[i]);
 	memset(w, 0, sizeof(*w));
-}
-
-void hi3_model_close(hi3_model *m)
-{
-	if (!m)
-		return;
-	if (m->be) {
-		work_free(m);
-		if (m->attached)
-			m->be->kv_detach(m->be, m->attached);
-		if (m->theta)
-			m->be->free(m->be, m->theta);
-		m->be->weight_free(m->be, m->wte);
-		m->be->weight_free(m->be, m->ln_f);
-		m->be->weight_free(m->be, m->lm_head);
-		for (int l = 0; m->layers && l < m->cfg.num_hidden_layers; l++) {
-			struct hi3_layer_w *L = &m->layers[l];
-			hi3_wt *ws[] = {L->ln_in, L->ln_post, L->qkv, L->o, L->qn, L->kn, L->router};
-			for (size_t i = 0; i < HI3_ARRAY_SIZE(ws); i++)
-				m->be->weight_free(m->be, ws[i]);
-			free_mlp(m, &L->mlp);
-			for (int e = 0; L->experts && e < L->E; e++)
-				free_mlp(m, &L->experts[e]);
-			free(L->experts);
-			if (L->has_shared)
-				free_mlp(m, &L->shared);
-		}
-		m->be->destroy(m->be);
-	}
-	free(m->layers);
-	hi3_ckpt_close(m->ck);
-	hi3_config_release(&m->cfg);
-	free(m->dir);
-	free(m);
-}
-
-const hi3_config *hi3_model_config(const hi3_model *m) { return &m->cfg; }
-const char *hi3_model_fingerprint(const hi3_model *m) { return m->fingerprint; }
-const char *hi3_model_dir(const hi3_model *m) { return m->dir; }
-const char *hi3_model_backend(const hi3_model *m) { return m->be->name; }
-int hi3_model_n_moe_layers(const hi3_model *m) { return m->n_moe; }
-int hi3_model_max_topk(const hi3_model *m) { return m->max_k; }
-
-int hi3_model_batch_invariant(const hi3_model *m)
-{
-	return m->be->batch_invariant;
-}
-
-hi3_dtype hi3_model_weight_dtype(const hi3_model *m)
-{
-	const hi3_tensor *t = hi3_ckpt_find(m->ck, "model.layers.0.self_attn.qkv_proj.weight");
-
-	return t ? t->dtype : HI3_F32;
 }
 
 /* Make sure the scratch buffers hold M tokens and n_logit logit rows. */
@@ -252,7 +40,7 @@ static int work_reserve(hi3_model *m, size_t M, size_t n_logit, hi3_error *err)
 			E = (size_t)c->num_experts[l];
 	if (M > w->M) {
 		size_t oldn = w->n_logit;
-		work_free(m);
+		hi3i_model_work_free(m);
 		w->n_logit = oldn;
 		M = M < 16 ? 16 : M;
 #define A(p, n) ((p) = be->alloc(be, (n))) == NULL
@@ -284,7 +72,7 @@ static int work_reserve(hi3_model *m, size_t M, size_t n_logit, hi3_error *err)
 #undef A
 	return 0;
 oom:
-	work_free(m);
+	hi3i_model_work_free(m);
 	return hi3_error_set(err, HI3_ERR_RUNTIME,
 	                     "out of %s memory for %zu tokens of activations (%zu MiB free)", be->name, M,
 	                     be->mem_free(be) >> 20);

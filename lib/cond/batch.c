@@ -1,0 +1,508 @@
+/*
+ * batch.c -- conditions built from encoded rows (hi3_cond_build), merged
+ * from files (hi3_cond_concat) or cut to some rows (hi3_cond_select).
+ *
+ * Dimension letters: B rows, L columns (right padded), S full-attention
+ * blocks per row, NS stop tokens per row, K <timestep> indices per row,
+ * R requests (B = R * cfg_factor).
+ *
+ * The batching rule (SPEC 5.1): position_ids[b, t] = t on every column,
+ * pads included; only the pad_zero ablation writes 0 at pad columns.
+ */
+#include <string.h>
+#include "format/conditions.h"
+
+/* ----------------------------------------------------- building by rows */
+
+/* One row to place: the real columns [0, n) and its lists. */
+struct rowview {
+	int64_t n;
+	const int64_t *ids;          /* (n) */
+	const int32_t *rope;         /* (n, 2) */
+	const uint8_t *mask[3];      /* (n) gen_image, cond_vit, cond_vae; or NULL */
+	int n_blocks;
+	const int32_t *blocks;       /* (n_blocks, 2) */
+	int n_stop;
+	const int64_t *stops;        /* (n_stop) */
+	int n_ts;
+	const int64_t *ts;           /* (n_ts) */
+	int64_t seed;
+};
+
+static int used_prefix(const int64_t *v, int n)
+{
+	int k = 0;
+
+	while (k < n && v[k] != -1)
+		k++;
+	return k;
+}
+
+static void view_of_cond(const hi3_cond *c, int b, struct rowview *v)
+{
+	const uint8_t *m[3] = {c->gen_image_mask, c->cond_vit_mask, c->cond_vae_mask};
+
+	v->n = c->real_pos[b];
+	v->ids = c->input_ids + (size_t)b * c->L;
+	v->rope = c->rope_pos + (size_t)b * c->L * 2;
+	for (int i = 0; i < 3; i++)
+		v->mask[i] = m[i] ? m[i] + (size_t)b * c->L : NULL;
+	v->blocks = c->image_blocks + (size_t)b * c->S * 2;
+	v->n_blocks = 0;
+	while (v->n_blocks < c->S && v->blocks[2 * v->n_blocks] != v->blocks[2 * v->n_blocks + 1])
+		v->n_blocks++;
+	v->stops = c->stop_tokens + (size_t)b * c->NS;
+	v->n_stop = used_prefix(v->stops, c->NS);
+	v->ts = c->timestep_index ? c->timestep_index + (size_t)b * c->K : NULL;
+	v->n_ts = v->ts ? used_prefix(v->ts, c->K) : 0;
+	v->seed = c->seeds[b];
+}
+
+static void view_of_row(const hi3_cond_row *r, struct rowview *v)
+{
+	v->n = r->n;
+	v->ids = r->ids;
+	v->rope = r->rope;
+	v->mask[0] = r->gen_image_mask;
+	v->mask[1] = r->cond_vit_mask;
+	v->mask[2] = r->cond_vae_mask;
+	v->n_blocks = r->n_blocks;
+	v->blocks = r->blocks;
+	v->n_stop = r->n_stop;
+	v->stops = r->stop_tokens;
+	v->n_ts = r->n_ts;
+	v->ts = r->timestep_index;
+	v->seed = r->seed;
+}
+
+/* Allocate the tensors of B rows shaped by the views; has_mask[i] says
+ * whether mask i is stored. */
+static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int L, const int has_mask[3],
+                      hi3_error *err)
+{
+	hi3_cond *c = &ci->c;
+	int S = 1, NS = 1, K = 0;
+
+	for (int b = 0; b < B; b++) {
+		L = (int)HI3_MAX(L, v[b].n);
+		S = HI3_MAX(S, v[b].n_blocks);
+		NS = HI3_MAX(NS, v[b].n_stop);
+		K = HI3_MAX(K, v[b].n_ts);
+	}
+	c->B = B;
+	c->L = L;
+	c->S = S;
+	c->NS = NS;
+	c->K = K;
+	{
+		size_t BL = (size_t)B * L;
+		size_t sizes[T_COUNT] = {
+			[T_IDS] = BL * 8, [T_POS] = BL * 8, [T_REAL] = (size_t)B * 8, [T_ROPE] = BL * 8,
+			[T_BLOCKS] = (size_t)B * S * 8, [T_SEEDS] = (size_t)B * 8, [T_STOPS] = (size_t)B * NS * 8,
+			[T_GMASK] = has_mask[0] ? BL : 0, [T_VIT] = has_mask[1] ? BL : 0, [T_VAE] = has_mask[2] ? BL : 0,
+			[T_TS] = (size_t)B * K * 8,
+		};
+		for (int i = 0; i < T_COUNT; i++)
+			if (sizes[i] && !(ci->buf[i] = hi3i_calloc(1, sizes[i], err)))
+				return -1;
+	}
+	c->input_ids = ci->buf[T_IDS];
+	c->position_ids = ci->buf[T_POS];
+	c->real_pos = ci->buf[T_REAL];
+	c->rope_pos = ci->buf[T_ROPE];
+	c->image_blocks = ci->buf[T_BLOCKS];
+	c->seeds = ci->buf[T_SEEDS];
+	c->stop_tokens = ci->buf[T_STOPS];
+	c->gen_image_mask = ci->buf[T_GMASK];
+	c->cond_vit_mask = ci->buf[T_VIT];
+	c->cond_vae_mask = ci->buf[T_VAE];
+	c->timestep_index = ci->buf[T_TS];
+	return 0;
+}
+
+/* Row b of a freshly allocated conditions: the real columns as given, then
+ * pads (pad id, position t or 0, RoPE (t, t), masks 0). */
+static void put_row(struct hi3i_cond *ci, int b, const struct rowview *v, int64_t pad_id, int pad_zero)
+{
+	hi3_cond *c = &ci->c;
+	size_t o = (size_t)b * c->L;
+	int64_t *ids = ci->buf[T_IDS], *pos = ci->buf[T_POS], *stops = ci->buf[T_STOPS], *ts = ci->buf[T_TS];
+	int32_t *rope = ci->buf[T_ROPE], *blocks = ci->buf[T_BLOCKS];
+	uint8_t *mask[3] = {ci->buf[T_GMASK], ci->buf[T_VIT], ci->buf[T_VAE]};
+
+	for (int64_t t = 0; t < c->L; t++) {
+		int real = t < v->n;
+		ids[o + t] = real ? v->ids[t] : pad_id;
+		pos[o + t] = !real && pad_zero ? 0 : t;
+		rope[2 * (o + t)] = real ? v->rope[2 * t] : (int32_t)t;
+		rope[2 * (o + t) + 1] = real ? v->rope[2 * t + 1] : (int32_t)t;
+		for (int i = 0; i < 3; i++)
+			if (mask[i])
+				mask[i][o + t] = real && v->mask[i] ? v->mask[i][t] : 0;
+	}
+	((int64_t *)ci->buf[T_REAL])[b] = v->n;
+	((int64_t *)ci->buf[T_SEEDS])[b] = v->seed;
+	if (v->n_blocks)
+		memcpy(blocks + (size_t)b * c->S * 2, v->blocks, (size_t)v->n_blocks * 2 * sizeof(int32_t));
+	for (int k = 0; k < c->NS; k++)
+		stops[(size_t)b * c->NS + k] = k < v->n_stop ? v->stops[k] : -1;
+	for (int k = 0; k < c->K; k++)
+		ts[(size_t)b * c->K + k] = k < v->n_ts ? v->ts[k] : -1;
+}
+
+/* A conditions of the given rows (all columns), L at least min_L. */
+static int cond_from_views(struct hi3i_cond *ci, const struct rowview *v, int B, int min_L, const int has_mask[3],
+                           int64_t pad_id, int pad_zero, hi3_error *err)
+{
+	if (cond_alloc(ci, v, B, min_L, has_mask, err) != 0)
+		return -1;
+	for (int b = 0; b < B; b++)
+		put_row(ci, b, &v[b], pad_id, pad_zero);
+	ci->c.pad_id = pad_id;
+	return 0;
+}
+
+/* Fill ci with the rows of v, hand it out, free v; on failure free both. */
+static int finish_views(struct hi3i_cond *ci, struct rowview *v, int B, int min_L, const int has_mask[3],
+                        int64_t pad_id, int pad_zero, int cfg_factor, hi3_cond **out, hi3_error *err)
+{
+	int rc = cond_from_views(ci, v, B, min_L, has_mask, pad_id, pad_zero, err);
+
+	free(v);
+	if (rc != 0) {
+		hi3_cond_close(&ci->c);
+		return -1;
+	}
+	ci->cfg_factor = cfg_factor;
+	hi3i_cond_bind_meta(ci);
+	*out = &ci->c;
+	return 0;
+}
+
+/* ----------------------------------------------------------------- merge */
+
+/* Where merged row b comes from: input file and row. */
+struct src {
+	int file, row;
+};
+
+static int concat_meta(struct hi3i_cond *ci, const hi3_cond *const *in, int n, int pad_zero, hi3_error *err)
+{
+	static const char *const same[] = {"mode", "template", "cfg_factor", "pad_id", NULL};
+	static const char *const known[] = {"tokenizer_hash", "model_fingerprint", NULL};
+	const char *bot = in[0]->bot_task;
+	json_t *all = json_array();
+	int rc = -1;
+
+	if (!all)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	for (int i = 0; same[i]; i++)
+		for (int k = 1; k < n; k++)
+			if (strcmp(hi3_cond_meta(in[0], same[i]), hi3_cond_meta(in[k], same[i]))) {
+				hi3_error_set(err, HI3_ERR_INPUT, "cannot merge %s and %s: they differ in '%s' ('%s' and '%s')",
+				              HI3I_COND(in[0])->name, HI3I_COND(in[k])->name, same[i], hi3_cond_meta(in[0], same[i]),
+				              hi3_cond_meta(in[k], same[i]));
+				goto out;
+			}
+	for (int i = 0; known[i]; i++) {
+		int first = -1;
+		for (int k = 0; k < n; k++) {
+			const char *v = hi3_cond_meta(in[k], known[i]);
+			if (!v[0])
+				continue;
+			if (first >= 0 && strcmp(hi3_cond_meta(in[first], known[i]), v)) {
+				hi3_error_set(err, HI3_ERR_INPUT, "cannot merge %s and %s: they differ in '%s' ('%s' and "
+				              "'%s'): made with another %s", HI3I_COND(in[first])->name, HI3I_COND(in[k])->name,
+				              known[i], hi3_cond_meta(in[first], known[i]), v,
+				              i == 0 ? "tokenizer" : "model");
+				goto out;
+			}
+			if (first < 0)
+				first = k;
+		}
+		if (hi3i_cond_set_meta(ci, known[i], first >= 0 ? hi3_cond_meta(in[first], known[i]) : "", err) != 0)
+			goto out;
+	}
+	for (int k = 0; k < n; k++) {
+		json_t *rq = json_loads(in[k]->requests, 0, NULL);
+		if (strcmp(in[k]->bot_task, bot))
+			bot = "mixed";
+		if (!rq || json_array_extend(all, rq) != 0) {
+			json_decref(rq);
+			hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot read the requests", HI3I_COND(in[k])->name);
+			goto out;
+		}
+		json_decref(rq);
+	}
+	{
+		char *text = json_dumps(all, JSON_COMPACT | JSON_ENSURE_ASCII);
+		if (!text) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+			goto out;
+		}
+		rc = hi3i_cond_set_meta(ci, "requests", text, err);
+		free(text);
+		if (rc != 0)
+			goto out;
+	}
+	rc = hi3i_cond_set_meta(ci, "format", HI3_FORMAT_CONDITIONS, err) ||
+	     hi3i_cond_set_meta(ci, "format_version", HI3_FORMAT_VERSION, err) ||
+	     hi3i_cond_set_meta(ci, "mode", in[0]->mode, err) || hi3i_cond_set_meta(ci, "bot_task", bot, err) ||
+	     hi3i_cond_set_meta(ci, "template", in[0]->template_name, err) ||
+	     hi3i_cond_set_meta(ci, "cfg_factor", hi3_cond_meta(in[0], "cfg_factor"), err) ||
+	     hi3i_cond_set_meta(ci, "pad_id", hi3_cond_meta(in[0], "pad_id"), err) ||
+	     hi3i_cond_set_meta(ci, "pad_positions", pad_zero ? "zero" : "continue", err)
+	             ? -1 : 0;
+out:
+	json_decref(all);
+	return rc;
+}
+
+int hi3_cond_concat(hi3_cond **out, const hi3_cond *const *in, int n, int pad_zero, hi3_error *err)
+{
+	struct hi3i_cond *ci;
+	struct rowview *v = NULL;
+	int B = 0, L = 1, f, has_mask[3] = {0, 0, 0}, b = 0;
+
+	*out = NULL;
+	if (n < 1)
+		return hi3_error_set(err, HI3_ERR_USAGE, "nothing to merge");
+	if (!(ci = hi3i_cond_new(n == 1 ? HI3I_COND(in[0])->name : "(merged conditions)", err)))
+		return -1;
+	if (concat_meta(ci, in, n, pad_zero, err) != 0)
+		goto fail;
+	f = HI3I_COND(in[0])->cfg_factor;
+	for (int k = 0; k < n; k++) {
+		B += in[k]->B;
+		L = HI3_MAX(L, in[k]->L);
+		has_mask[0] |= in[k]->gen_image_mask != NULL;
+		has_mask[1] |= in[k]->cond_vit_mask != NULL;
+		has_mask[2] |= in[k]->cond_vae_mask != NULL;
+	}
+	if (!(v = hi3i_calloc((size_t)B, sizeof(*v), err)))
+		goto fail;
+	/* row groups in order: group g of every file, then group g + 1 */
+	for (int g = 0; g < f; g++)
+		for (int k = 0; k < n; k++) {
+			int R = in[k]->B / f;
+			for (int r = 0; r < R; r++)
+				view_of_cond(in[k], g * R + r, &v[b++]);
+		}
+	return finish_views(ci, v, B, L, has_mask, in[0]->pad_id, pad_zero, f, out, err);
+fail:
+	free(v);
+	hi3_cond_close(&ci->c);
+	return -1;
+}
+
+int hi3_cond_select(hi3_cond **out, const hi3_cond *c, const int *rows, int n, int min_L, hi3_error *err)
+{
+	struct hi3i_cond *ci;
+	struct rowview *v = NULL;
+	int has_mask[3] = {c->gen_image_mask != NULL, c->cond_vit_mask != NULL, c->cond_vae_mask != NULL};
+	int pad_zero = !strcmp(hi3_cond_meta(c, "pad_positions"), "zero");
+
+	*out = NULL;
+	if (n < 1)
+		return hi3_error_set(err, HI3_ERR_USAGE, "no rows selected");
+	for (int i = 0; i < n; i++)
+		if (rows[i] < 0 || rows[i] >= c->B)
+			return hi3_error_set(err, HI3_ERR_USAGE, "%s: row %d selected of %d", HI3I_COND(c)->name, rows[i], c->B);
+	if (!(ci = hi3i_cond_new(HI3I_COND(c)->name, err)))
+		return -1;
+	if (concat_meta(ci, &c, 1, pad_zero, err) != 0 || !(v = hi3i_calloc((size_t)n, sizeof(*v), err)))
+		goto fail;
+	if (HI3I_COND(c)->cfg_factor == 1) {
+		/* the selected rows' requests */
+		json_t *all = json_loads(c->requests, 0, NULL), *sel = json_array();
+		char *text;
+		for (int i = 0; all && i < n; i++)
+			json_array_append(sel, json_array_get(all, (size_t)rows[i]));
+		text = json_dumps(sel, JSON_COMPACT | JSON_ENSURE_ASCII);
+		json_decref(all);
+		json_decref(sel);
+		if (!text || hi3i_cond_set_meta(ci, "requests", text, err) != 0) {
+			free(text);
+			goto fail;
+		}
+		free(text);
+	}
+	for (int i = 0; i < n; i++)
+		view_of_cond(c, rows[i], &v[i]);
+	return finish_views(ci, v, n, HI3_MAX(min_L, 1), has_mask, c->pad_id, pad_zero, HI3I_COND(c)->cfg_factor, out,
+	                    err);
+fail:
+	free(v);
+	hi3_cond_close(&ci->c);
+	return -1;
+}
+
+/* ----------------------------------------------------------------- build */
+
+void hi3_cond_row_release(hi3_cond_row *r)
+{
+	if (!r)
+		return;
+	free(r->ids);
+	free(r->rope);
+	free(r->blocks);
+	free(r->gen_image_mask);
+	free(r->cond_vit_mask);
+	free(r->cond_vae_mask);
+	free(r->timestep_index);
+	free(r->stop_tokens);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Metadata shared by every row of a build. */
+struct build_meta {
+	const char *mode, *template_name, *tok_hash, *fingerprint;
+	int cfg_factor;
+	int64_t pad_id;
+	int pad_zero;
+};
+
+/* A conditions of requests [r0, r0 + R) of rq from rows laid out as
+ * rows[g * n_req + i] (group g, request i). */
+static int build_part(hi3_cond **out, const hi3_requests *rq, const hi3_cond_row *rows, int n_req, int r0, int R,
+                      const struct build_meta *bm, hi3_error *err)
+{
+	struct hi3i_cond *ci;
+	struct rowview *v;
+	int f = bm->cfg_factor, B = R * f, has_mask[3] = {0, 0, 0};
+	const char *bot = hi3i_bot_task_names[rq->r[r0].bot_task];
+	json_t *reqs = json_array();
+	char *text = NULL, name[64];
+
+	snprintf(name, sizeof(name), "%s:%d", rq->name, rq->r[r0].line);
+	*out = NULL;
+	if (!(ci = hi3i_cond_new(R == 1 ? name : rq->name, err))) {
+		json_decref(reqs);
+		return -1;
+	}
+	if (!(v = hi3i_calloc((size_t)B, sizeof(*v), err)))
+		goto fail;
+	for (int g = 0; g < f; g++)
+		for (int i = 0; i < R; i++) {
+			const hi3_cond_row *row = &rows[g * n_req + r0 + i];
+			view_of_row(row, &v[g * R + i]);
+			has_mask[0] |= row->gen_image_mask != NULL;
+			has_mask[1] |= row->cond_vit_mask != NULL;
+			has_mask[2] |= row->cond_vae_mask != NULL;
+		}
+	for (int i = 0; i < R; i++) {
+		if (strcmp(hi3i_bot_task_names[rq->r[r0 + i].bot_task], bot))
+			bot = "mixed";
+		json_array_append(reqs, rq->r[r0 + i].obj);
+	}
+	if (cond_from_views(ci, v, B, 1, has_mask, bm->pad_id, bm->pad_zero, err) != 0)
+		goto fail;
+	text = json_dumps(reqs, JSON_COMPACT | JSON_ENSURE_ASCII);
+	if (!text || json_array_size(reqs) != (size_t)R) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto fail;
+	}
+	if (hi3i_cond_set_meta(ci, "format", HI3_FORMAT_CONDITIONS, err) ||
+	    hi3i_cond_set_meta(ci, "format_version", HI3_FORMAT_VERSION, err) ||
+	    hi3i_cond_set_meta(ci, "mode", bm->mode, err) || hi3i_cond_set_meta(ci, "bot_task", bot, err) ||
+	    hi3i_cond_set_meta(ci, "template", bm->template_name, err) ||
+	    hi3i_cond_set_meta(ci, "tokenizer_hash", bm->tok_hash, err) ||
+	    hi3i_cond_set_meta(ci, "model_fingerprint", bm->fingerprint, err) ||
+	    hi3i_cond_set_meta_int(ci, "cfg_factor", f, err) || hi3i_cond_set_meta_int(ci, "pad_id", bm->pad_id, err) ||
+	    hi3i_cond_set_meta(ci, "pad_positions", bm->pad_zero ? "zero" : "continue", err) ||
+	    hi3i_cond_set_meta(ci, "requests", text, err))
+		goto fail;
+	ci->cfg_factor = f;
+	hi3i_cond_bind_meta(ci);
+	free(text);
+	free(v);
+	json_decref(reqs);
+	*out = &ci->c;
+	return 0;
+fail:
+	free(text);
+	free(v);
+	json_decref(reqs);
+	hi3_cond_close(&ci->c);
+	return -1;
+}
+
+/* Check a row against --max-length and the vocabulary. */
+static int check_encoded(const hi3_requests *rq, int i, const hi3_cond_row *row, int64_t max_length, int64_t V,
+                         hi3_error *err)
+{
+	const struct hi3i_request *r = &rq->r[i];
+
+	if (max_length > 0 && row->n > max_length)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: the row has %lld tokens, more than --max-length %lld",
+		                     rq->name, r->line, (long long)row->n, (long long)max_length);
+	if (V <= 0)
+		return 0;
+	for (int64_t t = 0; t < row->n; t++)
+		if (row->ids[t] >= V)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: token id %lld (column %lld) is outside the "
+			                     "vocabulary of %lld tokens", rq->name, r->line, (long long)row->ids[t],
+			                     (long long)t, (long long)V);
+	for (int k = 0; k < row->n_stop; k++)
+		if (row->stop_tokens[k] >= V)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: stop token %lld is outside the vocabulary of "
+			                     "%lld tokens", rq->name, r->line, (long long)row->stop_tokens[k], (long long)V);
+	return 0;
+}
+
+int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
+                   hi3_error *err)
+{
+	int R = rq->n, f, B;
+	hi3_cond_row *rows = NULL;
+	hi3_cond **parts = NULL;
+	struct build_meta bm = {0};
+	const hi3_tok *tok = hi3_template_tok(t);
+	int rc = -1;
+
+	*out = NULL;
+	for (int i = 1; i < R; i++)
+		if (rq->r[i].mode != rq->r[0].mode)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: mode '%s' differs from line %d's '%s' (a "
+			                     "conditions file has one mode)", rq->name, rq->r[i].line,
+			                     hi3i_mode_names[rq->r[i].mode], rq->r[0].line, hi3i_mode_names[rq->r[0].mode]);
+	bm.mode = hi3i_mode_names[rq->r[0].mode];
+	bm.cfg_factor = f = rq->r[0].mode == HI3I_GEN_IMAGE ? 2 : 1;
+	bm.template_name = hi3_requests_need_tokenizer(rq) ? hi3_template_name(t) : "none";
+	bm.tok_hash = tok ? hi3_tok_hash(tok) : "";
+	bm.fingerprint = hi3_template_fingerprint(t);
+	bm.pad_id = hi3_template_pad_id(t);
+	bm.pad_zero = o->pad_zero;
+	if (bm.pad_id < 0)
+		return hi3_error_set(err, HI3_ERR_USAGE, "no pad id: give --pad-id, or a model whose config.json has "
+		                     "pad_token_id (or whose tokenizer_config.json names pad_token)");
+	B = R * f;
+	if (!(rows = hi3i_calloc((size_t)B, sizeof(*rows), err)))
+		return -1;
+	for (int g = 0; g < f; g++)
+		for (int i = 0; i < R; i++) {
+			hi3_cond_row *row = &rows[g * R + i];
+			if (hi3_template_encode(t, rq, i, g > 0, row, err) != 0 ||
+			    check_encoded(rq, i, row, o->max_length, hi3i_template_vocab(t), err) != 0)
+				goto out;
+			row->seed = rq->r[i].has_seed ? rq->r[i].seed : o->seed_base + i;
+		}
+	if (!o->per_row) {
+		rc = build_part(out, rq, rows, R, 0, R, &bm, err);
+		goto out;
+	}
+	if (!(parts = hi3i_calloc((size_t)R, sizeof(*parts), err)))
+		goto out;
+	for (int i = 0; i < R; i++)
+		if (build_part(&parts[i], rq, rows, R, i, 1, &bm, err) != 0)
+			goto out;
+	rc = hi3_cond_concat(out, (const hi3_cond *const *)parts, R, o->pad_zero, err);
+out:
+	for (int i = 0; parts && i < R; i++)
+		hi3_cond_close(parts[i]);
+	free(parts);
+	for (int i = 0; i < B; i++)
+		hi3_cond_row_release(&rows[i]);
+	free(rows);
+	return rc;
+}

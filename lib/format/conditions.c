@@ -1,0 +1,426 @@
+/*
+ * conditions.c -- the conditions file (format hi3.conditions, hi3-files(5)):
+ * open and validate, write. Building, merging and selecting rows is
+ * cond/batch.c's.
+ *
+ * Dimension letters: B rows, L columns (right padded), S full-attention
+ * blocks per row, NS stop tokens per row, K <timestep> indices per row,
+ * R requests (B = R * cfg_factor).
+ *
+ * The batching rule (SPEC 5.1): position_ids[b, t] = t on every column,
+ * pads included; only the pad_zero ablation writes 0 at pad columns.
+ */
+#include <stdarg.h>
+#include <string.h>
+#include "format/conditions.h"
+
+/* The metadata keys, in the order they are written. */
+static const char *const meta_keys[] = {"format", "format_version", "mode", "bot_task", "template",
+                                        "tokenizer_hash", "model_fingerprint", "cfg_factor", "pad_id",
+                                        "pad_positions", "requests", NULL};
+static const char *const templates[] = {"pretrain", "instruct", "none", NULL};
+
+static int in_list(const char *const *names, const char *s)
+{
+	for (int i = 0; names[i]; i++)
+		if (!strcmp(names[i], s))
+			return 1;
+	return 0;
+}
+
+struct hi3i_cond *hi3i_cond_new(const char *name, hi3_error *err)
+{
+	struct hi3i_cond *ci = hi3i_calloc(1, sizeof(*ci), err);
+
+	if (!ci)
+		return NULL;
+	ci->name = hi3i_strdup(name);
+	ci->meta = json_object();
+	if (!ci->name || !ci->meta) {
+		hi3_cond_close(&ci->c);
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		return NULL;
+	}
+	return ci;
+}
+
+void hi3_cond_close(hi3_cond *c)
+{
+	struct hi3i_cond *ci = HI3I_COND(c);
+
+	if (!c)
+		return;
+	hi3_st_close(c->st);
+	for (int i = 0; i < T_COUNT; i++)
+		free(ci->buf[i]);
+	json_decref(ci->meta);
+	free(ci->name);
+	free(ci);
+}
+
+const char *hi3_cond_meta(const hi3_cond *c, const char *key)
+{
+	return json_string_value(json_object_get(HI3I_COND(c)->meta, key));
+}
+
+int hi3_cond_cfg_factor(const hi3_cond *c) { return HI3I_COND(c)->cfg_factor; }
+
+/* Point the string fields of c at the metadata. */
+void hi3i_cond_bind_meta(struct hi3i_cond *ci)
+{
+	hi3_cond *c = &ci->c;
+
+	c->mode = hi3_cond_meta(c, "mode");
+	c->bot_task = hi3_cond_meta(c, "bot_task");
+	c->template_name = hi3_cond_meta(c, "template");
+	c->tokenizer_hash = hi3_cond_meta(c, "tokenizer_hash");
+	c->model_fingerprint = hi3_cond_meta(c, "model_fingerprint");
+	c->requests = hi3_cond_meta(c, "requests");
+}
+
+int hi3i_cond_set_meta(struct hi3i_cond *ci, const char *key, const char *val, hi3_error *err)
+{
+	if (json_object_set_new(ci->meta, key, json_string(val)) != 0)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	return 0;
+}
+
+int hi3i_cond_set_meta_int(struct hi3i_cond *ci, const char *key, int64_t v, hi3_error *err)
+{
+	char buf[32];
+
+	snprintf(buf, sizeof(buf), "%lld", (long long)v);
+	return hi3i_cond_set_meta(ci, key, buf, err);
+}
+
+/* ------------------------------------------------------------ validation */
+
+static int vbad(const struct hi3i_cond *ci, hi3_error *err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int vbad(const struct hi3i_cond *ci, hi3_error *err, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return hi3_error_set(err, HI3_ERR_INPUT, "%s: %s", ci->name, msg);
+}
+
+static int check_meta(struct hi3i_cond *ci, hi3_error *err)
+{
+	hi3_cond *c = &ci->c;
+	const char *v;
+	int64_t x;
+	json_t *rq;
+	json_error_t je;
+	size_t n;
+
+	for (int i = 0; meta_keys[i]; i++)
+		if (!hi3_cond_meta(c, meta_keys[i]))
+			return vbad(ci, err, "__metadata__ '%s' is missing", meta_keys[i]);
+	if (strcmp(c->mode, "gen_text") && strcmp(c->mode, "gen_image"))
+		return vbad(ci, err, "__metadata__ 'mode': expected gen_text or gen_image, found '%s'", c->mode);
+	if (!in_list(hi3i_bot_task_names, c->bot_task) && strcmp(c->bot_task, "mixed"))
+		return vbad(ci, err, "__metadata__ 'bot_task': expected auto, image, think, recaption, img_ratio or "
+		            "mixed, found '%s'", c->bot_task);
+	if (!in_list(templates, c->template_name))
+		return vbad(ci, err, "__metadata__ 'template': expected pretrain, instruct or none, found '%s'",
+		            c->template_name);
+	v = hi3_cond_meta(c, "cfg_factor");
+	if (hi3i_parse_i64(v, 1, 64, &x) != 0 || c->B % x != 0)
+		return vbad(ci, err, "__metadata__ 'cfg_factor': expected an integer in [1, 64] dividing B = %d, "
+		            "found '%s'", c->B, v);
+	ci->cfg_factor = (int)x;
+	v = hi3_cond_meta(c, "pad_id");
+	if (hi3i_parse_i64(v, 0, INT64_MAX, &c->pad_id) != 0)
+		return vbad(ci, err, "__metadata__ 'pad_id': expected a non-negative integer, found '%s'", v);
+	v = hi3_cond_meta(c, "pad_positions");
+	if (strcmp(v, "continue") && strcmp(v, "zero"))
+		return vbad(ci, err, "__metadata__ 'pad_positions': expected continue or zero, found '%s'", v);
+	rq = json_loads(c->requests, 0, &je);
+	n = json_is_array(rq) ? json_array_size(rq) : 0;
+	json_decref(rq);
+	if (!rq || n != (size_t)(c->B / ci->cfg_factor))
+		return vbad(ci, err, "__metadata__ 'requests': expected a JSON array of %d requests (B / cfg_factor)",
+		            c->B / ci->cfg_factor);
+	return 0;
+}
+
+static int check_mask(const struct hi3i_cond *ci, const char *name, const uint8_t *m, hi3_error *err)
+{
+	const hi3_cond *c = &ci->c;
+
+	if (!m)
+		return 0;
+	for (int b = 0; b < c->B; b++)
+		for (int t = 0; t < c->L; t++) {
+			uint8_t v = m[(size_t)b * c->L + t];
+			if (v > 1 || (v && t >= c->real_pos[b]))
+				return vbad(ci, err, "tensor '%s': row %d, column %d: expected %s, found %u", name, b, t,
+				            t >= c->real_pos[b] ? "0 (a pad column)" : "0 or 1", v);
+		}
+	return 0;
+}
+
+/* Entries of a -1 padded list: values first, then only -1. */
+static int check_list(const struct hi3i_cond *ci, const char *name, const int64_t *v, int n, int b, int64_t lo,
+                      int64_t hi, int increasing, hi3_error *err)
+{
+	int end = 0;
+
+	for (int k = 0; k < n; k++) {
+		int64_t x = v[(size_t)b * n + k];
+		if (x == -1) {
+			end = 1;
+			continue;
+		}
+		if (end)
+			return vbad(ci, err, "tensor '%s': row %d: entry %d is %lld after a -1 (the -1 padding must "
+			            "come last)", name, b, k, (long long)x);
+		if (x < lo || x > hi)
+			return vbad(ci, err, "tensor '%s': row %d: entry %d is %lld, expected -1 or [%lld, %lld]", name,
+			            b, k, (long long)x, (long long)lo, (long long)hi);
+		if (increasing && k > 0 && x <= v[(size_t)b * n + k - 1])
+			return vbad(ci, err, "tensor '%s': row %d: entry %d (%lld) is not after entry %d", name, b, k,
+			            (long long)x, k - 1);
+	}
+	return 0;
+}
+
+static int check_row(const struct hi3i_cond *ci, int b, int pad_zero, hi3_error *err)
+{
+	const hi3_cond *c = &ci->c;
+	int64_t n = c->real_pos[b], prev_stop = 0;
+	int unused = 0;
+
+	if (n < 1 || n > c->L)
+		return vbad(ci, err, "tensor 'real_pos': row %d: expected a value in [1, %d], found %lld", b, c->L,
+		            (long long)n);
+	for (int t = 0; t < c->L; t++) {
+		size_t i = (size_t)b * c->L + t;
+		int64_t want_pos = t >= n && pad_zero ? 0 : t;
+		if (c->position_ids[i] != want_pos)
+			return vbad(ci, err, "tensor 'position_ids': row %d, column %d: expected %lld (%s), found %lld", b,
+			            t, (long long)want_pos, t < n ? "its own index" : pad_zero ? "pad_positions zero"
+			            : "a pad continues its row's indices", (long long)c->position_ids[i]);
+		if (t < n && c->input_ids[i] < 0)
+			return vbad(ci, err, "tensor 'input_ids': row %d, column %d: negative token id %lld", b, t,
+			            (long long)c->input_ids[i]);
+		if (t >= n && c->input_ids[i] != c->pad_id)
+			return vbad(ci, err, "tensor 'input_ids': row %d, column %d: expected the pad id %lld at a pad "
+			            "column, found %lld", b, t, (long long)c->pad_id, (long long)c->input_ids[i]);
+		if (t < n ? c->rope_pos[2 * i] < 0 || c->rope_pos[2 * i + 1] < 0
+		          : c->rope_pos[2 * i] != t || c->rope_pos[2 * i + 1] != t)
+			return vbad(ci, err, "tensor 'rope_pos': row %d, column %d: expected %s, found (%d, %d)", b, t,
+			            t < n ? "non-negative (y, x)" : "(t, t) at a pad column", c->rope_pos[2 * i],
+			            c->rope_pos[2 * i + 1]);
+	}
+	for (int s = 0; s < c->S; s++) {
+		int32_t lo = c->image_blocks[((size_t)b * c->S + s) * 2], hi = c->image_blocks[((size_t)b * c->S + s) * 2 + 1];
+		if (lo == hi && lo >= 0 && lo <= c->L) {
+			unused = 1;
+			continue;
+		}
+		if (unused || lo < prev_stop || lo > hi || hi > n)
+			return vbad(ci, err, "tensor 'image_blocks': row %d, block %d: [%d, %d) is not %s", b, s, lo, hi,
+			            unused ? "unused (used blocks must come first)"
+			                   : "an ordered, non-overlapping block inside the row's real columns");
+		prev_stop = hi;
+	}
+	if (check_list(ci, "stop_tokens", c->stop_tokens, c->NS, b, 0, INT64_MAX, 0, err) ||
+	    (c->timestep_index && check_list(ci, "timestep_index", c->timestep_index, c->K, b, 0, n - 1, 1, err)))
+		return -1;
+	return 0;
+}
+
+static int validate(struct hi3i_cond *ci, hi3_error *err)
+{
+	const hi3_cond *c = &ci->c;
+	int pad_zero;
+
+	if (check_meta(ci, err) != 0)
+		return -1;
+	pad_zero = !strcmp(hi3_cond_meta(c, "pad_positions"), "zero");
+	for (int b = 0; b < c->B; b++)
+		if (check_row(ci, b, pad_zero, err) != 0)
+			return -1;
+	if (!strcmp(c->mode, "gen_image") && !c->gen_image_mask)
+		return vbad(ci, err, "tensor 'gen_image_mask' is missing (mode gen_image)");
+	if (check_mask(ci, "gen_image_mask", c->gen_image_mask, err) ||
+	    check_mask(ci, "cond_vit_mask", c->cond_vit_mask, err) ||
+	    check_mask(ci, "cond_vae_mask", c->cond_vae_mask, err))
+		return -1;
+	return 0;
+}
+
+/* ----------------------------------------------------------------- open */
+
+/* A tensor of the file with the given dtype and shape (-1: any), aligned
+ * for its dtype; NULL data when optional and absent. */
+static int get(struct hi3i_cond *ci, const char *name, hi3_dtype dt, int ndim, const int64_t *shape, int optional,
+               const hi3_tensor **out, hi3_error *err)
+{
+	*out = NULL;
+	if (optional && !hi3_st_find(ci->c.st, name))
+		return 0;
+	if (hi3_st_get(ci->c.st, name, (int)dt, ndim, shape, out, err) != 0)
+		return -1;
+	if ((uintptr_t)(*out)->data % hi3_dtype_size(dt))
+		return vbad(ci, err, "tensor '%s': data is not aligned to %zu bytes", name, hi3_dtype_size(dt));
+	return 0;
+}
+
+int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
+{
+	struct hi3i_cond *ci = hi3i_cond_new(path, err);
+	hi3_cond *c;
+	const hi3_tensor *t;
+	int64_t any2[2] = {-1, -1};
+
+	*out = NULL;
+	if (!ci)
+		return -1;
+	c = &ci->c;
+	if (hi3_st_open(&c->st, path, HI3_ST_READ, err) != 0 ||
+	    hi3_st_expect_format(c->st, HI3_FORMAT_CONDITIONS, err) != 0)
+		goto fail;
+	for (int i = 0; i < hi3_st_meta_count(c->st); i++) {
+		const char *k, *v;
+		hi3_st_meta_at(c->st, i, &k, &v);
+		if (hi3i_cond_set_meta(ci, k, v, err) != 0)
+			goto fail;
+	}
+	hi3i_cond_bind_meta(ci);
+	if (get(ci, "input_ids", HI3_I64, 2, any2, 0, &t, err) != 0)
+		goto fail;
+	if (t->shape[0] < 1 || t->shape[1] < 1 || t->shape[0] > INT32_MAX || t->shape[1] > INT32_MAX) {
+		vbad(ci, err, "tensor 'input_ids': shape (%lld, %lld): B and L must be at least 1",
+		     (long long)t->shape[0], (long long)t->shape[1]);
+		goto fail;
+	}
+	c->B = (int)t->shape[0];
+	c->L = (int)t->shape[1];
+	c->input_ids = t->data;
+	{
+		const int64_t B = c->B, L = c->L;
+		const int64_t s_bl[2] = {B, L}, s_b[1] = {B}, s_bl2[3] = {B, L, 2}, s_bs2[3] = {B, -1, 2},
+		              s_bn[2] = {B, -1};
+		const hi3_tensor *pos, *real, *rope, *blk, *seeds, *stops, *gm, *vit, *vae, *ts;
+
+		if (get(ci, "position_ids", HI3_I64, 2, s_bl, 0, &pos, err) ||
+		    get(ci, "real_pos", HI3_I64, 1, s_b, 0, &real, err) ||
+		    get(ci, "rope_pos", HI3_I32, 3, s_bl2, 0, &rope, err) ||
+		    get(ci, "image_blocks", HI3_I32, 3, s_bs2, 0, &blk, err) ||
+		    get(ci, "seeds", HI3_I64, 1, s_b, 0, &seeds, err) ||
+		    get(ci, "stop_tokens", HI3_I64, 2, s_bn, 0, &stops, err) ||
+		    get(ci, "gen_image_mask", HI3_U8, 2, s_bl, 1, &gm, err) ||
+		    get(ci, "cond_vit_mask", HI3_U8, 2, s_bl, 1, &vit, err) ||
+		    get(ci, "cond_vae_mask", HI3_U8, 2, s_bl, 1, &vae, err) ||
+		    get(ci, "timestep_index", HI3_I64, 2, s_bn, 1, &ts, err))
+			goto fail;
+		c->position_ids = pos->data;
+		c->real_pos = real->data;
+		c->rope_pos = rope->data;
+		c->image_blocks = blk->data;
+		c->S = (int)blk->shape[1];
+		c->seeds = seeds->data;
+		c->stop_tokens = stops->data;
+		c->NS = (int)stops->shape[1];
+		c->gen_image_mask = gm ? gm->data : NULL;
+		c->cond_vit_mask = vit ? vit->data : NULL;
+		c->cond_vae_mask = vae ? vae->data : NULL;
+		c->timestep_index = ts ? ts->data : NULL;
+		c->K = ts ? (int)ts->shape[1] : 0;
+	}
+	if (validate(ci, err) != 0)
+		goto fail;
+	*out = c;
+	return 0;
+fail:
+	hi3_cond_close(c);
+	return -1;
+}
+
+int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err)
+{
+	const char *fp = hi3_model_fingerprint(m);
+	int64_t V = hi3_model_config(m)->vocab_size;
+	const char *name = HI3I_COND(c)->name;
+
+	if (c->model_fingerprint[0] && strcmp(c->model_fingerprint, fp))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: made for model fingerprint %s, but the model %s has "
+		                     "fingerprint %s", name, c->model_fingerprint, hi3_model_dir(m), fp);
+	for (int b = 0; b < c->B; b++) {
+		for (int t = 0; t < c->L; t++)
+			if (c->input_ids[(size_t)b * c->L + t] >= V)
+				return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'input_ids': row %d, column %d: token "
+				                     "id %lld is outside the model's vocabulary of %lld", name, b, t,
+				                     (long long)c->input_ids[(size_t)b * c->L + t], (long long)V);
+		for (int k = 0; k < c->NS; k++)
+			if (c->stop_tokens[(size_t)b * c->NS + k] >= V)
+				return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'stop_tokens': row %d: token id %lld "
+				                     "is outside the model's vocabulary of %lld", name, b,
+				                     (long long)c->stop_tokens[(size_t)b * c->NS + k], (long long)V);
+	}
+	return 0;
+}
+
+/* ----------------------------------------------------------------- write */
+
+int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
+{
+	const struct hi3i_cond *ci = HI3I_COND(c);
+	hi3_st_writer *w = hi3_stw_new();
+	int64_t B = c->B, L = c->L;
+	const int64_t s_bl[2] = {B, L}, s_b[1] = {B}, s_bl2[3] = {B, L, 2}, s_bs2[3] = {B, c->S, 2},
+	              s_bns[2] = {B, c->NS}, s_bk[2] = {B, c->K};
+	const char *k, *v;
+	json_t *jv;
+	int rc = -1, bad = 0;
+
+	if (!w)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	bad |= hi3_stw_add(w, "input_ids", HI3_I64, 2, s_bl, c->input_ids);
+	bad |= hi3_stw_add(w, "position_ids", HI3_I64, 2, s_bl, c->position_ids);
+	bad |= hi3_stw_add(w, "real_pos", HI3_I64, 1, s_b, c->real_pos);
+	bad |= hi3_stw_add(w, "rope_pos", HI3_I32, 3, s_bl2, c->rope_pos);
+	bad |= hi3_stw_add(w, "image_blocks", HI3_I32, 3, s_bs2, c->image_blocks);
+	bad |= hi3_stw_add(w, "seeds", HI3_I64, 1, s_b, c->seeds);
+	bad |= hi3_stw_add(w, "stop_tokens", HI3_I64, 2, s_bns, c->stop_tokens);
+	if (c->gen_image_mask)
+		bad |= hi3_stw_add(w, "gen_image_mask", HI3_U8, 2, s_bl, c->gen_image_mask);
+	if (c->cond_vit_mask)
+		bad |= hi3_stw_add(w, "cond_vit_mask", HI3_U8, 2, s_bl, c->cond_vit_mask);
+	if (c->cond_vae_mask)
+		bad |= hi3_stw_add(w, "cond_vae_mask", HI3_U8, 2, s_bl, c->cond_vae_mask);
+	if (c->timestep_index)
+		bad |= hi3_stw_add(w, "timestep_index", HI3_I64, 2, s_bk, c->timestep_index);
+	for (int i = 0; meta_keys[i]; i++)
+		if ((v = hi3_cond_meta(c, meta_keys[i])))
+			bad |= hi3_stw_meta(w, meta_keys[i], v);
+	json_object_foreach(ci->meta, k, jv) {
+		if (!in_list(meta_keys, k))
+			bad |= hi3_stw_meta(w, k, json_string_value(jv));
+	}
+	if (bad)
+		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot add the tensors (out of memory)", path);
+	else
+		rc = hi3_stw_write(w, path, err);
+	hi3_stw_free(w);
+	return rc;
+}
+
+int hi3i_cond_require_text(const hi3_cond *c, const char *what, hi3_error *err)
+{
+	if (c->mode && strcmp(c->mode, "gen_text"))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions in mode '%s': only gen_text rows can be "
+		                     "%s (image generation is diffusion-capture's)", HI3I_COND(c)->name, c->mode, what);
+	if (c->cond_vit_mask || c->cond_vae_mask)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions hold cond image tokens; image embeddings "
+		                     "(ViT/VAE) are not implemented, and running them as text would be wrong",
+		                     HI3I_COND(c)->name);
+	return 0;
+}

@@ -1,0 +1,36 @@
+/*
+ * conditions.h -- what conditions.c (the file) and cond/batch.c (building
+ * and merging rows) share: the storage behind a hi3_cond (internal).
+ */
+#ifndef HI3_CONDITIONS_H
+#define HI3_CONDITIONS_H
+
+#include <jansson.h>
+#include "cond/cond-internal.h"
+
+/* Owned tensors of a conditions, by slot. */
+enum { T_IDS, T_POS, T_REAL, T_ROPE, T_BLOCKS, T_SEEDS, T_STOPS, T_GMASK, T_VIT, T_VAE, T_TS, T_COUNT };
+
+struct hi3i_cond {
+	hi3_cond c;                  /* first: hi3_cond_close casts back */
+	char *name;                  /* the file, or what built it, for messages */
+	json_t *meta;                /* string -> string metadata */
+	int cfg_factor;
+	void *buf[T_COUNT];          /* owned storage (built or merged conditions) */
+};
+
+/* The hi3i_cond behind a hi3_cond (its first member). */
+#define HI3I_COND(c) ((struct hi3i_cond *)(c))
+
+/* An empty conditions; name is used in messages. NULL when out of memory. */
+struct hi3i_cond *hi3i_cond_new(const char *name, hi3_error *err);
+/* Point the string fields of the hi3_cond at the metadata. */
+void hi3i_cond_bind_meta(struct hi3i_cond *ci);
+int hi3i_cond_set_meta(struct hi3i_cond *ci, const char *key, const char *val, hi3_error *err);
+int hi3i_cond_set_meta_int(struct hi3i_cond *ci, const char *key, int64_t v, hi3_error *err);
+/* Refuse conditions a text stage cannot run (what: "prefilled",
+ * "decoded", "replayed"): gen_image rows, or rows with cond image tokens
+ * whose embeddings hi3 does not compute. */
+int hi3i_cond_require_text(const hi3_cond *c, const char *what, hi3_error *err);
+
+#endif

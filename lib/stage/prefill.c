@@ -1,0 +1,108 @@
+/*
+ * prefill.c -- the prompt batch into a new KV file: the batching contract
+ * of SPEC section 5, with one code path for every B.
+ *
+ * The B x L prompt batch runs in one (or a few, by rows) forward calls in
+ * self-attention mode: query column t attends key columns j <= t and its
+ * image block; K/V go to cache slot position_ids[i, t] (5.1, 5.2); each
+ * row's first logits come from column n_i - 1 (5.5). The file is built
+ * under a temporary name and renamed into place when complete.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include "format/conditions.h"
+#include "format/kv.h"
+
+int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi3_prefill_opts *o,
+                const char *kv_path, hi3_error *err)
+{
+	const int L = c->L, V = hi3_model_config(m)->vocab_size;
+	int rows_per = 0, rc = -1, created = 0;
+	hi3_kvfile kv = {0};
+	char *tmp = NULL;
+	int32_t *hi = NULL, *at = NULL, *crow = NULL;
+	float *logits = NULL;
+
+	if (o->max_new < 0 || (o->kv_dtype != HI3_F32 && o->kv_dtype != HI3_BF16))
+		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: max_new must be >= 0 and the cache F32 or BF16");
+	if (hi3_cond_check_model(c, m, err) != 0 || hi3i_cond_require_text(c, "prefilled", err) != 0)
+		return -1;
+	if ((int64_t)L + o->max_new > INT32_MAX / 2)
+		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: L + max_new = %lld slots is too large",
+		                     (long long)L + o->max_new);
+	rows_per = (o->max_tokens > 0 ? o->max_tokens : 8192) / L;
+	if (rows_per < 1)
+		rows_per = 1;
+	if (rows_per > c->B)
+		rows_per = c->B;
+	tmp = hi3i_asprintf("%s.prefill-%ld", kv_path, (long)getpid());
+	hi = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per * L, err);
+	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)rows_per, err);
+	crow = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per, err);
+	logits = hi3i_malloc(sizeof(float) * (size_t)rows_per * V, err);
+	if (!tmp || !hi || !at || !crow || !logits) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto out;
+	}
+	if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0)
+		goto out;
+	created = 1;
+	if (hi3i_kv_open(&kv, tmp, m, c, err) != 0)
+		goto out;
+	for (int r0 = 0; r0 < c->B; r0 += rows_per) {
+		int nb = HI3_MIN(rows_per, c->B - r0);
+		hi3_batch b = {
+			.B = nb, .T = L, .mode = HI3_ATTN_SELF,
+			.ids = c->input_ids + (size_t)r0 * L,
+			.rope = c->rope_pos + (size_t)r0 * L * 2,
+			.hi = hi,
+			.blocks = c->image_blocks + (size_t)r0 * c->S * 2, .S = c->S,
+			.slot = c->position_ids + (size_t)r0 * L,
+			.cache_row = crow,
+			.n_logits = nb, .logit_at = at, .logits = logits,
+		};
+		if (kv.prompt_route_ids) {
+			/* rows r0 .. r0 + nb of (B, L, n_moe, k) are this chunk's */
+			size_t per = (size_t)L * kv.n_moe * kv.k_route;
+			b.route_ids = kv.prompt_route_ids + (size_t)r0 * per;
+			b.route_w = kv.prompt_route_w + (size_t)r0 * per;
+		}
+		for (int r = 0; r < nb; r++) {
+			for (int t = 0; t < L; t++)
+				hi[(size_t)r * L + t] = t;
+			crow[r] = r0 + r;
+			at[2 * r] = r;
+			at[2 * r + 1] = (int32_t)c->real_pos[r0 + r] - 1;
+		}
+		if (hi3_forward(m, &kv.cache, &b, err) != 0)
+			goto out;
+		for (int r = 0; r < nb; r++)
+			memcpy(kv.next_logits + (size_t)(r0 + r) * V, logits + (size_t)r * V, sizeof(float) * (size_t)V);
+		if (o->progress)
+			o->progress(o->progress_ctx, r0 + nb, c->B);
+	}
+	if (hi3_kv_sync_host(m, &kv.cache, err) != 0 || hi3i_kv_flush(&kv, err) != 0)
+		goto out;
+	hi3i_model_kv_closed(m, &kv.cache);
+	hi3i_kv_close(&kv);
+	if (rename(tmp, kv_path) != 0) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot rename the finished cache into place", kv_path);
+		goto out;
+	}
+	created = 0;
+	rc = 0;
+out:
+	if (kv.st) {
+		hi3i_model_kv_closed(m, &kv.cache);
+		hi3i_kv_close(&kv);
+	}
+	if (created)
+		unlink(tmp);
+	free(tmp);
+	free(hi);
+	free(at);
+	free(crow);
+	free(logits);
+	return rc;
+}
