@@ -159,6 +159,7 @@ const char *hi3_ckpt_file_of(const hi3_ckpt *ck, const char *name);
 /* ---------------------------------------------------------------- config */
 
 #define HI3_MAX_LAYERS 256
+#define HI3_MAX_EXPERTS 32767   /* per layer: expert ids are I16 in routing records */
 
 typedef struct hi3_config {
 	int vocab_size;
@@ -244,6 +245,19 @@ typedef struct hi3_kvcache {
 	void **k;                 /* [n_layers] -> (B, n_kv, C, d) */
 	void **v;                 /* [n_layers] -> (B, n_kv, C, d) */
 } hi3_kvcache;
+
+/* A cache in host memory it owns, every layer zeroed; NULL and err set
+ * when out of memory. (A KV file's cache points into the file's mapping
+ * instead, and is the file's to release.) */
+hi3_kvcache *hi3_kvcache_alloc(int n_layers, int B, int n_kv, int C, int d, hi3_dtype dtype, hi3_error *err);
+/* The same, shaped for model m: (B, n_kv, C, d) per layer. */
+hi3_kvcache *hi3_kvcache_for_model(const hi3_model *m, int B, int C, hi3_dtype dtype, hi3_error *err);
+void hi3_kvcache_free(hi3_kvcache *kv);
+/* The cache kv is about to be freed, closed or changed behind the model's
+ * back: the model drops the backend's copy of it (unsynced), so that a
+ * later cache at the same address is copied afresh. Call it before
+ * hi3_kvcache_free on a cache a model has used. */
+void hi3_model_drop_cache(hi3_model *m, const hi3_kvcache *kv);
 
 /* Attention modes of one forward call. */
 enum hi3_attn_mode {

@@ -120,7 +120,7 @@ int main(int argc, char **argv)
 	hi3_error err = {0};
 	hi3_model *m = NULL;
 	const hi3_config *cfg;
-	hi3_kvcache kv = {0};
+	hi3_kvcache *kv = NULL;
 	struct cost cost = {0};
 	int64_t *ids = NULL, *slot = NULL;
 	int32_t *rope = NULL, *hi = NULL, *at = NULL, *crow = NULL;
@@ -185,17 +185,9 @@ int main(int argc, char **argv)
 	logits = calloc((size_t)B * V, sizeof(*logits));
 	moe_layer = calloc((size_t)(n_moe ? n_moe : 1), sizeof(*moe_layer));
 	crow = calloc((size_t)D, sizeof(*crow));
-	kv = (hi3_kvcache){.n_layers = cfg->num_hidden_layers, .B = B, .n_kv = cfg->num_key_value_heads, .C = Cs,
-	                   .d = cfg->attention_head_dim, .dtype = kv_dt};
-	kv.k = calloc((size_t)kv.n_layers, sizeof(void *));
-	kv.v = calloc((size_t)kv.n_layers, sizeof(void *));
-	if (!ids || !slot || !rope || !hi || !at || !rid || !rw || !logits || !moe_layer || !crow || !kv.k || !kv.v)
+	kv = hi3_kvcache_for_model(m, B, Cs, kv_dt, &err);
+	if (!ids || !slot || !rope || !hi || !at || !rid || !rw || !logits || !moe_layer || !crow || !kv)
 		goto oom;
-	for (int l = 0; l < kv.n_layers; l++) {
-		size_t n = (size_t)B * kv.n_kv * (size_t)Cs * (size_t)kv.d * hi3_dtype_size(kv_dt);
-		if (!(kv.k[l] = calloc(1, n)) || !(kv.v[l] = calloc(1, n)))
-			goto oom;
-	}
 	for (int l = 0, j = 0; l < cfg->num_hidden_layers; l++)
 		if (hi3_config_is_moe_layer(cfg, l))
 			moe_layer[j++] = l;
@@ -217,7 +209,7 @@ int main(int argc, char **argv)
 	                .n_logits = B, .logit_at = at, .logits = logits};
 	for (int i = 0; i <= reps; i++) {     /* the first is a warm-up */
 		double t0 = now();
-		if (hi3_forward(m, &kv, &pb, &err) != 0)
+		if (hi3_forward(m, kv, &pb, &err) != 0)
 			goto fail;
 		if (i && now() - t0 < prefill_s)
 			prefill_s = now() - t0;
@@ -246,10 +238,10 @@ int main(int argc, char **argv)
 			slot[r] = p;
 			at[2 * r] = r;
 			at[2 * r + 1] = 0;
-			bytes += 2.0 * kv.n_layers * kv.n_kv * (double)(p + 1) * kv.d * (double)hi3_dtype_size(kv_dt);
+			bytes += 2.0 * kv->n_layers * kv->n_kv * (double)(p + 1) * kv->d * (double)hi3_dtype_size(kv_dt);
 		}
 		t0 = now();
-		if (hi3_forward(m, &kv, &db, &err) != 0)
+		if (hi3_forward(m, kv, &db, &err) != 0)
 			goto fail;
 		if (s < 2)
 			continue;
@@ -288,13 +280,8 @@ fail:
 	fprintf(stderr, "bench-cuda: %s\n", err.msg);
 	rc = err.status ? err.status : 1;
 out:
-	for (int l = 0; kv.k && l < kv.n_layers; l++)
-		free(kv.k[l]);
-	for (int l = 0; kv.v && l < kv.n_layers; l++)
-		free(kv.v[l]);
-	free(kv.k);
-	free(kv.v);
-	hi3_model_close(m);
+	hi3_model_close(m);       /* before the cache it may still mirror */
+	hi3_kvcache_free(kv);
 	free(cost.expert_bytes);
 	free(cost.expert_flops);
 	free(ids);

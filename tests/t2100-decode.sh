@@ -147,4 +147,20 @@ test_expect_success 'the ablation options warn that they reproduce a defect' '
 	grep -q "reproduces a known upstream defect" err
 '
 
+test_expect_success 'an MoE layer of 2000 experts prefills and decodes (routing scratch sized by E)' '
+	hi3 -q init-model --preset tiny-moe --seed 1 --set num_experts=2000 --set moe_intermediate_size=8 \
+		--set num_hidden_layers=1 -o e2k &&
+	requests 5 3 >e2k.jsonl &&
+	hi3 -q -m e2k tokenize-concat e2k.jsonl -o e2k.st &&
+	hi3 -q -m e2k prefill e2k.st -o e2k.kv --max-new 3 &&
+	hi3 -q -m e2k decode --record-routing e2k.st e2k.kv -o e2k.seg &&
+	hi3 inspect --json e2k.seg >e2k.json && grep -q routing_experts e2k.json
+'
+
+test_expect_success 'more experts than 16-bit routing ids hold is a config error naming the field' '
+	test_must_fail 3 hi3 -q init-model --preset tiny-moe --set num_experts=40000 --set moe_intermediate_size=8 \
+		--set num_hidden_layers=1 -o e40k 2>err &&
+	grep -q "num_experts 40000" err && test ! -e e40k/model.safetensors
+'
+
 test_done

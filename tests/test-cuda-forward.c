@@ -42,33 +42,6 @@ static int argmax(const float *x, int n)
 	return best;
 }
 
-/* A host KV cache of the model's shape, zeroed. */
-static void cache_init(hi3_kvcache *kv, const hi3_config *c, hi3_dtype dt)
-{
-	size_t n = (size_t)B * c->num_key_value_heads * C * c->attention_head_dim * hi3_dtype_size(dt);
-
-	*kv = (hi3_kvcache){.n_layers = c->num_hidden_layers, .B = B, .n_kv = c->num_key_value_heads, .C = C,
-	                    .d = c->attention_head_dim, .dtype = dt};
-	kv->k = calloc((size_t)c->num_hidden_layers, sizeof(void *));
-	kv->v = calloc((size_t)c->num_hidden_layers, sizeof(void *));
-	HI3_ASSERT(kv->k && kv->v);
-	for (int l = 0; l < c->num_hidden_layers; l++) {
-		kv->k[l] = calloc(1, n);
-		kv->v[l] = calloc(1, n);
-		HI3_ASSERT(kv->k[l] && kv->v[l]);
-	}
-}
-
-static void cache_free(hi3_kvcache *kv)
-{
-	for (int l = 0; l < kv->n_layers; l++) {
-		free(kv->k[l]);
-		free(kv->v[l]);
-	}
-	free(kv->k);
-	free(kv->v);
-}
-
 /* The caches as f32, for comparing. */
 static float *cache_f32(const hi3_kvcache *kv, size_t *n)
 {
@@ -99,7 +72,7 @@ static void run(const char *dir, const char *label, hi3_dtype kv_dt, double tol)
 	hi3_model_opts oc = {.backend = "cpu", .threads = 1, .batch_invariant = 1}, og = {.backend = "cuda"};
 	hi3_model *mc = NULL, *mg = NULL;
 	hi3_error err = {0};
-	hi3_kvcache kc, kg;
+	hi3_kvcache *kc = NULL, *kg = NULL;
 	const hi3_config *cfg;
 	int64_t ids[B * L], slot[B * L], sid[B], sslot[B];
 	int32_t rope[B * L * 2], hi[B * L], blocks[B * S * 2] = {0}, at[B * 2], srope[B * 2], shi[B], sat[B * 2];
@@ -118,8 +91,9 @@ static void run(const char *dir, const char *label, hi3_dtype kv_dt, double tol)
 	lc = malloc(sizeof(float) * B * (size_t)V);
 	lg = malloc(sizeof(float) * B * (size_t)V);
 	HI3_ASSERT(lc && lg);
-	cache_init(&kc, cfg, kv_dt);
-	cache_init(&kg, cfg, kv_dt);
+	kc = hi3_kvcache_for_model(mc, B, C, kv_dt, &err);
+	kg = hi3_kvcache_for_model(mg, B, C, kv_dt, &err);
+	HI3_ASSERT(kc && kg);
 
 	/* prefill: right padded; row 1 holds a 2 x 4 image block at [10, 18) */
 	for (int r = 0; r < B; r++) {
@@ -142,12 +116,12 @@ static void run(const char *dir, const char *label, hi3_dtype kv_dt, double tol)
 	hi3_batch pb = {.B = B, .T = L, .mode = HI3_ATTN_SELF, .ids = ids, .rope = rope, .hi = hi, .blocks = blocks,
 	                .S = S, .slot = slot, .n_logits = B, .logit_at = at};
 	pb.logits = lc;
-	if (forward(mc, &kc, &pb))
+	if (forward(mc, kc, &pb))
 		goto out;
 	pb.logits = lg;
-	if (forward(mg, &kg, &pb))
+	if (forward(mg, kg, &pb))
 		goto out;
-	ok(hi3_kv_sync_host(mg, &kg, &err) == 0, "%s: hi3_kv_sync_host after the prefill %s", label, err.msg);
+	ok(hi3_kv_sync_host(mg, kg, &err) == 0, "%s: hi3_kv_sync_host after the prefill %s", label, err.msg);
 	worst = rel_err(lg, lc, (size_t)B * V);
 	for (int r = 0; r < B; r++)
 		same &= argmax(lg + (size_t)r * V, V) == argmax(lc + (size_t)r * V, V);
@@ -166,10 +140,10 @@ static void run(const char *dir, const char *label, hi3_dtype kv_dt, double tol)
 		hi3_batch db = {.B = B, .T = 1, .mode = HI3_ATTN_CACHE, .ids = sid, .rope = srope, .hi = shi,
 		                .slot = sslot, .n_logits = B, .logit_at = sat};
 		db.logits = lc;
-		if (forward(mc, &kc, &db))
+		if (forward(mc, kc, &db))
 			goto out;
 		db.logits = lg;
-		if (forward(mg, &kg, &db))
+		if (forward(mg, kg, &db))
 			goto out;
 		worst = HI3_MAX(worst, rel_err(lg, lc, (size_t)B * V));
 		for (int r = 0; r < B; r++)
@@ -178,9 +152,9 @@ static void run(const char *dir, const char *label, hi3_dtype kv_dt, double tol)
 	ok(worst <= tol, "%s: logits of the prefill and %d decode steps within %.0e of the CPU (worst %.2e)", label,
 	   STEPS, tol, worst);
 	ok(same, "%s: the same greedy tokens as the CPU", label);
-	ok(hi3_kv_sync_host(mg, &kg, &err) == 0, "%s: hi3_kv_sync_host after decoding %s", label, err.msg);
-	kvc_f = cache_f32(&kc, &nkv);
-	kvg_f = cache_f32(&kg, &nkv);
+	ok(hi3_kv_sync_host(mg, kg, &err) == 0, "%s: hi3_kv_sync_host after decoding %s", label, err.msg);
+	kvc_f = cache_f32(kc, &nkv);
+	kvg_f = cache_f32(kg, &nkv);
 	{
 		double e = rel_err(kvg_f, kvc_f, nkv), kt = kv_dt == HI3_BF16 || tol > 1e-3 ? 1e-2 : 1e-5;
 		ok(e <= kt, "%s: the KV cache synced to the host within %.0e of the CPU's (%.2e)", label, kt, e);
@@ -192,31 +166,31 @@ static void run(const char *dir, const char *label, hi3_dtype kv_dt, double tol)
 	 * another mapped at the same address): once the model is told, the GPU
 	 * reads the new contents, not its copy of the old. */
 	{
-		size_t per = (size_t)B * kc.n_kv * C * kc.d * hi3_dtype_size(kv_dt);
-		for (int l = 0; l < kc.n_layers; l++)
+		size_t per = (size_t)B * kc->n_kv * C * kc->d * hi3_dtype_size(kv_dt);
+		for (int l = 0; l < kc->n_layers; l++)
 			for (size_t i = 0; i < per; i++) {
 				unsigned char b = (unsigned char)rnd(64);   /* small values in f32 and bf16 */
-				((unsigned char *)kc.k[l])[i] = ((unsigned char *)kg.k[l])[i] = b;
-				((unsigned char *)kc.v[l])[i] = ((unsigned char *)kg.v[l])[i] = (unsigned char)(b ^ 0x15);
+				((unsigned char *)kc->k[l])[i] = ((unsigned char *)kg->k[l])[i] = b;
+				((unsigned char *)kc->v[l])[i] = ((unsigned char *)kg->v[l])[i] = (unsigned char)(b ^ 0x15);
 			}
-		hi3i_model_kv_closed(mc, &kc);
-		hi3i_model_kv_closed(mg, &kg);
+		hi3_model_drop_cache(mc, kc);
+		hi3_model_drop_cache(mg, kg);
 		for (int r = 0; r < B; r++)
 			shi[r] = sslot[r] = n_real[r] + STEPS - 1;
 		hi3_batch db = {.B = B, .T = 1, .mode = HI3_ATTN_CACHE, .ids = sid, .rope = srope, .hi = shi,
 		                .slot = sslot, .n_logits = B, .logit_at = sat};
 		db.logits = lc;
-		int fc = forward(mc, &kc, &db);
+		int fc = forward(mc, kc, &db);
 		db.logits = lg;
-		int fg = fc ? -1 : forward(mg, &kg, &db);
+		int fg = fc ? -1 : forward(mg, kg, &db);
 		ok(!fc && !fg && rel_err(lg, lc, (size_t)B * V) <= tol,
 		   "%s: a new cache at the old address is read afresh (%.2e)", label, rel_err(lg, lc, (size_t)B * V));
 	}
 out:
-	hi3_model_close(mc);
+	hi3_model_close(mc);      /* before the caches they may still mirror */
 	hi3_model_close(mg);
-	cache_free(&kc);
-	cache_free(&kg);
+	hi3_kvcache_free(kc);
+	hi3_kvcache_free(kg);
 	free(lc);
 	free(lg);
 }

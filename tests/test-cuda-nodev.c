@@ -24,7 +24,7 @@ int main(void)
 
 	if (hi3i_backend_cuda(&be, 0, 1, &err) == 0) {
 		printf("1..0 # SKIP a CUDA device is present\n");
-		be->destroy(be);
+		be->ops->destroy(be);
 		return 0;
 	}
 	diag("--backend cuda here: %s", err.msg);

@@ -40,10 +40,10 @@ static float *randn(size_t n, float scale)
 
 static void *dev_copy(const void *host, size_t bytes)
 {
-	void *d = gpu->alloc(gpu, bytes);
+	void *d = gpu->ops->alloc(gpu, bytes);
 
 	HI3_ASSERT(d);
-	HI3_ASSERT(gpu->upload(gpu, d, host, bytes) == 0);
+	HI3_ASSERT(gpu->ops->upload(gpu, d, host, bytes) == 0);
 	return d;
 }
 
@@ -65,7 +65,7 @@ static void *fetch(const void *d, size_t bytes)
 	void *h = malloc(bytes + 1);
 
 	HI3_ASSERT(h);
-	HI3_ASSERT(gpu->download(gpu, h, d, bytes) == 0);
+	HI3_ASSERT(gpu->ops->download(gpu, h, d, bytes) == 0);
 	return h;
 }
 
@@ -77,7 +77,7 @@ static int check(const char *what, float *dout, const float *ref, size_t n, doub
 	int r = ok(e <= tol, "%s: |out - ref| / |ref| = %.2e (at most %.0e)", what, e, tol);
 
 	free(out);
-	gpu->free(gpu, dout);
+	gpu->ops->free(gpu, dout);
 	return r;
 }
 
@@ -104,7 +104,7 @@ static hi3_tensor tensor(hi3_dtype dt, int ndim, int64_t n0, int64_t n1, const f
 static hi3_wt *load(hi3_backend *be, const hi3_tensor *t, int kind)
 {
 	hi3_error err = {0};
-	hi3_wt *w = be->weight(be, t, kind, &err);
+	hi3_wt *w = be->ops->weight(be, t, kind, &err);
 
 	if (!w)
 		diag("%s weight: %s", be->name, err.msg);
@@ -132,16 +132,16 @@ static void test_matmul(void)
 			float *dx = dev_copy(x, sizeof(float) * (size_t)M * K), *dy = dev_nan((size_t)M * N);
 			char what[64];
 
-			cpu->matmul(cpu, ref, x, wc, M);
-			gpu->matmul(gpu, dy, dx, wg, M);
+			cpu->ops->matmul(cpu, ref, x, wc, M);
+			gpu->ops->matmul(gpu, dy, dx, wg, M);
 			snprintf(what, sizeof(what), "matmul %s M=%d N=%d K=%d", hi3_dtype_name(t.dtype), M, N, K);
 			check(what, dy, ref, (size_t)M * N, t.dtype == HI3_BF16 ? 1e-2 : 1e-5);
-			gpu->free(gpu, dx);
+			gpu->ops->free(gpu, dx);
 			free(x);
 			free(ref);
 		}
-		cpu->weight_free(cpu, wc);
-		gpu->weight_free(gpu, wg);
+		cpu->ops->weight_free(cpu, wc);
+		gpu->ops->weight_free(gpu, wg);
 		free(t.data);
 		free(wv);
 	}
@@ -158,18 +158,18 @@ static void test_matmul_paths(void)
 	hi3_wt *wg = load(gpu, &t, HI3_WT_MATRIX);
 	float *dx = dev_copy(x, sizeof(float) * M * K), *dmany = dev_nan((size_t)M * N), *dfew = dev_nan((size_t)few * N);
 
-	gpu->matmul(gpu, dmany, dx, wg, M);
-	gpu->matmul(gpu, dfew, dx, wg, few);
+	gpu->ops->matmul(gpu, dmany, dx, wg, M);
+	gpu->ops->matmul(gpu, dfew, dx, wg, few);
 	a = fetch(dmany, sizeof(float) * few * N);
 	b = fetch(dfew, sizeof(float) * few * N);
 	ok(rel_err(b, a, (size_t)few * N) <= 1e-5, "bf16 matmul of 8 rows equals those rows of a 12-row matmul "
 	   "within 1e-5 (%.2e): both round x to bf16", rel_err(b, a, (size_t)few * N));
 	free(a);
 	free(b);
-	gpu->free(gpu, dx);
-	gpu->free(gpu, dmany);
-	gpu->free(gpu, dfew);
-	gpu->weight_free(gpu, wg);
+	gpu->ops->free(gpu, dx);
+	gpu->ops->free(gpu, dmany);
+	gpu->ops->free(gpu, dfew);
+	gpu->ops->weight_free(gpu, wg);
 	free(t.data);
 	free(wv);
 	free(x);
@@ -196,19 +196,19 @@ static void test_matmul_group(hi3_dtype dt)
 		free(wv);
 		free(xv);
 	}
-	gpu->matmul_group(gpu, NJ, ya, (const float *const *)x, (const hi3_wt *const *)w, Ms);
+	gpu->ops->matmul_group(gpu, NJ, ya, (const float *const *)x, (const hi3_wt *const *)w, Ms);
 	for (int i = 0; i < NJ; i++)
-		gpu->matmul(gpu, yb[i], x[i], w[i], Ms[i]);
+		gpu->ops->matmul(gpu, yb[i], x[i], w[i], Ms[i]);
 	for (int i = 0; i < NJ; i++) {
 		size_t n = (size_t)(Ms[i] + 1) * Ns[i];   /* the row past M stays NaN in both */
 		float *a = fetch(ya[i], n * sizeof(float)), *b = fetch(yb[i], n * sizeof(float));
 		same &= !memcmp(a, b, n * sizeof(float));
 		free(a);
 		free(b);
-		gpu->free(gpu, x[i]);
-		gpu->free(gpu, ya[i]);
-		gpu->free(gpu, yb[i]);
-		gpu->weight_free(gpu, w[i]);
+		gpu->ops->free(gpu, x[i]);
+		gpu->ops->free(gpu, ya[i]);
+		gpu->ops->free(gpu, yb[i]);
+		gpu->ops->weight_free(gpu, w[i]);
 		free(t[i].data);
 	}
 	ok(same, "matmul_group %s of 5 products (1, 3, 8, 12 and 0 rows) equals one matmul each, bit for bit",
@@ -228,16 +228,16 @@ static void test_embed(void)
 		int64_t *dids = dev_copy(ids, sizeof(ids));
 		float *dx = dev_nan((size_t)M * H);
 
-		cpu->embed(cpu, ref, ids, wc, M);
-		gpu->embed(gpu, dx, dids, wg, M);
+		cpu->ops->embed(cpu, ref, ids, wc, M);
+		gpu->ops->embed(gpu, dx, dids, wg, M);
 		out = fetch(dx, sizeof(float) * (size_t)M * H);
 		ok(!memcmp(out, ref, sizeof(float) * (size_t)M * H), "embed %s: rows equal the CPU's bit for bit",
 		   hi3_dtype_name(dts[di]));
 		free(out);
-		gpu->free(gpu, dx);
-		gpu->free(gpu, dids);
-		cpu->weight_free(cpu, wc);
-		gpu->weight_free(gpu, wg);
+		gpu->ops->free(gpu, dx);
+		gpu->ops->free(gpu, dids);
+		cpu->ops->weight_free(cpu, wc);
+		gpu->ops->weight_free(gpu, wg);
 		free(t.data);
 		free(wv);
 		free(ref);
@@ -259,13 +259,13 @@ static void test_rmsnorm(void)
 	wg = load(gpu, &t, HI3_WT_VECTOR);
 	dx = dev_copy(x, sizeof(float) * M * n);
 	dy = dev_nan((size_t)M * n);
-	cpu->rmsnorm(cpu, ref, x, wc, M, n, 1e-5f);
-	gpu->rmsnorm(gpu, dy, dx, wg, M, n, 1e-5f);
+	cpu->ops->rmsnorm(cpu, ref, x, wc, M, n, 1e-5f);
+	gpu->ops->rmsnorm(gpu, dy, dx, wg, M, n, 1e-5f);
 	check("rmsnorm M=7 n=300", dy, ref, (size_t)M * n, 1e-5);
-	gpu->rmsnorm(gpu, dx, dx, wg, M, n, 1e-5f);      /* in place */
+	gpu->ops->rmsnorm(gpu, dx, dx, wg, M, n, 1e-5f);      /* in place */
 	check("rmsnorm in place", dx, ref, (size_t)M * n, 1e-5);
-	cpu->weight_free(cpu, wc);
-	gpu->weight_free(gpu, wg);
+	cpu->ops->weight_free(cpu, wc);
+	gpu->ops->weight_free(gpu, wg);
 	free(t.data);
 	free(x);
 	free(wv);
@@ -281,22 +281,22 @@ static void test_elementwise(void)
 	float *dab = dev_copy(ab, sizeof(float) * M * 2 * I), *dsw = dev_nan((size_t)M * I), *out;
 
 	memcpy(ref, x, sizeof(float) * n);
-	cpu->add(cpu, ref, y, n);
-	gpu->add(gpu, dx, dy, n);
+	cpu->ops->add(cpu, ref, y, n);
+	gpu->ops->add(gpu, dx, dy, n);
 	out = fetch(dx, sizeof(float) * n);
 	ok(!memcmp(out, ref, sizeof(float) * n), "add: equals the CPU's bit for bit");
 	free(out);
-	gpu->zero(gpu, dx, n);
+	gpu->ops->zero(gpu, dx, n);
 	out = fetch(dx, sizeof(float) * n);
-	cpu->zero(cpu, ref, n);
+	cpu->ops->zero(cpu, ref, n);
 	ok(!memcmp(out, ref, sizeof(float) * n), "zero: all zeros");
 	free(out);
-	cpu->swiglu(cpu, ref, ab, M, I);
-	gpu->swiglu(gpu, dsw, dab, M, I);
+	cpu->ops->swiglu(cpu, ref, ab, M, I);
+	gpu->ops->swiglu(gpu, dsw, dab, M, I);
 	check("swiglu M=5 inter=70", dsw, ref, (size_t)M * I, 1e-5);
-	gpu->free(gpu, dx);
-	gpu->free(gpu, dy);
-	gpu->free(gpu, dab);
+	gpu->ops->free(gpu, dx);
+	gpu->ops->free(gpu, dy);
+	gpu->ops->free(gpu, dab);
 	free(x);
 	free(y);
 	free(ab);
@@ -315,21 +315,21 @@ static void test_gather_scatter(void)
 	int32_t *di1 = dev_copy(idx1, sizeof(idx1)), *di2 = dev_copy(idx2, sizeof(idx2));
 	float *ds1 = dev_copy(sc1, sizeof(sc1)), *ds2 = dev_copy(sc2, sizeof(sc2));
 
-	cpu->gather(cpu, ref, src, idx1, n, w);
-	gpu->gather(gpu, dg, dsrc, di1, n, w);
+	cpu->ops->gather(cpu, ref, src, idx1, n, w);
+	gpu->ops->gather(gpu, dg, dsrc, di1, n, w);
 	check("gather 4 of 10 rows", dg, ref, (size_t)n * w, 0.0);
 	memcpy(ref, acc, sizeof(float) * rows * w);
-	cpu->scatter_add(cpu, ref, part, idx1, sc1, n, w);
-	cpu->scatter_add(cpu, ref, part, idx2, sc2, n, w);
-	gpu->scatter_add(gpu, dacc, dpart, di1, ds1, n, w);
-	gpu->scatter_add(gpu, dacc, dpart, di2, ds2, n, w);
+	cpu->ops->scatter_add(cpu, ref, part, idx1, sc1, n, w);
+	cpu->ops->scatter_add(cpu, ref, part, idx2, sc2, n, w);
+	gpu->ops->scatter_add(gpu, dacc, dpart, di1, ds1, n, w);
+	gpu->ops->scatter_add(gpu, dacc, dpart, di2, ds2, n, w);
 	check("scatter_add twice, rows shared across calls", dacc, ref, (size_t)rows * w, 1e-6);
-	gpu->free(gpu, dsrc);
-	gpu->free(gpu, dpart);
-	gpu->free(gpu, di1);
-	gpu->free(gpu, di2);
-	gpu->free(gpu, ds1);
-	gpu->free(gpu, ds2);
+	gpu->ops->free(gpu, dsrc);
+	gpu->ops->free(gpu, dpart);
+	gpu->ops->free(gpu, di1);
+	gpu->ops->free(gpu, di2);
+	gpu->ops->free(gpu, ds1);
+	gpu->ops->free(gpu, ds2);
 	free(src);
 	free(part);
 	free(acc);
@@ -375,18 +375,18 @@ static void test_rope(const struct shape *s)
 	dqkv = dev_copy(qkv, sizeof(float) * M * W);
 	dth = dev_copy(theta, sizeof(float) * (size_t)(s->d / 2));
 	dpos = dev_copy(pos, sizeof(pos));
-	cpu->rope_qk(cpu, ref, pos, theta, qc, kc, &dm, M);
-	gpu->rope_qk(gpu, dqkv, (int32_t *)dpos, dth, qg, kg, &dm, M);
+	cpu->ops->rope_qk(cpu, ref, pos, theta, qc, kc, &dm, M);
+	gpu->ops->rope_qk(gpu, dqkv, (int32_t *)dpos, dth, qg, kg, &dm, M);
 	snprintf(what, sizeof(what), "rope_qk n_h=%d n_kv=%d d=%d%s", s->n_h, s->n_kv, s->d,
 	         s->qk_norm ? " with qk-norm" : "");
 	check(what, dqkv, ref, (size_t)M * W, 1e-5);
-	gpu->free(gpu, dth);
-	gpu->free(gpu, dpos);
+	gpu->ops->free(gpu, dth);
+	gpu->ops->free(gpu, dpos);
 	if (s->qk_norm) {
-		cpu->weight_free(cpu, qc);
-		cpu->weight_free(cpu, kc);
-		gpu->weight_free(gpu, qg);
-		gpu->weight_free(gpu, kg);
+		cpu->ops->weight_free(cpu, qc);
+		cpu->ops->weight_free(cpu, kc);
+		gpu->ops->weight_free(gpu, qg);
+		gpu->ops->weight_free(gpu, kg);
 	}
 	free(tq.data);
 	free(tk.data);
@@ -417,8 +417,8 @@ static void test_kv_store(const struct shape *s, hi3_dtype dt)
 	}
 	dk = dev_copy(kc, cb);
 	dv = dev_copy(vc, cb);
-	cpu->kv_store(cpu, &(hi3_kv_dst){kc, vc, dt, C}, qkv, row, slot, &dm, M);
-	gpu->kv_store(gpu, &(hi3_kv_dst){dk, dv, dt, C}, dqkv, drow, dslot, &dm, M);
+	cpu->ops->kv_store(cpu, &(hi3_kv_dst){kc, vc, dt, C}, qkv, row, slot, &dm, M);
+	gpu->ops->kv_store(gpu, &(hi3_kv_dst){dk, dv, dt, C}, dqkv, drow, dslot, &dm, M);
 	ko = fetch(dk, cb);
 	vo = fetch(dv, cb);
 	snprintf(what, sizeof(what), "kv_store %s n_kv=%d d=%d: K and V caches equal the CPU's bit for bit (last write "
@@ -429,11 +429,11 @@ static void test_kv_store(const struct shape *s, hi3_dtype dt)
 	free(kc);
 	free(vc);
 	free(qkv);
-	gpu->free(gpu, dk);
-	gpu->free(gpu, dv);
-	gpu->free(gpu, dqkv);
-	gpu->free(gpu, drow);
-	gpu->free(gpu, dslot);
+	gpu->ops->free(gpu, dk);
+	gpu->ops->free(gpu, dv);
+	gpu->ops->free(gpu, dqkv);
+	gpu->ops->free(gpu, drow);
+	gpu->ops->free(gpu, dslot);
 }
 
 /* Attention over the call's own tokens (prefill): B rows of T columns,
@@ -462,7 +462,7 @@ static void test_attention_self(const struct shape *s)
 	ks = (hi3_kv_src){qkv + (size_t)g * d, HI3_F32, (int64_t)T * W, (int64_t)(g + 2) * d, W};
 	vs = ks;
 	vs.base = qkv + (size_t)(g + 1) * d;
-	cpu->attention(cpu, ref, qkv, &ks, &vs, plan, &dm, M);
+	cpu->ops->attention(cpu, ref, qkv, &ks, &vs, plan, &dm, M);
 	dqkv = dev_copy(qkv, sizeof(float) * M * W);
 	dplan = dev_copy(plan, sizeof(*plan) * M);
 	dout = dev_nan((size_t)M * s->n_h * d);
@@ -470,11 +470,11 @@ static void test_attention_self(const struct shape *s)
 	dks.base = dqkv + (size_t)g * d;
 	dvs = vs;
 	dvs.base = dqkv + (size_t)(g + 1) * d;
-	gpu->attention(gpu, dout, dqkv, &dks, &dvs, dplan, &dm, M);
+	gpu->ops->attention(gpu, dout, dqkv, &dks, &dvs, dplan, &dm, M);
 	snprintf(what, sizeof(what), "attention over own tokens n_h=%d n_kv=%d d=%d, 3 rows of 37", s->n_h, s->n_kv, d);
 	check(what, dout, ref, (size_t)M * s->n_h * d, 1e-5);
-	gpu->free(gpu, dqkv);
-	gpu->free(gpu, dplan);
+	gpu->ops->free(gpu, dqkv);
+	gpu->ops->free(gpu, dplan);
 	free(qkv);
 	free(ref);
 	free(plan);
@@ -517,7 +517,7 @@ static void test_attention_cache(const struct shape *s, hi3_dtype dt, int M)
 	ks = (hi3_kv_src){kc, dt, (int64_t)s->n_kv * C * d, (int64_t)C * d, d};
 	vs = ks;
 	vs.base = vc;
-	cpu->attention(cpu, ref, qkv, &ks, &vs, plan, &dm, M);
+	cpu->ops->attention(cpu, ref, qkv, &ks, &vs, plan, &dm, M);
 	dk = dev_copy(kc, cb);
 	dv = dev_copy(vc, cb);
 	dqkv = dev_copy(qkv, sizeof(float) * M * W);
@@ -525,14 +525,14 @@ static void test_attention_cache(const struct shape *s, hi3_dtype dt, int M)
 	dout = dev_nan((size_t)M * s->n_h * d);
 	ks.base = dk;
 	vs.base = dv;
-	gpu->attention(gpu, dout, dqkv, &ks, &vs, dplan, &dm, M);
+	gpu->ops->attention(gpu, dout, dqkv, &ks, &vs, dplan, &dm, M);
 	snprintf(what, sizeof(what), "attention over a %s cache n_h=%d n_kv=%d d=%d, %d queries, 300 slots",
 	         hi3_dtype_name(dt), s->n_h, s->n_kv, d, M);
 	check(what, dout, ref, (size_t)M * s->n_h * d, 1e-5);
-	gpu->free(gpu, dk);
-	gpu->free(gpu, dv);
-	gpu->free(gpu, dqkv);
-	gpu->free(gpu, dplan);
+	gpu->ops->free(gpu, dk);
+	gpu->ops->free(gpu, dv);
+	gpu->ops->free(gpu, dqkv);
+	gpu->ops->free(gpu, dplan);
 	free(kf);
 	free(vf);
 	free(kc);
@@ -562,13 +562,13 @@ static void mirror_store(struct mirror_test *t, int l, const int32_t *row, const
 	void *dqkv = dev_copy(qkv, sizeof(float) * M * t->W), *drow = dev_copy(row, sizeof(*row) * M);
 	void *dslot = dev_copy(slot, sizeof(*slot) * M), *dk, *dv;
 
-	gpu->kv_layer(gpu, &t->kv, l, &dk, &dv);
-	gpu->kv_store(gpu, &(hi3_kv_dst){dk, dv, HI3_F32, t->C}, dqkv, drow, dslot, &t->dm, M);
-	cpu->kv_store(cpu, &(hi3_kv_dst){t->ref[2 * l], t->ref[2 * l + 1], HI3_F32, t->C}, qkv, row, slot, &t->dm, M);
+	gpu->ops->kv_layer(gpu, &t->kv, l, &dk, &dv);
+	gpu->ops->kv_store(gpu, &(hi3_kv_dst){dk, dv, HI3_F32, t->C}, dqkv, drow, dslot, &t->dm, M);
+	cpu->ops->kv_store(cpu, &(hi3_kv_dst){t->ref[2 * l], t->ref[2 * l + 1], HI3_F32, t->C}, qkv, row, slot, &t->dm, M);
 	free(qkv);
-	gpu->free(gpu, dqkv);
-	gpu->free(gpu, drow);
-	gpu->free(gpu, dslot);
+	gpu->ops->free(gpu, dqkv);
+	gpu->ops->free(gpu, drow);
+	gpu->ops->free(gpu, dslot);
 }
 
 static int mirror_same(const struct mirror_test *t)
@@ -599,27 +599,27 @@ static void test_kv_mirror(void)
 	t.k[0] = t.host[0], t.v[0] = t.host[1], t.k[1] = t.host[2], t.v[1] = t.host[3];
 	t.kv = (hi3_kvcache){.n_layers = t.L, .B = t.B, .n_kv = t.s.n_kv, .C = t.C, .d = t.s.d, .dtype = HI3_F32,
 	                     .k = t.k, .v = t.v};
-	ok(gpu->kv_attach(gpu, &t.kv, &err) == 0, "kv_attach: %s", err.msg[0] ? err.msg : "copied to the device");
+	ok(gpu->ops->kv_attach(gpu, &t.kv, &err) == 0, "kv_attach: %s", err.msg[0] ? err.msg : "copied to the device");
 	mirror_store(&t, 1, row1, slot1, 3);
 	for (int i = 0; i < 4; i++)               /* the host copy is untouched until a sync */
 		untouched &= i < 2 ? !memcmp(t.host[i], t.ref[i], t.ln * sizeof(float))
 		                   : !!memcmp(t.host[i], t.ref[i], t.ln * sizeof(float));
 	ok(untouched, "kv_store into the device copy leaves the host cache as it was");
-	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
+	ok(gpu->ops->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
 	   "kv_sync_host after 3 stores in layer 1 (a few slots): host equals the CPU's cache %s", err.msg);
 	mirror_store(&t, 0, row2, slot2, 2);
-	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
+	ok(gpu->ops->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
 	   "again after 2 more in layer 0 (only those are new) %s", err.msg);
-	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t), "a sync with nothing new %s", err.msg);
+	ok(gpu->ops->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t), "a sync with nothing new %s", err.msg);
 	for (int i = 0; i < 24; i++) {            /* every slot of every row: the whole cache comes back */
 		rowf[i] = i % t.B;
 		slotf[i] = i / t.B;
 	}
 	mirror_store(&t, 1, rowf, slotf, 24);
 	mirror_store(&t, 0, row1, slot1, 3);
-	ok(gpu->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
+	ok(gpu->ops->kv_sync_host(gpu, &t.kv, &err) == 0 && mirror_same(&t),
 	   "after stores to every slot: host equals the CPU's cache %s", err.msg);
-	gpu->kv_detach(gpu, &t.kv);
+	gpu->ops->kv_detach(gpu, &t.kv);
 	for (int i = 0; i < 4; i++) {
 		free(t.host[i]);
 		free(t.ref[i]);
@@ -636,23 +636,23 @@ static void test_errors(void)
 	float one = 1.0f, two = 2.0f, *d1, *d2, *out;
 
 	big.nbytes = (size_t)1 << 43;
-	ok(gpu->alloc(gpu, (size_t)1 << 50) == NULL, "alloc of 1 PiB returns NULL");
-	ok(gpu->weight(gpu, &big, HI3_WT_MATRIX, &err) == NULL && err.status == HI3_ERR_RUNTIME &&
+	ok(gpu->ops->alloc(gpu, (size_t)1 << 50) == NULL, "alloc of 1 PiB returns NULL");
+	ok(gpu->ops->weight(gpu, &big, HI3_WT_MATRIX, &err) == NULL && err.status == HI3_ERR_RUNTIME &&
 	   strstr(err.msg, "out of GPU memory") && strstr(err.msg, "needs 8388608.0 MiB") && strstr(err.msg, "free of"),
 	   "an 8 TiB weight: %s", err.msg);
 	ints.data = iv;
 	ints.nbytes = sizeof(iv);
 	memset(&err, 0, sizeof(err));
-	ok(gpu->weight(gpu, &ints, HI3_WT_VECTOR, &err) == NULL && err.status == HI3_ERR_INPUT &&
+	ok(gpu->ops->weight(gpu, &ints, HI3_WT_VECTOR, &err) == NULL && err.status == HI3_ERR_INPUT &&
 	   strstr(err.msg, "I64"), "an I64 weight: %s", err.msg);
 	d1 = dev_copy(&one, sizeof(float));      /* and the device still works */
 	d2 = dev_copy(&two, sizeof(float));
-	gpu->add(gpu, d1, d2, 1);
+	gpu->ops->add(gpu, d1, d2, 1);
 	out = fetch(d1, sizeof(float));
 	ok(*out == 3.0f, "ops run after the failed allocations");
 	free(out);
-	gpu->free(gpu, d1);
-	gpu->free(gpu, d2);
+	gpu->ops->free(gpu, d1);
+	gpu->ops->free(gpu, d2);
 }
 
 int main(void)
@@ -686,7 +686,7 @@ int main(void)
 	}
 	test_kv_mirror();
 	test_errors();
-	gpu->destroy(gpu);
-	cpu->destroy(cpu);
+	gpu->ops->destroy(gpu);
+	cpu->ops->destroy(cpu);
 	return done_testing();
 }

@@ -77,7 +77,8 @@ struct run {
 	float *hidden;                 /* (NL + 1, B, T, H) */
 	int16_t *route_ids;            /* (B, T, n_moe, k) */
 	float *route_w;
-	float **k, **v;                /* [NL] (B, n_kv, T, d) */
+	hi3_kvcache *kv;               /* NL layers of (B, n_kv, T, d) */
+	float **k, **v;                /* kv's layers */
 };
 
 static void run_free(struct run *r, int NL)
@@ -86,12 +87,8 @@ static void run_free(struct run *r, int NL)
 	free(r->hidden);
 	free(r->route_ids);
 	free(r->route_w);
-	for (int l = 0; r->k && l < NL; l++) {
-		free(r->k[l]);
-		free(r->v[l]);
-	}
-	free(r->k);
-	free(r->v);
+	(void)NL;
+	hi3_kvcache_free(r->kv);   /* the model has dropped it: see run_rows */
 	memset(r, 0, sizeof(*r));
 }
 
@@ -181,7 +178,6 @@ static int run_rows(hi3_model *m, const struct fix *f, int r0, int B, int T, str
 	int32_t *rope = malloc(sizeof(int32_t) * 2 * (size_t)B * T), *hi = malloc(sizeof(int32_t) * (size_t)B * T);
 	int32_t *at = malloc(sizeof(int32_t) * 2 * (size_t)B * T);
 	const int32_t *blocks = f->blocks + (size_t)r0 * f->S * 2;
-	hi3_kvcache kv = {.n_layers = NL, .B = B, .n_kv = f->n_kv, .C = T, .d = f->d, .dtype = HI3_F32};
 	hi3_batch b = {0};
 	hi3_error err = {0};
 	int rc = -1;
@@ -193,20 +189,15 @@ static int run_rows(hi3_model *m, const struct fix *f, int r0, int B, int T, str
 	out->hidden = malloc(sizeof(float) * (size_t)(NL + 1) * B * T * H);
 	out->route_ids = malloc(sizeof(int16_t) * (size_t)B * T * (f->n_moe ? f->n_moe : 1) * K);
 	out->route_w = malloc(sizeof(float) * (size_t)B * T * (f->n_moe ? f->n_moe : 1) * K);
-	out->k = calloc((size_t)NL, sizeof(float *));
-	out->v = calloc((size_t)NL, sizeof(float *));
+	out->kv = hi3_kvcache_alloc(NL, B, f->n_kv, T, f->d, HI3_F32, &err);
 	if (!ids || !slot || !rope || !hi || !at || !out->logits || !out->hidden || !out->route_ids ||
-	    !out->route_w || !out->k || !out->v)
+	    !out->route_w || !out->kv)
 		goto out;
-	for (int l = 0; l < NL; l++) {
-		/* NaN where nothing is written, so a slot left unwritten shows */
-		out->k[l] = malloc(sizeof(float) * (size_t)B * kvn);
-		out->v[l] = malloc(sizeof(float) * (size_t)B * kvn);
-		if (!out->k[l] || !out->v[l])
-			goto out;
+	out->k = (float **)out->kv->k;
+	out->v = (float **)out->kv->v;
+	for (int l = 0; l < NL; l++)        /* NaN where nothing is written, so a slot left unwritten shows */
 		for (size_t i = 0; i < (size_t)B * kvn; i++)
 			out->k[l][i] = out->v[l][i] = NAN;
-	}
 	for (int r = 0; r < B; r++)
 		for (int t = 0; t < T; t++) {
 			size_t i = (size_t)r * T + t, src = (size_t)(r0 + r) * f->T + t;
@@ -218,8 +209,6 @@ static int run_rows(hi3_model *m, const struct fix *f, int r0, int B, int T, str
 			at[2 * i] = r;
 			at[2 * i + 1] = t;
 		}
-	kv.k = (void **)out->k;
-	kv.v = (void **)out->v;
 	b.B = B;
 	b.T = T;
 	b.mode = HI3_ATTN_SELF;
@@ -237,12 +226,13 @@ static int run_rows(hi3_model *m, const struct fix *f, int r0, int B, int T, str
 		b.route_ids = out->route_ids;
 		b.route_w = out->route_w;
 	}
-	if (hi3_forward(m, &kv, &b, &err) != 0) {
+	if (hi3_forward(m, out->kv, &b, &err) != 0) {
 		ok(0, "hi3_forward (rows %d..%d, T = %d): %s", r0, r0 + B - 1, T, err.msg);
 		goto out;
 	}
 	rc = 0;
 out:
+	hi3_model_drop_cache(m, out->kv);
 	if (rc) {
 		if (!err.msg[0])
 			ok(0, "out of memory");
@@ -354,29 +344,26 @@ static void check_decode(hi3_model *m, const char *name, const struct fix *f)
 	int32_t *rope = malloc(sizeof(int32_t) * 2 * (size_t)B * T), *hi = malloc(sizeof(int32_t) * (size_t)B * T);
 	int32_t *at = malloc(sizeof(int32_t) * 2 * (size_t)B * T);
 	float *logits = malloc(sizeof(float) * (size_t)B * T * V), *ref = malloc(sizeof(float) * (size_t)B * T * V);
-	float **k = calloc((size_t)NL, sizeof(float *)), **v = calloc((size_t)NL, sizeof(float *));
-	hi3_kvcache kv = {.n_layers = NL, .B = B, .n_kv = f->n_kv, .C = T, .d = f->d, .dtype = HI3_F32};
+	float **k = NULL, **v = NULL;
+	hi3_kvcache *kv = NULL;
 	hi3_error err = {0};
 	double el, worst = 0.0, ek = 0.0, ev = 0.0;
 
 	for (int i = 0; i < B * f->S; i++)
 		P = f->blocks[2 * i + 1] > P ? f->blocks[2 * i + 1] : P;
-	if (!ids || !slot || !rope || !hi || !at || !logits || !ref || !k || !v || P >= T) {
+	if (!ids || !slot || !rope || !hi || !at || !logits || !ref || P >= T) {
 		ok(0, "%s: decode check: out of memory, or no column after the image blocks", name);
 		goto out;
 	}
-	for (int l = 0; l < NL; l++) {
-		k[l] = malloc(sizeof(float) * kvn);
-		v[l] = malloc(sizeof(float) * kvn);
-		if (!k[l] || !v[l]) {
-			ok(0, "out of memory");
-			goto out;
-		}
+	if (!(kv = hi3_kvcache_alloc(NL, B, f->n_kv, T, f->d, HI3_F32, &err))) {
+		ok(0, "%s", err.msg);
+		goto out;
+	}
+	k = (float **)kv->k;
+	v = (float **)kv->v;
+	for (int l = 0; l < NL; l++)
 		for (size_t i = 0; i < kvn; i++)
 			k[l][i] = v[l][i] = NAN;
-	}
-	kv.k = (void **)k;
-	kv.v = (void **)v;
 	for (int c0 = 0; c0 < T && !failed; c0 = c0 ? c0 + 1 : P) {
 		const int n = c0 ? 1 : P;         /* columns [c0, c0 + n) */
 		hi3_batch b = {.B = B, .T = n, .mode = c0 ? HI3_ATTN_CACHE : HI3_ATTN_SELF, .ids = ids, .rope = rope,
@@ -394,7 +381,7 @@ static void check_decode(hi3_model *m, const char *name, const struct fix *f)
 				at[2 * i + 1] = t;
 				memcpy(ref + i * V, f->logits + src * V, sizeof(float) * (size_t)V);
 			}
-		if (hi3_forward(m, &kv, &b, &err) != 0) {
+		if (hi3_forward(m, kv, &b, &err) != 0) {
 			ok(0, "%s: %s over columns [%d, %d): %s", name, c0 ? "decode" : "prefill", c0, c0 + n, err.msg);
 			goto out;
 		}
@@ -415,12 +402,8 @@ static void check_decode(hi3_model *m, const char *name, const struct fix *f)
 	diag("%s: cache after prefill + decode: K max rel err %.3g, V %.3g", name, ek, ev);
 	ok(ek <= TOL && ev <= TOL, "%s: the cache after prefill + decode holds the reference K/V within %g", name, TOL);
 out:
-	for (int l = 0; l < NL && k && v; l++) {
-		free(k[l]);
-		free(v[l]);
-	}
-	free(k);
-	free(v);
+	hi3_model_drop_cache(m, kv);
+	hi3_kvcache_free(kv);
 	free(ids);
 	free(slot);
 	free(rope);

@@ -443,7 +443,6 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
 	const float scale = 1.0f / sqrtf((float)d);
 
-	(void)be;
 #pragma omp parallel
 	{
 		float *sc = NULL;
@@ -466,8 +465,14 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 				if ((size_t)end > sc_cap) {
 					free(sc);
 					sc_cap = (size_t)end + 256;
-					sc = malloc(sc_cap * sizeof(float));
-					HI3_ASSERT(sc);
+					if (!(sc = malloc(sc_cap * sizeof(float)))) {
+						sc_cap = 0;
+#pragma omp critical(hi3_cpu_fail)
+						hi3i_backend_fail(be, "cpu attention: out of memory for the scores of %d keys",
+						                  end);
+						memset(o, 0, sizeof(float) * (size_t)d);
+						continue;
+					}
 				}
 				/* admitted: [0, hi] and the query's block [blk_lo, blk_hi) */
 				{
@@ -544,6 +549,33 @@ static void cpu_destroy(hi3_backend *be)
 	free(be);
 }
 
+static const hi3_backend_ops cpu_ops = {
+	.destroy = cpu_destroy,
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.upload = cpu_copy,
+	.download = cpu_copy,
+	.mem_free = cpu_mem_free,
+	.weight = cpu_weight,
+	.weight_free = cpu_weight_free,
+	.kv_attach = cpu_kv_attach,
+	.kv_detach = cpu_kv_detach,
+	.kv_layer = cpu_kv_layer,
+	.kv_sync_host = cpu_kv_sync_host,
+	.matmul = cpu_matmul,
+	.matmul_group = cpu_matmul_group,
+	.embed = cpu_embed,
+	.rmsnorm = cpu_rmsnorm,
+	.zero = cpu_zero,
+	.add = cpu_add,
+	.rope_qk = cpu_rope_qk,
+	.kv_store = cpu_kv_store,
+	.attention = cpu_attention,
+	.swiglu = cpu_swiglu,
+	.gather = cpu_gather,
+	.scatter_add = cpu_scatter_add,
+};
+
 int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_error *err)
 {
 	hi3_backend *be = hi3i_calloc(1, sizeof(*be), err);
@@ -555,31 +587,8 @@ int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_er
 		omp_set_num_threads(threads);
 	openblas_set_num_threads(threads > 0 ? threads : omp_get_max_threads());
 	be->name = "cpu";
+	be->ops = &cpu_ops;
 	be->batch_invariant = batch_invariant;
-	be->destroy = cpu_destroy;
-	be->alloc = cpu_alloc;
-	be->free = cpu_free;
-	be->upload = cpu_copy;
-	be->download = cpu_copy;
-	be->mem_free = cpu_mem_free;
-	be->weight = cpu_weight;
-	be->weight_free = cpu_weight_free;
-	be->kv_attach = cpu_kv_attach;
-	be->kv_detach = cpu_kv_detach;
-	be->kv_layer = cpu_kv_layer;
-	be->kv_sync_host = cpu_kv_sync_host;
-	be->matmul = cpu_matmul;
-	be->matmul_group = cpu_matmul_group;
-	be->embed = cpu_embed;
-	be->rmsnorm = cpu_rmsnorm;
-	be->zero = cpu_zero;
-	be->add = cpu_add;
-	be->rope_qk = cpu_rope_qk;
-	be->kv_store = cpu_kv_store;
-	be->attention = cpu_attention;
-	be->swiglu = cpu_swiglu;
-	be->gather = cpu_gather;
-	be->scatter_add = cpu_scatter_add;
 	*out = be;
 	return 0;
 }

@@ -22,9 +22,11 @@
  *    attention another split, for another batch size.
  *
  * Errors: the ops return nothing, so a failed CUDA call inside one (a
- * fault, which leaves every later result unusable) is reported through the
- * log and aborts; calls that can report (backend creation, weights, the KV
- * cache) fill hi3_error. HI3_CUDA_SYNC=1 in the environment waits after
+ * fault, which leaves every later result unusable, or a scratch buffer the
+ * device has no room for) is recorded on the backend (hi3i_backend_fail)
+ * and the op does nothing more; the model checks after each layer and
+ * returns the error. Calls that can report (backend creation, weights, the
+ * KV cache) fill hi3_error. HI3_CUDA_SYNC=1 in the environment waits after
  * every op, so a failing kernel is named by its op.
  */
 #include "config.h"
@@ -68,6 +70,7 @@ struct kv_mirror {
 };
 
 struct cuda {
+	hi3_backend *be;          /* the backend this is the state of */
 	int n_sm;
 	cudaStream_t stream;
 	cublasHandle_t blas;
@@ -92,13 +95,9 @@ struct hi3_wt {
 
 /* ---------------------------------------------------------------- errors */
 
-/* Into err when there is one; otherwise fatal (see the top of the file). */
 static int cuda_fail(hi3_error *err, const char *call, const char *why, const char *file, int line)
 {
-	if (err)
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "CUDA: %s: %s (%s:%d)", call, why, file, line);
-	hi3_log(HI3_LOG_ERROR, "CUDA: %s: %s (%s:%d); cannot continue", call, why, file, line);
-	abort();
+	return hi3_error_set(err, HI3_ERR_RUNTIME, "CUDA: %s: %s (%s:%d)", call, why, file, line);
 }
 
 static int cuda_ok(cudaError_t e, hi3_error *err, const char *call, const char *file, int line)
@@ -118,9 +117,36 @@ static int cublas_ok(cublasStatus_t s, hi3_error *err, const char *call, const c
 	return cuda_fail(err, call, cublasGetStatusString(s), file, line);
 }
 
-/* 0 when the call succeeded; else -1 with err filled, or (err NULL) fatal. */
+/* A call inside an op (or a cleanup): a failure is recorded on the
+ * backend, the first one kept (see the top of the file). */
+static int op_ok(struct cuda *c, cudaError_t e, const char *call, const char *file, int line)
+{
+	hi3_error err = {0};
+
+	if (e == cudaSuccess)
+		return 0;
+	cuda_ok(e, &err, call, file, line);
+	hi3i_backend_fail(c->be, "%s", err.msg);
+	return -1;
+}
+
+static int op_cublas_ok(struct cuda *c, cublasStatus_t s, const char *call, const char *file, int line)
+{
+	hi3_error err = {0};
+
+	if (s == CUBLAS_STATUS_SUCCESS)
+		return 0;
+	cublas_ok(s, &err, call, file, line);
+	hi3i_backend_fail(c->be, "%s", err.msg);
+	return -1;
+}
+
+/* 0 when the call succeeded; else -1 with err filled. */
 #define CUDA_CHECK(err, call) cuda_ok((call), (err), #call, __FILE__, __LINE__)
 #define CUBLAS_CHECK(err, call) cublas_ok((call), (err), #call, __FILE__, __LINE__)
+/* 0 when the call succeeded; else -1, recorded on c's backend. */
+#define OP_CHECK(c, call) op_ok((c), (call), #call, __FILE__, __LINE__)
+#define OP_CUBLAS(c, call) op_cublas_ok((c), (call), #call, __FILE__, __LINE__)
 
 /* An allocation of `need` bytes for `what` failed: say how much was free. */
 static int oom(hi3_error *err, size_t need, const char *what)
@@ -148,7 +174,7 @@ static void op_done(struct cuda *c, const char *op)
 		return;
 	if ((e = cudaStreamSynchronize(c->stream)) != cudaSuccess) {
 		hi3_log(HI3_LOG_ERROR, "CUDA: the %s op failed", op);
-		CUDA_CHECK(NULL, e);
+		OP_CHECK(c, e);
 	}
 }
 
@@ -158,16 +184,20 @@ static void op_done(struct cuda *c, const char *op)
  * never allocated per token). */
 static void *grow(struct cuda *c, void **p, size_t *cap, size_t n, const char *what)
 {
+	hi3_error err = {0};
+
 	if (n <= *cap)
 		return *p;
 	n += n / 2;
-	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));    /* the old buffer may be in use */
-	CUDA_CHECK(NULL, cudaFree(*p));
+	OP_CHECK(c, cudaStreamSynchronize(c->stream));    /* the old buffer may be in use */
+	OP_CHECK(c, cudaFree(*p));
 	*p = NULL;
 	*cap = 0;
 	if (cudaMalloc(p, n) != cudaSuccess) {
-		oom(NULL, n, what);
-		cuda_fail(NULL, "cudaMalloc", "out of memory", __FILE__, __LINE__);
+		*p = NULL;
+		oom(&err, n, what);
+		hi3i_backend_fail(c->be, "%s", err.msg);
+		return NULL;
 	}
 	*cap = n;
 	return *p;
@@ -189,8 +219,8 @@ static void cu_free(hi3_backend *be, void *p)
 {
 	struct cuda *c = be->ctx;
 
-	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));    /* no kernel still uses it */
-	CUDA_CHECK(NULL, cudaFree(p));
+	OP_CHECK(c, cudaStreamSynchronize(c->stream));    /* no kernel still uses it */
+	OP_CHECK(c, cudaFree(p));
 }
 
 /* host -> device. Small copies are staged through the pinned ring and do
@@ -203,16 +233,18 @@ static int cu_upload(hi3_backend *be, void *dst, const void *src, size_t n)
 		return 0;
 	if (c->stage && n <= STAGE_BYTES / 4) {
 		if (c->stage_pos + n > STAGE_BYTES) {
-			CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));
+			OP_CHECK(c, cudaStreamSynchronize(c->stream));
 			c->stage_pos = 0;
 		}
 		memcpy(c->stage + c->stage_pos, src, n);
-		CUDA_CHECK(NULL, cudaMemcpyAsync(dst, c->stage + c->stage_pos, n, cudaMemcpyHostToDevice, c->stream));
+		if (OP_CHECK(c, cudaMemcpyAsync(dst, c->stage + c->stage_pos, n, cudaMemcpyHostToDevice, c->stream)))
+			return -1;
 		c->stage_pos += (n + 255) & ~(size_t)255;
 		return 0;
 	}
-	CUDA_CHECK(NULL, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream));
-	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));
+	if (OP_CHECK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream)) ||
+	    OP_CHECK(c, cudaStreamSynchronize(c->stream)))
+		return -1;
 	return 0;
 }
 
@@ -223,8 +255,9 @@ static int cu_download(hi3_backend *be, void *dst, const void *src, size_t n)
 
 	if (!n)
 		return 0;
-	CUDA_CHECK(NULL, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream));
-	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));
+	if (OP_CHECK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream)) ||
+	    OP_CHECK(c, cudaStreamSynchronize(c->stream)))
+		return -1;
 	return 0;
 }
 
@@ -297,8 +330,8 @@ static void cu_weight_free(hi3_backend *be, hi3_wt *w)
 
 	if (!w)
 		return;
-	CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));    /* no kernel still reads it */
-	CUDA_CHECK(NULL, cudaFree(w->d));
+	OP_CHECK(c, cudaStreamSynchronize(c->stream));    /* no kernel still reads it */
+	OP_CHECK(c, cudaFree(w->d));
 	free(w);
 }
 
@@ -408,7 +441,7 @@ static void cu_kv_detach(hi3_backend *be, hi3_kvcache *kv)
 		if ((*pm)->kv == kv) {
 			struct kv_mirror *m = *pm;
 			*pm = m->next;
-			CUDA_CHECK(NULL, cudaStreamSynchronize(c->stream));
+			OP_CHECK(c, cudaStreamSynchronize(c->stream));
 			kv_mirror_free(m);
 			return;
 		}
@@ -420,7 +453,7 @@ static void cu_kv_layer(hi3_backend *be, hi3_kvcache *kv, int layer, void **k, v
 
 	HI3_ASSERT(m && layer >= 0 && layer < kv->n_layers);
 	/* a cache of another shape at the same address: its owner did not
-	 * call hi3i_model_kv_closed on the old one */
+	 * call hi3_model_drop_cache on the old one */
 	HI3_ASSERT(kv->n_layers == m->shape.n_layers && kv->B == m->shape.B && kv->n_kv == m->shape.n_kv &&
 	           kv->C == m->shape.C && kv->d == m->shape.d && kv->dtype == m->shape.dtype);
 	*k = m->mem + 2 * (size_t)layer * m->layer_bytes;
@@ -552,17 +585,18 @@ static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 	if (M <= 0)
 		return;
 	if (M <= HI3K_GEMV_MAX_M) {   /* decode: one pass over W, no cast, no cuBLAS */
-		CUDA_CHECK(NULL, HI3K(gemv)(c->stream, y, x, w->d, w->dtype, M, w->N, w->K));
+		OP_CHECK(c, HI3K(gemv)(c->stream, y, x, w->d, w->dtype, M, w->N, w->K));
 		op_done(c, "matmul");
 		return;
 	}
 	if (w->dtype == HI3K_BF16) {
 		size_t n = (size_t)M * (size_t)w->K;
-		b = grow(c, &c->xb, &c->xb_cap, n * 2, "the bf16 GEMM input");
-		CUDA_CHECK(NULL, HI3K(to_bf16)(c->stream, c->xb, x, n));
+		if (!(b = grow(c, &c->xb, &c->xb_cap, n * 2, "the bf16 GEMM input")) ||
+		    OP_CHECK(c, HI3K(to_bf16)(c->stream, c->xb, x, n)))
+			return;
 		t = CUDA_R_16BF;
 	}
-	CUBLAS_CHECK(NULL, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, w->N, M, w->K, &one, w->d, t, w->K, b, t,
+	OP_CUBLAS(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, w->N, M, w->K, &one, w->d, t, w->K, b, t,
 	                                w->K, &zero, y, CUDA_R_32F, w->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 	op_done(c, "matmul");
 }
@@ -586,7 +620,10 @@ static void cu_matmul_group(hi3_backend *be, int n, float *const *y, const float
 		if ((size_t)(n_small + 1) * sizeof(hi3k_gemv_job) > c->jobs_h_cap) {
 			size_t cap = (size_t)(n + 16) * sizeof(hi3k_gemv_job);
 			hi3k_gemv_job *p = realloc(c->jobs_h, cap);
-			HI3_ASSERT(p);
+			if (!p) {
+				hi3i_backend_fail(be, "out of memory for the grouped matmul's jobs");
+				return;
+			}
 			c->jobs_h = p;
 			c->jobs_h_cap = cap;
 		}
@@ -596,9 +633,10 @@ static void cu_matmul_group(hi3_backend *be, int n, float *const *y, const float
 	}
 	if (!n_small)
 		return;
-	grow(c, &c->jobs, &c->jobs_cap, (size_t)n_small * sizeof(hi3k_gemv_job), "the grouped matmul's jobs");
-	cu_upload(be, c->jobs, c->jobs_h, (size_t)n_small * sizeof(hi3k_gemv_job));
-	CUDA_CHECK(NULL, HI3K(gemv_group)(c->stream, c->jobs, n_small, max_N, dtype));
+	if (!grow(c, &c->jobs, &c->jobs_cap, (size_t)n_small * sizeof(hi3k_gemv_job), "the grouped matmul's jobs") ||
+	    cu_upload(be, c->jobs, c->jobs_h, (size_t)n_small * sizeof(hi3k_gemv_job)))
+		return;
+	OP_CHECK(c, HI3K(gemv_group)(c->stream, c->jobs, n_small, max_N, dtype));
 	op_done(c, "matmul_group");
 }
 
@@ -606,7 +644,7 @@ static void cu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_wt
 {
 	struct cuda *c = be->ctx;
 
-	CUDA_CHECK(NULL, HI3K(embed)(c->stream, x, ids, wte->d, wte->dtype, M, wte->K));
+	OP_CHECK(c, HI3K(embed)(c->stream, x, ids, wte->d, wte->dtype, M, wte->K));
 	op_done(c, "embed");
 }
 
@@ -614,7 +652,7 @@ static void cu_rmsnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *
 {
 	struct cuda *c = be->ctx;
 
-	CUDA_CHECK(NULL, HI3K(rmsnorm)(c->stream, y, x, w->d, M, n, eps));
+	OP_CHECK(c, HI3K(rmsnorm)(c->stream, y, x, w->d, M, n, eps));
 	op_done(c, "rmsnorm");
 }
 
@@ -622,7 +660,7 @@ static void cu_zero(hi3_backend *be, float *x, size_t n)
 {
 	struct cuda *c = be->ctx;
 
-	CUDA_CHECK(NULL, cudaMemsetAsync(x, 0, n * sizeof(float), c->stream));
+	OP_CHECK(c, cudaMemsetAsync(x, 0, n * sizeof(float), c->stream));
 	op_done(c, "zero");
 }
 
@@ -630,16 +668,20 @@ static void cu_add(hi3_backend *be, float *x, const float *y, size_t n)
 {
 	struct cuda *c = be->ctx;
 
-	CUDA_CHECK(NULL, HI3K(add)(c->stream, x, y, n));
+	OP_CHECK(c, HI3K(add)(c->stream, x, y, n));
 	op_done(c, "add");
 }
 
 /* The kernels' limits; a model beyond them cannot run here. */
-static void check_dims(const struct hi3_dims *dm)
+static int check_dims(struct cuda *c, const struct hi3_dims *dm)
 {
-	if (dm->d % 2 || dm->d > HI3K_MAX_D || dm->n_h % dm->n_kv || dm->n_h / dm->n_kv > 32)
-		cuda_fail(NULL, "attention", "the CUDA kernels take an even head dim up to 256 and up to 32 query heads "
-		          "per kv head", __FILE__, __LINE__);
+	if (dm->d % 2 || dm->d > HI3K_MAX_D || dm->n_h % dm->n_kv || dm->n_h / dm->n_kv > 32) {
+		hi3i_backend_fail(c->be, "CUDA: attention: the kernels take an even head dim up to %d and up to 32 "
+		                  "query heads per kv head (the model has head dim %d, %d query heads per kv head)",
+		                  HI3K_MAX_D, dm->d, dm->n_kv ? dm->n_h / dm->n_kv : 0);
+		return -1;
+	}
+	return 0;
 }
 
 static void cu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const float *theta, const hi3_wt *qn,
@@ -647,8 +689,9 @@ static void cu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const fl
 {
 	struct cuda *c = be->ctx;
 
-	check_dims(dm);
-	CUDA_CHECK(NULL, HI3K(rope_qk)(c->stream, qkv, pos, theta, qn ? qn->d : NULL, kn ? kn->d : NULL, dm->n_kv,
+	if (check_dims(c, dm))
+		return;
+	OP_CHECK(c, HI3K(rope_qk)(c->stream, qkv, pos, theta, qn ? qn->d : NULL, kn ? kn->d : NULL, dm->n_kv,
 	                               dm->n_h / dm->n_kv, dm->d, dm->eps, M));
 	op_done(c, "rope_qk");
 }
@@ -661,8 +704,9 @@ static void cu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv
 
 	if (M <= 0)
 		return;
-	grow(c, &c->keep, &c->keep_cap, (size_t)M, "the KV store plan");
-	CUDA_CHECK(NULL, HI3K(kv_store)(c->stream, dst->k, dst->v, (int)dst->dtype, dst->C, qkv, row, slot, c->keep,
+	if (!grow(c, &c->keep, &c->keep_cap, (size_t)M, "the KV store plan"))
+		return;
+	OP_CHECK(c, HI3K(kv_store)(c->stream, dst->k, dst->v, (int)dst->dtype, dst->C, qkv, row, slot, c->keep,
 	                                mir ? mir->dirty : NULL, dm->n_kv, dm->n_h / dm->n_kv, dm->d, M));
 	op_done(c, "kv_store");
 }
@@ -681,18 +725,18 @@ static void cu_attention(hi3_backend *be, float *out, const float *qkv, const hi
 	int nsplit = 1;
 	void *part = NULL;
 
-	if (M <= 0)
+	if (M <= 0 || check_dims(c, dm))
 		return;
-	check_dims(dm);
 	if (!self) {              /* enough blocks for every multiprocessor, twice */
 		int blocks = M * dm->n_kv, want = 2 * c->n_sm;
 		nsplit = blocks >= want ? 1 : HI3_MIN((want + blocks - 1) / blocks, 64);
-		if (nsplit > 1)
-			part = grow(c, &c->part, &c->part_cap,
-			            (size_t)M * (size_t)dm->n_h * (size_t)nsplit * (size_t)(dm->d + 2) * sizeof(float),
-			            "the attention partial sums");
+		if (nsplit > 1 &&
+		    !(part = grow(c, &c->part, &c->part_cap,
+		                  (size_t)M * (size_t)dm->n_h * (size_t)nsplit * (size_t)(dm->d + 2) * sizeof(float),
+		                  "the attention partial sums")))
+			return;
 	}
-	CUDA_CHECK(NULL, HI3K(attention)(c->stream, out, qkv, &ks, &vs, (const hi3k_attn_q *)q, dm->n_kv,
+	OP_CHECK(c, HI3K(attention)(c->stream, out, qkv, &ks, &vs, (const hi3k_attn_q *)q, dm->n_kv,
 	                                 dm->n_h / dm->n_kv, dm->d, M, self, nsplit, part));
 	op_done(c, "attention");
 }
@@ -701,7 +745,7 @@ static void cu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int int
 {
 	struct cuda *c = be->ctx;
 
-	CUDA_CHECK(NULL, HI3K(swiglu)(c->stream, y, ab, M, inter));
+	OP_CHECK(c, HI3K(swiglu)(c->stream, y, ab, M, inter));
 	op_done(c, "swiglu");
 }
 
@@ -709,7 +753,7 @@ static void cu_gather(hi3_backend *be, float *dst, const float *src, const int32
 {
 	struct cuda *c = be->ctx;
 
-	CUDA_CHECK(NULL, HI3K(gather)(c->stream, dst, src, idx, n, w));
+	OP_CHECK(c, HI3K(gather)(c->stream, dst, src, idx, n, w));
 	op_done(c, "gather");
 }
 
@@ -718,7 +762,7 @@ static void cu_scatter_add(hi3_backend *be, float *dst, const float *src, const 
 {
 	struct cuda *c = be->ctx;
 
-	CUDA_CHECK(NULL, HI3K(scatter_add)(c->stream, dst, src, idx, scale, n, w));
+	OP_CHECK(c, HI3K(scatter_add)(c->stream, dst, src, idx, scale, n, w));
 	op_done(c, "scatter_add");
 }
 
@@ -751,6 +795,33 @@ static void cu_destroy(hi3_backend *be)
 	free(be);
 }
 
+static const hi3_backend_ops cuda_ops = {
+	.destroy = cu_destroy,
+	.alloc = cu_alloc,
+	.free = cu_free,
+	.upload = cu_upload,
+	.download = cu_download,
+	.mem_free = cu_mem_free,
+	.weight = cu_weight,
+	.weight_free = cu_weight_free,
+	.kv_attach = cu_kv_attach,
+	.kv_detach = cu_kv_detach,
+	.kv_layer = cu_kv_layer,
+	.kv_sync_host = cu_kv_sync_host,
+	.matmul = cu_matmul,
+	.matmul_group = cu_matmul_group,
+	.embed = cu_embed,
+	.rmsnorm = cu_rmsnorm,
+	.zero = cu_zero,
+	.add = cu_add,
+	.rope_qk = cu_rope_qk,
+	.kv_store = cu_kv_store,
+	.attention = cu_attention,
+	.swiglu = cu_swiglu,
+	.gather = cu_gather,
+	.scatter_add = cu_scatter_add,
+};
+
 int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_error *err)
 {
 	struct cudaDeviceProp prop;
@@ -773,6 +844,7 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 		                     "cudaGetDeviceCount found none");
 	if (!(be = hi3i_calloc(1, sizeof(*be), err)) || !(c = be->ctx = hi3i_calloc(1, sizeof(*c), err)))
 		goto fail;
+	c->be = be;
 	if (CUDA_CHECK(err, cudaSetDevice(0)) || CUDA_CHECK(err, cudaGetDeviceProperties(&prop, 0)) ||
 	    CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
 	    CUBLAS_CHECK(err, cublasCreate(&c->blas)) || CUBLAS_CHECK(err, cublasSetStream(c->blas, c->stream)) ||
@@ -794,31 +866,8 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	hi3_log(HI3_LOG_DEBUG, "cuda: GPU 0: %s, compute capability %d.%d, %d multiprocessors, %.1f GiB", prop.name,
 	        prop.major, prop.minor, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30));
 	be->name = "cuda";
+	be->ops = &cuda_ops;
 	be->batch_invariant = 0;
-	be->destroy = cu_destroy;
-	be->alloc = cu_alloc;
-	be->free = cu_free;
-	be->upload = cu_upload;
-	be->download = cu_download;
-	be->mem_free = cu_mem_free;
-	be->weight = cu_weight;
-	be->weight_free = cu_weight_free;
-	be->kv_attach = cu_kv_attach;
-	be->kv_detach = cu_kv_detach;
-	be->kv_layer = cu_kv_layer;
-	be->kv_sync_host = cu_kv_sync_host;
-	be->matmul = cu_matmul;
-	be->matmul_group = cu_matmul_group;
-	be->embed = cu_embed;
-	be->rmsnorm = cu_rmsnorm;
-	be->zero = cu_zero;
-	be->add = cu_add;
-	be->rope_qk = cu_rope_qk;
-	be->kv_store = cu_kv_store;
-	be->attention = cu_attention;
-	be->swiglu = cu_swiglu;
-	be->gather = cu_gather;
-	be->scatter_add = cu_scatter_add;
 	*out = be;
 	return 0;
 fail:

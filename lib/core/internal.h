@@ -61,9 +61,5 @@ int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n);
 /* The model's backend ops table (lib/backend.h). */
 struct hi3_backend;
 
-/* The cache kv is about to be closed (or changed behind the model's back):
- * the model drops the backend's copy of it, unsynced, so that a later cache
- * at the same address is copied afresh (model.c). */
-void hi3i_model_kv_closed(hi3_model *m, const hi3_kvcache *kv);
 
 #endif

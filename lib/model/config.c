@@ -175,6 +175,12 @@ int hi3_config_parse(hi3_config *cfg, const char *text, const char *name, hi3_er
 		goto out;
 	}
 	for (int l = 0; l < n_layers; l++) {
+		/* expert ids are stored as I16 (routing records) */
+		if (cfg->num_experts[l] > HI3_MAX_EXPERTS) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: layer %d: num_experts %d is more than hi3 supports (%d: "
+			              "expert ids are 16-bit)", name, l, cfg->num_experts[l], HI3_MAX_EXPERTS);
+			goto out;
+		}
 		if (cfg->moe_topk[l] > cfg->num_experts[l] && hi3_config_is_moe_layer(cfg, l)) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: layer %d: moe_topk %d exceeds num_experts %d", name, l,
 			              cfg->moe_topk[l], cfg->num_experts[l]);

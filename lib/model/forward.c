@@ -21,7 +21,7 @@ void hi3i_model_work_free(hi3_model *m)
 
 	for (size_t i = 0; i < HI3_ARRAY_SIZE(bufs); i++)
 		if (bufs[i])
-			m->be->free(m->be, bufs[i]);
+			m->be->ops->free(m->be, bufs[i]);
 	memset(w, 0, sizeof(*w));
 }
 
@@ -43,7 +43,7 @@ static int work_reserve(hi3_model *m, size_t M, size_t n_logit, hi3_error *err)
 		hi3i_model_work_free(m);
 		w->n_logit = oldn;
 		M = M < 16 ? 16 : M;
-#define A(p, n) ((p) = be->alloc(be, (n))) == NULL
+#define A(p, n) ((p) = be->ops->alloc(be, (n))) == NULL
 		/* expert buffers hold every (token, chosen expert) pair: M k rows */
 		if (A(w->x, M * H * 4) || A(w->h, M * H * 4) || A(w->qkv, M * W * 4) ||
 		    A(w->att, M * (size_t)c->num_attention_heads * d * 4) || A(w->y, M * H * 4) ||
@@ -60,9 +60,9 @@ static int work_reserve(hi3_model *m, size_t M, size_t n_logit, hi3_error *err)
 	}
 	if (n_logit > w->n_logit || !w->logits) {
 		if (w->lx)
-			be->free(be, w->lx);
+			be->ops->free(be, w->lx);
 		if (w->logits)
-			be->free(be, w->logits);
+			be->ops->free(be, w->logits);
 		w->lx = w->logits = NULL;
 		n_logit = n_logit < 1 ? 1 : n_logit;
 		if (A(w->lx, n_logit * H * 4) || A(w->logits, n_logit * V * 4))
@@ -75,7 +75,7 @@ oom:
 	hi3i_model_work_free(m);
 	return hi3_error_set(err, HI3_ERR_RUNTIME,
 	                     "out of %s memory for %zu tokens of activations (%zu MiB free)", be->name, M,
-	                     be->mem_free(be) >> 20);
+	                     be->ops->mem_free(be) >> 20);
 }
 
 /* y (M, H) = SwiGLU MLP of h (M, H). */
@@ -83,21 +83,21 @@ static void mlp_forward(hi3_model *m, const struct hi3_mlp_w *mw, float *y, cons
 {
 	hi3_backend *be = m->be;
 
-	be->matmul(be, m->w.ab, h, mw->gate_up, M);
-	be->swiglu(be, m->w.mid, m->w.ab, M, mw->I);
-	be->matmul(be, y, m->w.mid, mw->down, M);
+	be->ops->matmul(be, m->w.ab, h, mw->gate_up, M);
+	be->ops->swiglu(be, m->w.mid, m->w.ab, M, mw->I);
+	be->ops->matmul(be, y, m->w.mid, mw->down, M);
 }
 
 /* Grouped products through the backend, or one by one when it has none. */
 static void matmul_group(hi3_model *m, int n, float *const *y, const float *const *x, const hi3_wt *const *w,
                          const int *M)
 {
-	if (m->be->matmul_group) {
-		m->be->matmul_group(m->be, n, y, x, w, M);
+	if (m->be->ops->matmul_group) {
+		m->be->ops->matmul_group(m->be, n, y, x, w, M);
 		return;
 	}
 	for (int i = 0; i < n; i++)
-		m->be->matmul(m->be, y[i], x[i], w[i], M[i]);
+		m->be->ops->matmul(m->be, y[i], x[i], w[i], M[i]);
 }
 
 struct route {
@@ -106,13 +106,14 @@ struct route {
 };
 
 /* Top-k of softmax(logits) like upstream topkgating: fp32 softmax, ties to
- * the lower expert id, weights renormalised over the chosen k. */
+ * the lower expert id, weights renormalised over the chosen k. p and used
+ * are (E) scratch. */
 static void route_token(const float *logit, int E, int k, int norm, float scale, const int16_t *force,
-                        const float *force_w, int16_t *ids, float *w)
+                        const float *force_w, int16_t *ids, float *w, float *p, uint8_t *used)
 {
-	float p[1024], mx = -INFINITY, sum = 0.0f;
-	int used[1024] = {0};
+	float mx = -INFINITY, sum = 0.0f;
 
+	memset(used, 0, (size_t)E);
 	for (int e = 0; e < E; e++)
 		mx = logit[e] > mx ? logit[e] : mx;
 	for (int e = 0; e < E; e++) {
@@ -157,7 +158,8 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 {
 	hi3_backend *be = m->be;
 	const int H = m->cfg.hidden_size, E = L->E, k = L->k, K = m->max_k, NM = m->n_moe;
-	float *rl = NULL, *wts = NULL, *sc = NULL;
+	float *rl = NULL, *wts = NULL, *sc = NULL, *prob = NULL;
+	uint8_t *used = NULL;
 	int16_t *ids = NULL;
 	int32_t *idx = NULL;
 	int rc = -1;
@@ -167,10 +169,13 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 	wts = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)k, err);
 	idx = hi3i_malloc(sizeof(int32_t) * (size_t)M * (size_t)k, err);
 	sc = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)k, err);
-	if (!rl || !ids || !wts || !idx || !sc)
+	prob = hi3i_malloc(sizeof(float) * (size_t)E, err);
+	used = hi3i_malloc((size_t)E, err);
+	if (!rl || !ids || !wts || !idx || !sc || !prob || !used)
 		goto out;
-	be->matmul(be, m->w.rl, h, L->router, M);
-	be->download(be, rl, m->w.rl, sizeof(float) * (size_t)M * (size_t)E);
+	be->ops->matmul(be, m->w.rl, h, L->router, M);
+	if (be->ops->download(be, rl, m->w.rl, sizeof(float) * (size_t)M * (size_t)E) != 0)
+		goto be_failed;
 	for (int t = 0; t < M; t++) {
 		size_t rec = ((size_t)t * NM + (size_t)L->moe_index) * (size_t)K;
 		/* a token whose record starts with -1 routes freely */
@@ -184,7 +189,7 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 				}
 		route_token(rl + (size_t)t * E, E, k, m->cfg.norm_topk_prob, (float)m->cfg.routed_scaling_factor,
 		            force, force && b->force_route_w ? b->force_route_w + rec : NULL, ids + (size_t)t * k,
-		            wts + (size_t)t * k);
+		            wts + (size_t)t * k, prob, used);
 		if (b->route_ids) {
 			for (int j = 0; j < K; j++) {
 				b->route_ids[rec + j] = j < k ? ids[(size_t)t * k + j] : -1;
@@ -224,9 +229,12 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 			count[e] = rows - first[e];
 		}
 		if (rows) {
-			be->upload(be, m->w.idx, idx, sizeof(int32_t) * (size_t)rows);
-			be->upload(be, m->w.scale, sc, sizeof(float) * (size_t)rows);
-			be->gather(be, m->w.xe, h, m->w.idx, rows, H);
+			if (be->ops->upload(be, m->w.idx, idx, sizeof(int32_t) * (size_t)rows) != 0 ||
+			    be->ops->upload(be, m->w.scale, sc, sizeof(float) * (size_t)rows) != 0) {
+				hi3i_backend_failed(be, err);
+				goto moe_out;
+			}
+			be->ops->gather(be, m->w.xe, h, m->w.idx, rows, H);
 		}
 		/* stage 1: gate_up of every expert with tokens, and the shared MLP */
 		for (int e = 0; e < E; e++)
@@ -244,9 +252,9 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 		}
 		matmul_group(m, n_jobs, ys, xs, ws, ms);
 		if (rows)
-			be->swiglu(be, m->w.mid, m->w.ab, rows, inter);
+			be->ops->swiglu(be, m->w.mid, m->w.ab, rows, inter);
 		if (L->has_shared)
-			be->swiglu(be, m->w.smid, m->w.sab, M, L->shared.I);
+			be->ops->swiglu(be, m->w.smid, m->w.sab, M, L->shared.I);
 		/* stage 2: down */
 		n_jobs = 0;
 		for (int e = 0; e < E; e++)
@@ -263,13 +271,13 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 			ms[n_jobs++] = M;
 		}
 		matmul_group(m, n_jobs, ys, xs, ws, ms);
-		be->zero(be, y, (size_t)M * (size_t)H);
+		be->ops->zero(be, y, (size_t)M * (size_t)H);
 		for (int e = 0; e < E; e++)
 			if (count[e])
-				be->scatter_add(be, y, m->w.ye + (size_t)first[e] * H, m->w.idx + first[e],
+				be->ops->scatter_add(be, y, m->w.ye + (size_t)first[e] * H, m->w.idx + first[e],
 				                m->w.scale + first[e], count[e], H);
 		if (L->has_shared)
-			be->add(be, y, m->w.ys, (size_t)M * (size_t)H);
+			be->ops->add(be, y, m->w.ys, (size_t)M * (size_t)H);
 		rc = 0;
 moe_out:
 		free(ys);
@@ -283,12 +291,18 @@ moe_out:
 		rc = -1;
 	}
 	rc = 0;
+	goto out;
+be_failed:
+	if (!hi3i_backend_failed(be, err))
+		hi3_error_set(err, HI3_ERR_RUNTIME, "the %s backend could not copy the router logits", be->name);
 out:
 	free(rl);
 	free(ids);
 	free(wts);
 	free(idx);
 	free(sc);
+	free(prob);
+	free(used);
 	return rc;
 }
 
@@ -383,13 +397,13 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	int64_t *slots = NULL;
 	int rc = -1;
 
-	if (check_batch(m, kv, b, err) != 0)
+	if (check_batch(m, kv, b, err) != 0 || hi3i_backend_failed(be, err) != 0)
 		return -1;
 	if (kv && kv != m->attached) {
 		if (m->attached)
-			be->kv_detach(be, m->attached);
+			be->ops->kv_detach(be, m->attached);
 		m->attached = NULL;
-		if (be->kv_attach(be, kv, err) != 0)
+		if (be->ops->kv_attach(be, kv, err) != 0)
 			return -1;
 		m->attached = kv;
 	}
@@ -402,31 +416,33 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	if (!plan || !rows || !slots || !lidx)
 		goto out;
 	build_plan(b, kv, plan, rows, slots);
-	be->upload(be, m->w.ids, b->ids, sizeof(int64_t) * (size_t)M);
-	be->upload(be, m->w.pos, b->rope, sizeof(int32_t) * 2 * (size_t)M);
-	be->upload(be, m->w.plan, plan, sizeof(*plan) * (size_t)M);
-	be->upload(be, m->w.rows, rows, sizeof(*rows) * (size_t)M);
-	be->upload(be, m->w.slots, slots, sizeof(*slots) * (size_t)M);
+	if (be->ops->upload(be, m->w.ids, b->ids, sizeof(int64_t) * (size_t)M) ||
+	    be->ops->upload(be, m->w.pos, b->rope, sizeof(int32_t) * 2 * (size_t)M) ||
+	    be->ops->upload(be, m->w.plan, plan, sizeof(*plan) * (size_t)M) ||
+	    be->ops->upload(be, m->w.rows, rows, sizeof(*rows) * (size_t)M) ||
+	    be->ops->upload(be, m->w.slots, slots, sizeof(*slots) * (size_t)M))
+		goto be_failed;
 
-	be->embed(be, m->w.x, m->w.ids, m->wte, M);
+	be->ops->embed(be, m->w.x, m->w.ids, m->wte, M);
 	for (int l = 0; l < c->num_hidden_layers; l++) {
 		const struct hi3_layer_w *L = &m->layers[l];
 		hi3_kv_src ks, vs;
 		hi3_kv_dst dst = {0};
 
-		if (b->hidden_out)
-			be->download(be, b->hidden_out + (size_t)l * M * H, m->w.x, sizeof(float) * (size_t)M * H);
+		if (b->hidden_out &&
+		    be->ops->download(be, b->hidden_out + (size_t)l * M * H, m->w.x, sizeof(float) * (size_t)M * H))
+			goto be_failed;
 		/* attention */
-		be->rmsnorm(be, m->w.h, m->w.x, L->ln_in, M, H, m->dims.eps);
-		be->matmul(be, m->w.qkv, m->w.h, L->qkv, M);
-		be->rope_qk(be, m->w.qkv, m->w.pos, m->theta, L->qn, L->kn, &m->dims, M);
+		be->ops->rmsnorm(be, m->w.h, m->w.x, L->ln_in, M, H, m->dims.eps);
+		be->ops->matmul(be, m->w.qkv, m->w.h, L->qkv, M);
+		be->ops->rope_qk(be, m->w.qkv, m->w.pos, m->theta, L->qn, L->kn, &m->dims, M);
 		if (kv) {
-			be->kv_layer(be, kv, l, &dst.k, &dst.v);
+			be->ops->kv_layer(be, kv, l, &dst.k, &dst.v);
 			dst.dtype = kv->dtype;
 			dst.C = kv->C;
 		}
 		if (b->mode == HI3_ATTN_CACHE) {
-			be->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
+			be->ops->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
 			ks = (hi3_kv_src){dst.k, kv->dtype, (int64_t)kv->n_kv * kv->C * d, (int64_t)kv->C * d, d};
 			vs = ks;
 			vs.base = dst.v;
@@ -435,34 +451,46 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 			vs = ks;
 			vs.base = m->w.qkv + (size_t)(g + 1) * d;
 		}
-		be->attention(be, m->w.att, m->w.qkv, &ks, &vs, m->w.plan, &m->dims, M);
+		be->ops->attention(be, m->w.att, m->w.qkv, &ks, &vs, m->w.plan, &m->dims, M);
 		if (b->mode == HI3_ATTN_SELF && kv && b->slot)
-			be->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
-		be->matmul(be, m->w.h, m->w.att, L->o, M);
-		be->add(be, m->w.x, m->w.h, (size_t)M * H);
+			be->ops->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
+		be->ops->matmul(be, m->w.h, m->w.att, L->o, M);
+		be->ops->add(be, m->w.x, m->w.h, (size_t)M * H);
 		/* MLP */
-		be->rmsnorm(be, m->w.h, m->w.x, L->ln_post, M, H, m->dims.eps);
+		be->ops->rmsnorm(be, m->w.h, m->w.x, L->ln_post, M, H, m->dims.eps);
 		if (L->moe) {
 			if (moe_forward(m, L, m->w.y, m->w.h, M, b, err) != 0)
 				goto out;
 		} else {
 			mlp_forward(m, &L->mlp, m->w.y, m->w.h, M);
 		}
-		be->add(be, m->w.x, m->w.y, (size_t)M * H);
+		be->ops->add(be, m->w.x, m->w.y, (size_t)M * H);
+		if (hi3i_backend_failed(be, err)) {
+			hi3_error_prefix(err, "layer %d", l);
+			goto out;
+		}
 	}
-	if (b->hidden_out)
-		be->download(be, b->hidden_out + (size_t)c->num_hidden_layers * M * H, m->w.x,
-		             sizeof(float) * (size_t)M * H);
+	if (b->hidden_out && be->ops->download(be, b->hidden_out + (size_t)c->num_hidden_layers * M * H, m->w.x,
+	                                       sizeof(float) * (size_t)M * H))
+		goto be_failed;
 	if (b->n_logits > 0) {
 		for (int i = 0; i < b->n_logits; i++)
 			lidx[i] = b->logit_at[2 * i] * b->T + b->logit_at[2 * i + 1];
-		be->upload(be, m->w.idx, lidx, sizeof(int32_t) * (size_t)b->n_logits);
-		be->gather(be, m->w.lx, m->w.x, m->w.idx, b->n_logits, H);
-		be->rmsnorm(be, m->w.lx, m->w.lx, m->ln_f, b->n_logits, H, m->dims.eps);
-		be->matmul(be, m->w.logits, m->w.lx, m->lm_head, b->n_logits);
-		be->download(be, b->logits, m->w.logits, sizeof(float) * (size_t)b->n_logits * c->vocab_size);
+		if (be->ops->upload(be, m->w.idx, lidx, sizeof(int32_t) * (size_t)b->n_logits))
+			goto be_failed;
+		be->ops->gather(be, m->w.lx, m->w.x, m->w.idx, b->n_logits, H);
+		be->ops->rmsnorm(be, m->w.lx, m->w.lx, m->ln_f, b->n_logits, H, m->dims.eps);
+		be->ops->matmul(be, m->w.logits, m->w.lx, m->lm_head, b->n_logits);
+		if (be->ops->download(be, b->logits, m->w.logits, sizeof(float) * (size_t)b->n_logits * c->vocab_size))
+			goto be_failed;
 	}
+	if (hi3i_backend_failed(be, err))
+		goto out;
 	rc = 0;
+	goto out;
+be_failed:
+	if (!hi3i_backend_failed(be, err))
+		hi3_error_set(err, HI3_ERR_RUNTIME, "the %s backend could not copy the batch", be->name);
 out:
 	free(plan);
 	free(rows);
@@ -471,10 +499,10 @@ out:
 	return rc;
 }
 
-void hi3i_model_kv_closed(hi3_model *m, const hi3_kvcache *kv)
+void hi3_model_drop_cache(hi3_model *m, const hi3_kvcache *kv)
 {
 	if (m && kv && m->attached == kv) {
-		m->be->kv_detach(m->be, m->attached);
+		m->be->ops->kv_detach(m->be, m->attached);
 		m->attached = NULL;
 	}
 }
@@ -483,6 +511,6 @@ int hi3_kv_sync_host(hi3_model *m, hi3_kvcache *kv, hi3_error *err)
 {
 	if (m->attached != kv)
 		return 0;
-	return m->be->kv_sync_host(m->be, kv, err);
+	return m->be->ops->kv_sync_host(m->be, kv, err);
 }
 

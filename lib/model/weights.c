@@ -25,7 +25,7 @@ static hi3_wt *load_w(hi3_model *m, const char *name, int kind, hi3_error *err)
 			hi3_log(HI3_LOG_WARN, "%s: tensor '%s' holds %lld NaN/Inf values of %lld",
 			        hi3_ckpt_file_of(m->ck, name), name, (long long)bad, (long long)hi3_tensor_numel(t));
 	}
-	w = m->be->weight(m->be, t, kind, err);
+	w = m->be->ops->weight(m->be, t, kind, err);
 	if (!w)
 		hi3_error_prefix(err, "%s: tensor '%s'", m->dir, name);
 	return w;
@@ -46,8 +46,8 @@ static int load_mlp(hi3_model *m, struct hi3_mlp_w *mw, const char *prefix, int 
 
 static void free_mlp(hi3_model *m, struct hi3_mlp_w *mw)
 {
-	m->be->weight_free(m->be, mw->gate_up);
-	m->be->weight_free(m->be, mw->down);
+	m->be->ops->weight_free(m->be, mw->gate_up);
+	m->be->ops->weight_free(m->be, mw->down);
 }
 
 static int load_layer(hi3_model *m, int l, hi3_error *err)
@@ -132,6 +132,8 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 		hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", opts->backend);
 		goto out;
 	}
+	if (hi3i_backend_check(m->be, err) != 0)
+		goto out;
 	m->dims.H = m->cfg.hidden_size;
 	m->dims.n_h = m->cfg.num_attention_heads;
 	m->dims.n_kv = m->cfg.num_key_value_heads;
@@ -151,8 +153,8 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 	{
 		float theta[512];
 		hi3i_rope_theta(theta, m->dims.d, m->cfg.rope_theta);
-		m->theta = m->be->alloc(m->be, sizeof(float) * (size_t)(m->dims.d / 2));
-		if (!m->theta || m->be->upload(m->be, m->theta, theta, sizeof(float) * (size_t)(m->dims.d / 2))) {
+		m->theta = m->be->ops->alloc(m->be, sizeof(float) * (size_t)(m->dims.d / 2));
+		if (!m->theta || m->be->ops->upload(m->be, m->theta, theta, sizeof(float) * (size_t)(m->dims.d / 2))) {
 			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 			goto out;
 		}
@@ -173,17 +175,17 @@ void hi3_model_close(hi3_model *m)
 	if (m->be) {
 		hi3i_model_work_free(m);
 		if (m->attached)
-			m->be->kv_detach(m->be, m->attached);
+			m->be->ops->kv_detach(m->be, m->attached);
 		if (m->theta)
-			m->be->free(m->be, m->theta);
-		m->be->weight_free(m->be, m->wte);
-		m->be->weight_free(m->be, m->ln_f);
-		m->be->weight_free(m->be, m->lm_head);
+			m->be->ops->free(m->be, m->theta);
+		m->be->ops->weight_free(m->be, m->wte);
+		m->be->ops->weight_free(m->be, m->ln_f);
+		m->be->ops->weight_free(m->be, m->lm_head);
 		for (int l = 0; m->layers && l < m->cfg.num_hidden_layers; l++) {
 			struct hi3_layer_w *L = &m->layers[l];
 			hi3_wt *ws[] = {L->ln_in, L->ln_post, L->qkv, L->o, L->qn, L->kn, L->router};
 			for (size_t i = 0; i < HI3_ARRAY_SIZE(ws); i++)
-				m->be->weight_free(m->be, ws[i]);
+				m->be->ops->weight_free(m->be, ws[i]);
 			free_mlp(m, &L->mlp);
 			for (int e = 0; L->experts && e < L->E; e++)
 				free_mlp(m, &L->experts[e]);
@@ -191,7 +193,7 @@ void hi3_model_close(hi3_model *m)
 			if (L->has_shared)
 				free_mlp(m, &L->shared);
 		}
-		m->be->destroy(m->be);
+		m->be->ops->destroy(m->be);
 	}
 	free(m->layers);
 	hi3_ckpt_close(m->ck);

@@ -266,7 +266,7 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 	rc = 0;
 out:
 	stats->seconds = hi3i_now() - t0;
-	hi3i_model_kv_closed(m, &kv.cache);
+	hi3_model_drop_cache(m, &kv.cache);
 	hi3i_kv_close(&kv);
 	free(ids);
 	free(slot);

@@ -84,7 +84,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	}
 	if (hi3_kv_sync_host(m, &kv.cache, err) != 0 || hi3i_kv_flush(&kv, err) != 0)
 		goto out;
-	hi3i_model_kv_closed(m, &kv.cache);
+	hi3_model_drop_cache(m, &kv.cache);
 	hi3i_kv_close(&kv);
 	if (rename(tmp, kv_path) != 0) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot rename the finished cache into place", kv_path);
@@ -94,7 +94,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	rc = 0;
 out:
 	if (kv.st) {
-		hi3i_model_kv_closed(m, &kv.cache);
+		hi3_model_drop_cache(m, &kv.cache);
 		hi3i_kv_close(&kv);
 	}
 	if (created)

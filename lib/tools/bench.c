@@ -177,9 +177,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 {
 	const hi3_config *c = hi3_model_config(m);
 	const int V = c->vocab_size, C = P + N, nl = c->num_hidden_layers;
-	size_t per = (size_t)B * c->num_key_value_heads * C * c->attention_head_dim;
-	hi3_kvcache kv = {.n_layers = nl, .B = B, .n_kv = c->num_key_value_heads, .C = C,
-	                  .d = c->attention_head_dim, .dtype = HI3_F32};
+	hi3_kvcache *kv = NULL;
 	int64_t *ids = NULL, *slot = NULL;
 	int32_t *rope = NULL, *hi = NULL, *at = NULL;
 	float *logits = NULL;
@@ -187,22 +185,15 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 	double t0;
 
 	memset(r, 0, sizeof(*r));
-	kv.k = calloc((size_t)nl, sizeof(void *));
-	kv.v = calloc((size_t)nl, sizeof(void *));
+	kv = hi3_kvcache_for_model(m, B, C, HI3_F32, err);
 	ids = hi3i_malloc(sizeof(int64_t) * (size_t)B * P, err);
 	slot = hi3i_malloc(sizeof(int64_t) * (size_t)B * P, err);
 	rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B * P, err);
 	hi = hi3i_malloc(sizeof(int32_t) * (size_t)B * P, err);
 	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B, err);
 	logits = hi3i_malloc(sizeof(float) * (size_t)B * V, err);
-	if (!kv.k || !kv.v || !ids || !slot || !rope || !hi || !at || !logits)
+	if (!kv || !ids || !slot || !rope || !hi || !at || !logits)
 		goto out;
-	for (int l = 0; l < nl; l++) {
-		kv.k[l] = hi3i_calloc(per, sizeof(float), err);
-		kv.v[l] = hi3i_calloc(per, sizeof(float), err);
-		if (!kv.k[l] || !kv.v[l])
-			goto out;
-	}
 	for (int b = 0; b < B; b++) {
 		for (int t = 0; t < P; t++) {
 			size_t i = (size_t)b * P + t;
@@ -218,7 +209,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 		hi3_batch pb = {.B = B, .T = P, .mode = HI3_ATTN_SELF, .ids = ids, .rope = rope, .hi = hi,
 		                .slot = slot, .n_logits = B, .logit_at = at, .logits = logits};
 		t0 = hi3i_now();
-		if (hi3_forward(m, &kv, &pb, err) != 0)
+		if (hi3_forward(m, kv, &pb, err) != 0)
 			goto out;
 		r->prefill_s = hi3i_now() - t0;
 	}
@@ -234,7 +225,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 		}
 		hi3_batch db = {.B = B, .T = 1, .mode = HI3_ATTN_CACHE, .ids = ids, .rope = rope, .hi = hi,
 		                .slot = slot, .n_logits = B, .logit_at = at, .logits = logits};
-		if (hi3_forward(m, &kv, &db, err) != 0)
+		if (hi3_forward(m, kv, &db, err) != 0)
 			goto out;
 	}
 	r->decode_s = hi3i_now() - t0;
@@ -261,13 +252,8 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 	}
 	rc = 0;
 out:
-	hi3i_model_kv_closed(m, &kv);
-	for (int l = 0; kv.k && kv.v && l < nl; l++) {
-		free(kv.k[l]);
-		free(kv.v[l]);
-	}
-	free(kv.k);
-	free(kv.v);
+	hi3_model_drop_cache(m, kv);
+	hi3_kvcache_free(kv);
 	free(ids);
 	free(slot);
 	free(rope);
