@@ -1,9 +1,9 @@
 /*
  * kernels.h -- the launchers of the CUDA kernels (kernels/NAME.cu), called by
- * the host side of the CUDA backend (lib/backend-cuda.c). A launcher
+ * the host side of the CUDA backend (lib/backend/cuda.c). A launcher
  * enqueues its kernel(s) on stream s and returns cudaGetLastError(); it
  * never synchronises. Every pointer is device memory; every layout is the
- * one of the CPU op of the same name in lib/backend-cpu.c (see backend.h).
+ * one of the CPU op of the same name in lib/backend/cpu.c (see lib/backend/backend.h).
  *
  * Built by nvcc for the GPU, and (HI3_CUDA_EMU) by the host C++ compiler
  * against tests/cuda-emu, which runs the same kernels on the CPU for

@@ -1,7 +1,7 @@
 /*
- * backend.h -- the backend ops table. The model code (model.c) calls these
+ * backend.h -- the backend ops table. The model code (model/forward.c) calls these
  * ops and never a kernel directly, so it does not know where it runs. The
- * CPU backend (backend-cpu.c) and the CUDA backend (backend-cuda.c, with
+ * CPU backend (cpu.c) and the CUDA backend (cuda.c, with
  * kernels/NAME.cu) fill the same table; tests compare them op by op.
  *
  * Every pointer an op takes is a backend ("device") pointer from ->alloc or

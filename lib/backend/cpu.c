@@ -1,5 +1,5 @@
 /*
- * backend-cpu.c -- the CPU backend: f32 activations, OpenMP threads, packed
+ * cpu.c -- the CPU backend: f32 activations, OpenMP threads, packed
  * batch-invariant GEMM (gemm.c) or, with batch invariance off, OpenBLAS.
  *
  * Batch invariance holds op by op: every reduction (dot products, norms,

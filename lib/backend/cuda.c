@@ -1,5 +1,5 @@
 /*
- * backend-cuda.c -- the CUDA backend: the ops table of backend.h on one GPU
+ * cuda.c -- the CUDA backend: the ops table of backend.h on one GPU
  * (device 0; choose another with CUDA_VISIBLE_DEVICES). The kernels live in
  * kernels/, one .cu file per op family; this file holds the host side:
  * device memory, weights, the KV cache mirror, and one wrapper per op.

@@ -1,5 +1,5 @@
 /*
- * cond-internal.h -- what request.c, template.c and cond.c share: the
+ * cond-internal.h -- what request.c, template.c and batch.c share: the
  * parsed requests. Not installed.
  */
 #ifndef HI3_COND_INTERNAL_H

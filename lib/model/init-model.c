@@ -1,5 +1,5 @@
 /*
- * init.c -- `hi3 init-model`: deterministic random-init checkpoints with the
+ * init-model.c -- `hi3 init-model`: deterministic random-init checkpoints with the
  * upstream tensor names, plus a byte-level tokenizer.json holding every
  * special token the sequence template uses.
  *

@@ -1,5 +1,5 @@
 /*
- * tok-json.c -- fast reading of the two big members of a tokenizer.json,
+ * json.c -- fast reading of the two big members of a tokenizer.json,
  * model.vocab and model.merges, straight from the text.
  *
  * A 200k-token tokenizer.json is ~10 MB, most of it vocab and merges; a

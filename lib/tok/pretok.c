@@ -1,5 +1,5 @@
 /*
- * tok-pre.c -- the text stages of the tokenizer: Oniguruma-style regexes on
+ * pretok.c -- the text stages of the tokenizer: Oniguruma-style regexes on
  * PCRE2, normalizers and pre-tokenizers of a Hugging Face tokenizer.json.
  *
  * `tokenizers` compiles its regexes with Oniguruma (Ruby-like syntax), so a

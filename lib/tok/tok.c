@@ -7,12 +7,12 @@
  *      (leftmost-longest, with their lstrip/rstrip/single_word rules);
  *   2. each remaining segment is normalized, and `normalized` added tokens
  *      are cut out of the result the same way;
- *   3. the pre-tokenizer splits each segment into pieces (tok-pre.c);
+ *   3. the pre-tokenizer splits each segment into pieces (pretok.c);
  *   4. the BPE model encodes each piece: its characters are merged pair by
  *      pair, lowest merge rank first (leftmost on ties), with a cache of
  *      piece -> ids.
  * Supported: model BPE (no dropout, no byte_fallback), normalizers and
- * pre-tokenizers listed in tok-pre.c, decoders ByteLevel and none. Anything
+ * pre-tokenizers listed in pretok.c, decoders ByteLevel and none. Anything
  * else is refused at load time with status 3, naming the component.
  */
 #include <pthread.h>

@@ -1,6 +1,6 @@
 /*
  * tok.h -- internals of the tokenizer, shared by tok.c (loading, added
- * tokens, BPE, encode/decode) and tok-pre.c (regexes, normalizers,
+ * tokens, BPE, encode/decode) and pretok.c (regexes, normalizers,
  * pre-tokenizers). Not installed.
  *
  * Encoding follows the Hugging Face `tokenizers` pipeline: added tokens are
@@ -130,7 +130,7 @@ int hi3i_tok_pre_parse(struct tok_pre **out, json_t *js, const char *path, hi3_e
 void hi3i_tok_pre_free(struct tok_pre *pt);
 int hi3i_tok_pre_apply(const struct tok_pre *pt, struct tok_work *w, hi3_error *err);
 
-/* Fast reading of model.vocab and model.merges (tok-json.c). */
+/* Fast reading of model.vocab and model.merges (json.c). */
 struct tok_jspan {
 	size_t start, end;               /* the value's bytes */
 	size_t count;                    /* members or elements */

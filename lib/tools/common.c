@@ -1,5 +1,5 @@
 /*
- * tools.c -- what the inspection tools share: natural name order,
+ * common.c -- what the inspection tools share: natural name order,
  * numpy-style slices, tensor statistics, JSON numbers.
  */
 #include <ctype.h>

@@ -68,7 +68,7 @@ static int side_open(struct side *s, const char *path, int need_rows, hi3_error 
 		return -1;
 	f = hi3_st_meta(s->st, "format");
 	s->format = f ? f : "";
-	if (!strcmp(s->format, "hi3.kv")) {
+	if (!strcmp(s->format, HI3_FORMAT_KV)) {
 		const hi3_tensor *k0 = hi3_st_find(s->st, "k.0"), *gt = hi3_st_find(s->st, "gen_tokens");
 		int64_t C = k0 && k0->ndim == 4 ? k0->shape[2] : INT64_MAX;
 
@@ -84,13 +84,13 @@ static int side_open(struct side *s, const char *path, int need_rows, hi3_error 
 		    row_counts(s, "gen_len", s->B, gt && gt->ndim == 2 ? gt->shape[1] : INT64_MAX, NULL, &s->gen_len,
 		               err) != 0)
 			return -1;
-	} else if (!strcmp(s->format, "hi3.conditions")) {
+	} else if (!strcmp(s->format, HI3_FORMAT_CONDITIONS)) {
 		s->kind = K_COND;
 		if ((t = hi3_st_find(s->st, "real_pos")) && t->ndim == 1)
 			s->B = t->shape[0];
 		else if ((t = hi3_st_find(s->st, "input_ids")) && t->ndim == 2)
 			s->B = t->shape[0];
-	} else if (!strcmp(s->format, "hi3.segment")) {
+	} else if (!strcmp(s->format, HI3_FORMAT_SEGMENT)) {
 		s->kind = K_SEG;
 	}
 	t = hi3_st_find(s->st, "cu_seqlens");

@@ -522,11 +522,11 @@ static int render(const struct src *src, const hi3_tensor *t, const hi3i_slice *
 
 	if (t)
 		rc = heatmap(t, s, &p, err);
-	else if (format && !strcmp(format, "hi3.conditions") && o->row >= 0)
+	else if (format && !strcmp(format, HI3_FORMAT_CONDITIONS) && o->row >= 0)
 		rc = cond_mask(src, o->row, &p, err);
-	else if (format && !strcmp(format, "hi3.conditions"))
+	else if (format && !strcmp(format, HI3_FORMAT_CONDITIONS))
 		rc = hi3_error_set(err, HI3_ERR_USAGE, "--png on a conditions file needs --row I (or --tensor NAME)");
-	else if (format && !strcmp(format, "hi3.kv"))
+	else if (format && !strcmp(format, HI3_FORMAT_KV))
 		rc = kv_slots(src, &p, err);
 	else
 		rc = hi3_error_set(err, HI3_ERR_USAGE,
