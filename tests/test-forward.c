@@ -17,7 +17,7 @@
  *    routing decision has a probability margin >= 1e-4 (metadata
  *    route_margin), far above fp32 noise, so a difference is a bug.
  *
- * Batch invariance (SPEC 5): each row run alone (B = 1, T = its real length,
+ * Batch invariance (hi3-batching(7), rule 8): each row run alone (B = 1, T = its real length,
  * no padding) gives bitwise the logits, K/V, hidden states and routing of
  * that row in the padded batch at its valid positions.
  *
