@@ -1,7 +1,7 @@
 /*
  * test-tools.c -- unit tests of the inspection tools (slices, statistics,
  * PNG, diff locations and tolerances), and, with a command, a fixture maker
- * for the shell tests (tests/tools-*.sh):
+ * for the shell tests (tests/t3000-inspect.sh, t3100-diff.sh):
  *
  *   test-tools                      run the unit tests (TAP)
  *   test-tools kv OUT SPEC          a kv file (see parse_kv_spec)
