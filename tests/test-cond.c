@@ -1,6 +1,6 @@
-/* test-cond.c -- conditions: build, the batching rule (hi3-batching(7), rule 1), per-row vs
- * batch, the pad-position ablation, merge, validation of bad files, and
- * the image geometry facts (buckets, ViT grid). */
+/* test-cond.c -- conditions: build, the batching rule (hi3-batching(7),
+ * rule 1), per-row vs batch, the pad-position ablation, merge, validation
+ * of bad files, and the image geometry facts (buckets, ViT grid). */
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
