@@ -11,67 +11,89 @@
 
 struct cli_globals cli = {.backend = "cpu", .batch_invariant = 1};
 
-void cli_print_help(void)
+static int set_quiet(const struct cli_option *opt, const char *arg)
 {
-	const struct cli_command *c = cli_find_command(cli.cmd);
-
-	if (c)
-		fputs(c->help, stdout);
+	cli.quiet = 1;
+	cli.verbose = 0;
+	hi3_set_log(NULL, NULL, HI3_LOG_WARN);
+	return 0;
 }
 
-int cli_other_option(int c, const char *arg)
+static int set_verbose(const struct cli_option *opt, const char *arg)
 {
-	int64_t v;
+	cli.verbose = 1;
+	cli.quiet = 0;
+	hi3_set_log(NULL, NULL, HI3_LOG_DEBUG);
+	return 0;
+}
 
-	switch (c) {
-	case 'm':
-		cli.model_dir = arg;
-		return -1;
-	case CLI_OPT_BACKEND:
-		if (strcmp(arg, "cpu") && strcmp(arg, "cuda"))
-			return cli_usage_error("--backend: expected 'cpu' or 'cuda', found '%s'", arg);
-		cli.backend = arg;
-		return -1;
-	case CLI_OPT_BATCH_INVARIANT:
-		if (strcmp(arg, "on") && strcmp(arg, "off"))
-			return cli_usage_error("--batch-invariant: expected on or off, found '%s'", arg);
-		cli.batch_invariant = !strcmp(arg, "on");
-		return -1;
-	case 't':
-		if (cli_int("--threads", arg, 0, 4096, &v))
-			return HI3_ERR_USAGE;
-		cli.threads = (int)v;
-		return -1;
-	case 'q':
-		cli.quiet = 1;
-		cli.verbose = 0;
-		hi3_set_log(NULL, NULL, HI3_LOG_WARN);
-		return -1;
-	case 'v':
-		cli.verbose = 1;
-		cli.quiet = 0;
-		hi3_set_log(NULL, NULL, HI3_LOG_DEBUG);
-		return -1;
-	case 'h':
-		cli_print_help();
-		return 0;
-	case '?':
-		fprintf(stderr, "(see 'hi3 %s --help')\n", cli.cmd ? cli.cmd : "help");
-		return HI3_ERR_USAGE;
-	default:
-		return cli_usage_error("unhandled option %d", c);
-	}
+static const struct cli_choice backends[] = {{"cpu", 0, NULL}, {"cuda", 1, NULL}, {NULL, 0, NULL}};
+static const struct cli_choice on_off[] = {{"on", 1, NULL}, {"off", 0, NULL}, {NULL, 0, NULL}};
+
+const struct cli_option cli_global_options[] = {
+	OPT_GROUP("global options (also accepted after the command name):"),
+	OPT_STRING('m', "model", &cli.model_dir, "DIR", "model directory (config.json, *.safetensors, tokenizer.json)"),
+	OPT_STRING(0, "backend", &cli.backend, "NAME", "cpu (default) or cuda", .choices = backends),
+	OPT_CHOICE(0, "batch-invariant", &cli.batch_invariant, on_off,
+	           "on (default): reductions in an order independent of the batch, so a row gives the same bits "
+	           "alone or batched; off: OpenBLAS sgemm (CPU)"),
+	OPT_INT('t', "threads", &cli.threads, 0, 4096, "N", "worker threads (default: all cores)"),
+	OPT_CALLBACK('q', "quiet", NULL, NULL, set_quiet, "only errors and warnings on stderr"),
+	OPT_CALLBACK('v', "verbose", NULL, NULL, set_verbose, "more detail on stderr"),
+	OPT_HELP('h', "help", "this help; 'hi3 help COMMAND' or 'hi3 COMMAND --help' for a command"),
+	OPT_END(),
+};
+
+const struct cli_choice cli_dtype_choices[] = {{"f32", HI3_F32, NULL}, {"bf16", HI3_BF16, NULL}, {NULL, 0, NULL}};
+
+const struct cli_choice cli_decode_mask_choices[] = {
+	{"causal", HI3_MASK_CAUSAL, NULL},
+	{"none", HI3_MASK_NONE, "--decode-mask=none reproduces a known upstream defect: decode attends pad slots "
+	                        "and never-written cache slots; batched results will differ from rows run alone"},
+	{NULL, 0, NULL},
+};
+
+const struct cli_choice cli_placement_choices[] = {
+	{"index", HI3_PLACE_INDEX, NULL},
+	{"tail", HI3_PLACE_TAIL, "--token-placement=tail reproduces a known upstream defect: new tokens go to the "
+	                         "padded tail, so short rows re-read their own pad as input"},
+	{NULL, 0, NULL},
+};
+
+const struct cli_choice cli_pad_positions_choices[] = {
+	{"continue", 0, NULL},
+	{"zero", 1, "--pad-positions=zero: pad columns get position id 0, the upstream defect, on purpose: "
+	            "every pad writes cache slot 0 and overwrites the row's first token"},
+	{NULL, 0, NULL},
+};
+
+const struct cli_choice cli_ablate_choices[] = {
+	{"decode-mask", HI3_ABLATE_DECODE_MASK,
+	 "--ablate decode-mask: the batched runs attend every cache slot, as upstream did"},
+	{"token-placement", HI3_ABLATE_TOKEN_PLACEMENT,
+	 "--ablate token-placement: the batched runs append new tokens at the padded tail, as upstream did"},
+	{"pos-pad", HI3_ABLATE_POS_PAD,
+	 "--ablate pos-pad: the batched conditions pad position ids with 0, as upstream did"},
+	{NULL, 0, NULL},
+};
+
+int cli_check_seed_base(int64_t base, int n)
+{
+	if (n > 1 && base > INT64_MAX - (n - 1))
+		return cli_usage_error("--seed: %lld + %d (the last request's index) is beyond %lld", (long long)base,
+		                       n - 1, (long long)INT64_MAX);
+	return 0;
 }
 
 int cli_usage_error(const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, "hi3 %s: ", cli.cmd ? cli.cmd : "");
+	fprintf(stderr, "hi3%s%s: ", cli.cmd ? " " : "", cli.cmd ? cli.cmd : "");
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "\n(see 'hi3 %s --help')\n", cli.cmd ? cli.cmd : "help");
+	fprintf(stderr, "\n(see 'hi3%s%s --help')\n", cli.cmd ? " " : "", cli.cmd ? cli.cmd : "");
 	return HI3_ERR_USAGE;
 }
 
@@ -103,44 +125,6 @@ void cli_info(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
-}
-
-int cli_int(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *out)
-{
-	char *end;
-	long long v;
-
-	errno = 0;
-	v = strtoll(arg, &end, 10);
-	if (!*arg || *end || errno) {
-		cli_usage_error("%s: expected an integer, found '%s'", opt, arg);
-		return -1;
-	}
-	if (v < lo || v > hi) {
-		cli_usage_error("%s: %lld is out of range [%lld, %lld]", opt, v, (long long)lo, (long long)hi);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
-int cli_double(const char *opt, const char *arg, double lo, double hi, double *out)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(arg, &end);
-	if (!*arg || *end || errno || !isfinite(v)) {
-		cli_usage_error("%s: expected a number, found '%s'", opt, arg);
-		return -1;
-	}
-	if (v < lo || v > hi) {
-		cli_usage_error("%s: %g is out of range [%g, %g]", opt, v, lo, hi);
-		return -1;
-	}
-	*out = v;
-	return 0;
 }
 
 int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *out, int max)

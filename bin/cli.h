@@ -5,6 +5,7 @@
 #include <getopt.h>
 #include <stdint.h>
 #include "hi3.h"
+#include "parse-options.h"
 
 /* Global options; accepted before the command name and after it. */
 struct cli_globals {
@@ -49,6 +50,68 @@ const struct cli_command *cli_find_command(const char *name);
  * command should return now (0 after --help, 2 after a bad option):
  *     default: if ((rc = cli_other_option(c, optarg)) >= 0) return rc;   */
 int cli_other_option(int c, const char *arg);
+/*
+ * Option definitions the commands share, so that one option has one name,
+ * range and help wherever it is taken.
+ */
+
+/* -m, --backend, --batch-invariant, -t, -q, -v, -h (hi3 --help lists them). */
+extern const struct cli_option cli_global_options[];
+/* In a command's table: the global options, parsed there too, not shown in its help. */
+#define OPT_GLOBALS() OPT_INCLUDE(cli_global_options, .flags = CLI_OPT_HIDDEN)
+
+#define OPT_JSON(v, h, ...) OPT_FLAG(0, "json", v, h, __VA_ARGS__)
+/* -o is required where it is taken. */
+#define OPT_OUTPUT(v, a, h, ...) OPT_STRING('o', "output", v, a, h, .flags = CLI_OPT_REQUIRED, __VA_ARGS__)
+#define OPT_RECORD_ROUTING(v, h, ...) OPT_FLAG(0, "record-routing", v, h, __VA_ARGS__)
+#define OPT_CHUNK_TOKENS(v, h, ...) OPT_INT(0, "chunk-tokens", v, 1, INT32_MAX, "N", h, __VA_ARGS__)
+
+/* f32 or bf16 into a hi3_dtype. */
+extern const struct cli_choice cli_dtype_choices[];
+#define OPT_DTYPE(s, l, v, h, ...) \
+	{.type = CLI_OPT_CHOICE, .short_name = (s), .long_name = (l), .value = _Generic((v), hi3_dtype *: (v)), \
+	 .size = sizeof(*(v)), .choices = cli_dtype_choices, .help = (h), __VA_ARGS__}
+#define OPT_KV_DTYPE(v, ...) OPT_DTYPE(0, "kv-dtype", v, "cache dtype: f32 (default) or bf16", __VA_ARGS__)
+
+/* Every seed is in [0, INT64_MAX]; what it seeds is the command's to say. */
+#define OPT_SEED(s, v, h, ...) OPT_INT(s, "seed", v, 0, INT64_MAX, "N", h, __VA_ARGS__)
+/* The seed of requests without one (tokenize-concat, parity): see cli_check_seed_base. */
+#define OPT_SEED_BASE(v, ...) \
+	OPT_SEED(0, v, "seed of request i (from 0) that has no \"seed\": N + i (default 0)", __VA_ARGS__)
+
+/* Temperature, top-k and top-p of a hi3_sampler; *given counts them. A
+ * temperature of 0 is greedy decoding (hi3_sample). */
+#define OPT_SAMPLER(s, n)                                                                                  \
+	OPT_DOUBLE(0, "temperature", &(s)->temperature, 0.0, 1e6, "T", "sample at temperature T (0: greedy)", \
+	           .given = (n)),                                                                          \
+	OPT_INT(0, "top-k", &(s)->top_k, 0, INT32_MAX, "K", "keep the K most likely tokens (0: all)", .given = (n)), \
+	OPT_DOUBLE(0, "top-p", &(s)->top_p, 0.0, 1.0, "P", "keep the smallest set with mass >= P (1: all)",   \
+	           .flags = CLI_OPT_LO_OPEN, .given = (n))
+
+/* Reproducing the upstream defects, each of which breaks batch parity on
+ * purpose; choosing one prints a warning that says what it does. */
+#define OPT_GROUP_DEFECTS() OPT_GROUP("reproducing upstream defects (each breaks batch parity on purpose):")
+extern const struct cli_choice cli_decode_mask_choices[], cli_placement_choices[], cli_pad_positions_choices[],
+	cli_ablate_choices[];
+#define OPT_DECODE_MASK(v, ...) \
+	OPT_CHOICE(0, "decode-mask", v, cli_decode_mask_choices, \
+	           "none: attend every cache slot, pads and unwritten ones too (default causal)", __VA_ARGS__)
+#define OPT_TOKEN_PLACEMENT(v, ...) \
+	OPT_CHOICE(0, "token-placement", v, cli_placement_choices, \
+	           "tail: feed the token at the padded tail column L + k (default index: at n_i + k)", __VA_ARGS__)
+#define OPT_PAD_POSITIONS(v, ...) \
+	OPT_CHOICE(0, "pad-positions", v, cli_pad_positions_choices, \
+	           "zero: pads get position 0 and overwrite cache slot 0 (default continue: the row's own indices)", \
+	           __VA_ARGS__)
+#define OPT_ABLATE(v, ...) \
+	OPT_CHOICE(0, "ablate", v, cli_ablate_choices, \
+	           "the batched runs restore one defect (decode-mask, token-placement: decode's " \
+	           "--decode-mask=none, --token-placement=tail; pos-pad: tokenize-concat's --pad-positions=zero); " \
+	           "every case must then break", __VA_ARGS__)
+
+/* Refuse a seed base whose last row's seed, base + n - 1, would not fit. */
+int cli_check_seed_base(int64_t base, int n);
+
 /* Parse the common getopt loop errors: prints and returns exit status 2. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print an hi3_error and return its exit status. */
@@ -57,9 +120,6 @@ void cli_print_help(void);
 void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Strict option values: print a usage error naming the option on failure. */
-int cli_int(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *out);
-int cli_double(const char *opt, const char *arg, double lo, double hi, double *out);
 /* A comma-separated list of integers. Returns count or -1. */
 int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *out, int max);
 

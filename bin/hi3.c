@@ -47,6 +47,59 @@ const struct cli_command *cli_find_command(const char *name)
 	return NULL;
 }
 
+/* The help of the running command, for -h in its getopt loop. */
+void cli_print_help(void)
+{
+	const struct cli_command *c = cli_find_command(cli.cmd);
+
+	if (c)
+		fputs(c->help, stdout);
+}
+
+int cli_other_option(int c, const char *arg)
+{
+	int64_t v;
+
+	switch (c) {
+	case 'm':
+		cli.model_dir = arg;
+		return -1;
+	case CLI_OPT_BACKEND:
+		if (strcmp(arg, "cpu") && strcmp(arg, "cuda"))
+			return cli_usage_error("--backend: expected 'cpu' or 'cuda', found '%s'", arg);
+		cli.backend = arg;
+		return -1;
+	case CLI_OPT_BATCH_INVARIANT:
+		if (strcmp(arg, "on") && strcmp(arg, "off"))
+			return cli_usage_error("--batch-invariant: expected on or off, found '%s'", arg);
+		cli.batch_invariant = !strcmp(arg, "on");
+		return -1;
+	case 't':
+		if (cli_int("--threads", arg, 0, 4096, &v))
+			return HI3_ERR_USAGE;
+		cli.threads = (int)v;
+		return -1;
+	case 'q':
+		cli.quiet = 1;
+		cli.verbose = 0;
+		hi3_set_log(NULL, NULL, HI3_LOG_WARN);
+		return -1;
+	case 'v':
+		cli.verbose = 1;
+		cli.quiet = 0;
+		hi3_set_log(NULL, NULL, HI3_LOG_DEBUG);
+		return -1;
+	case 'h':
+		cli_print_help();
+		return 0;
+	case '?':
+		fprintf(stderr, "(see 'hi3 %s --help')\n", cli.cmd ? cli.cmd : "help");
+		return HI3_ERR_USAGE;
+	default:
+		return cli_usage_error("unhandled option %d", c);
+	}
+}
+
 static const char main_usage[] =
 	"usage: hi3 [-m DIR] [--backend cpu|cuda] [-t N] [-q|-v] <command> [options] [args]\n";
 
