@@ -34,16 +34,13 @@ enum {
 	{"verbose", no_argument, NULL, 'v'},                     \
 	{"help", no_argument, NULL, 'h'}
 
-/* A subcommand: its usage text is shown by --help and `hi3 help NAME`. */
+/* A subcommand: `hi3 help NAME` runs it with --help. */
 struct cli_command {
 	const char *name;
 	int (*run)(int argc, char **argv);
 	const char *summary;
-	const char *help;        /* full usage text; first line "usage: hi3 NAME ..." */
+	const char *help;        /* a command with a getopt loop: its usage text for -h; else NULL */
 };
-
-/* The command table lookup (hi3.c). */
-const struct cli_command *cli_find_command(const char *name);
 
 /* The default branch of a command's getopt loop: handles the global
  * options and -h. Returns -1 to go on parsing, or the exit status the

@@ -7,6 +7,7 @@
  * bin/cmd-<name>.c and only parses options, calls libhi3 and writes files.
  */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,14 +32,10 @@ static const struct cli_command commands[] = {
 };
 
 static int cmd_help(int argc, char **argv);
+static const struct cli_command help_cmd = {"help", cmd_help, "show help for a command", NULL};
 
-static const char help_help[] = "usage: hi3 help [COMMAND]\n";
-static const struct cli_command help_cmd = {"help", cmd_help, "show help for a command", help_help};
-
-const struct cli_command *cli_find_command(const char *name)
+static const struct cli_command *find_command(const char *name)
 {
-	if (!name)
-		return NULL;
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		if (!strcmp(commands[i].name, name))
 			return &commands[i];
@@ -50,9 +47,9 @@ const struct cli_command *cli_find_command(const char *name)
 /* The help of the running command, for -h in its getopt loop. */
 void cli_print_help(void)
 {
-	const struct cli_command *c = cli_find_command(cli.cmd);
+	const struct cli_command *c = cli.cmd ? find_command(cli.cmd) : NULL;
 
-	if (c)
+	if (c && c->help)
 		fputs(c->help, stdout);
 }
 
@@ -100,45 +97,53 @@ int cli_other_option(int c, const char *arg)
 	}
 }
 
-static const char main_usage[] =
-	"usage: hi3 [-m DIR] [--backend cpu|cuda] [-t N] [-q|-v] <command> [options] [args]\n";
-
-static void print_main_help(FILE *f)
+static void list_commands(FILE *f)
 {
-	fputs(main_usage, f);
-	fputs("\nhi3 runs the HunyuanImage-3.0 transformer stage by stage, in batches, over\n"
-	      "memory-mapped safetensors stage files (see hi3(1), hi3-files(5)).\n\ncommands:\n", f);
+	fputs("\ncommands:\n", f);
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(f, "  %-18s %s\n", commands[i].name, commands[i].summary);
-	fputs("\nglobal options (also accepted after the command name):\n"
-	      "  -m, --model DIR      model directory (config.json, *.safetensors, tokenizer.json)\n"
-	      "      --backend NAME   cpu (default) or cuda\n"
-	      "      --batch-invariant=on|off\n"
-	      "                       on (default): reductions in an order independent of the\n"
-	      "                       batch, so a row gives the same bits alone or batched;\n"
-	      "                       off: OpenBLAS sgemm (CPU)\n"
-	      "  -t, --threads N      worker threads (default: all cores)\n"
-	      "  -q, --quiet          only errors and warnings on stderr\n"
-	      "  -v, --verbose        more detail on stderr\n"
-	      "  -h, --help           this help; 'hi3 help COMMAND' or 'hi3 COMMAND --help' for a command\n"
-	      "      --version        print the version\n", f);
 }
+
+static const struct cli_help main_help = {
+	.usage = {"hi3 [-m DIR] [--backend cpu|cuda] [-t N] [-q|-v] <command> [options] [args]"},
+	.description = "hi3 runs the HunyuanImage-3.0 transformer stage by stage, in batches, over\n"
+	               "memory-mapped safetensors stage files (see hi3(1), hi3-files(5)).\n",
+	.more = list_commands,
+};
+
+static int show_version;
+static const struct cli_option main_options[] = {
+	OPT_INCLUDE(cli_global_options),
+	OPT_FLAG(0, "version", &show_version, "print the version"),
+	OPT_END(),
+};
+
+static const struct cli_help help_help = {
+	.usage = {"hi3 help [COMMAND]"},
+	.description = "Show the help of hi3, or of COMMAND (what 'hi3 COMMAND --help' shows).\n",
+	.operands = "at most one COMMAND", .max_operands = 1,
+};
 
 static int cmd_help(int argc, char **argv)
 {
+	static const struct cli_option options[] = {OPT_GLOBALS(), OPT_END()};
+	char help_opt[] = "--help", *run_argv[3] = {NULL, help_opt, NULL};
 	const struct cli_command *c;
 
-	if (argc < 2) {
-		print_main_help(stdout);
+	if ((argc = cli_parse_options(argc, argv, options, &help_help, 0)) < 0)
+		return CLI_PARSE_STATUS(argc);
+	if (argc == 0) {
+		cli_usage_with_options(stdout, &main_help, main_options);
 		return 0;
 	}
-	c = cli_find_command(argv[1]);
+	c = find_command(argv[0]);
 	if (!c) {
-		fprintf(stderr, "hi3 help: unknown command '%s' (see 'hi3 --help')\n", argv[1]);
+		fprintf(stderr, "hi3 help: unknown command '%s' (see 'hi3 --help')\n", argv[0]);
 		return HI3_ERR_USAGE;
 	}
-	fputs(c->help, stdout);
-	return 0;
+	cli.cmd = c->name;
+	run_argv[0] = argv[0];
+	return c->run(2, run_argv);
 }
 
 /*
@@ -160,44 +165,29 @@ static void choose_wait_policy(char **argv)
 
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {CLI_GLOBAL_LONGOPTS, {"version", no_argument, NULL, 'V'},
-	                                     {NULL, 0, NULL, 0}};
 	const struct cli_command *c;
-	int opt, rc;
+	int rc;
 
 	choose_wait_policy(argv);
-	opterr = 1;
-	while ((opt = getopt_long(argc, argv, "+" CLI_GLOBAL_SHORT, opts, NULL)) != -1) {
-		if (opt == 'h') {
-			print_main_help(stdout);
-			return 0;
-		}
-		if (opt == 'V') {
-			printf("hi3 %s\n", PACKAGE_VERSION);
-			return 0;
-		}
-		if (opt == '?') {
-			fputs(main_usage, stderr);
-			return HI3_ERR_USAGE;
-		}
-		rc = cli_other_option(opt, optarg);
-		if (rc >= 0)
-			return rc;
+	if ((argc = cli_parse_options(argc, argv, main_options, &main_help, CLI_PARSE_STOP_AT_NON_OPTION)) < 0)
+		return CLI_PARSE_STATUS(argc);
+	if (show_version) {
+		printf("hi3 %s\n", PACKAGE_VERSION);
+		return 0;
 	}
-	if (optind >= argc) {
-		fputs(main_usage, stderr);
+	if (argc == 0) {
+		cli_print_usage(stderr, &main_help);
 		fputs("(see 'hi3 --help' for the commands)\n", stderr);
 		return HI3_ERR_USAGE;
 	}
-	c = cli_find_command(argv[optind]);
+	c = find_command(argv[0]);
 	if (!c) {
-		fprintf(stderr, "hi3: '%s' is not a command (see 'hi3 --help')\n", argv[optind]);
+		fprintf(stderr, "hi3: '%s' is not a command (see 'hi3 --help')\n", argv[0]);
 		return HI3_ERR_USAGE;
 	}
 	cli.cmd = c->name;
-	argc -= optind;
-	argv += optind;
-	optind = 0;                       /* re-initialise getopt for the command */
+	optind = 0;                       /* commands with their own getopt loop: re-initialise it */
+	opterr = 1;
 	rc = c->run(argc, argv);
 	if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
 		fprintf(stderr, "hi3 %s: error: standard output: %s\n", c->name, strerror(errno));
