@@ -227,6 +227,11 @@ void cli_progress(const char *what, int64_t done, int64_t total)
 	fflush(stderr);
 }
 
+void cli_progress_fn(void *what, int64_t done, int64_t total)
+{
+	cli_progress(what, done, total);
+}
+
 void cli_progress_end(void)
 {
 	if (progress_shown) {

@@ -133,6 +133,8 @@ double cli_now(void);
 
 /* Progress on stderr when it is a terminal and not quiet. */
 void cli_progress(const char *what, int64_t done, int64_t total);
+/* A hi3_progress_fn for cli_progress: the ctx is what. */
+void cli_progress_fn(void *what, int64_t done, int64_t total);
 void cli_progress_end(void);
 
 #endif

@@ -4,91 +4,46 @@
 #include "cli.h"
 #include "commands.h"
 
-const char cmd_prefill_help[] =
-	"usage: hi3 prefill -m MODEL [--max-new N] [--kv-dtype f32|bf16] [--record-routing] [--json] COND -o KV\n"
-	"\n"
+static const struct cli_help help = {
+	.usage = {"hi3 prefill -m MODEL [--max-new N] [--kv-dtype f32|bf16] [--record-routing] [--json] COND -o KV"},
+	.description =
 	"Run the right-padded prompt batch of the conditions file COND through the\n"
 	"model and write the static KV cache file KV (format hi3.kv): per layer K and V\n"
 	"of shape (B, n_kv, C, d) with C = L + N slots, kv_len, each row's next-token\n"
 	"logits taken at its last real column n_i - 1, and room for N new tokens.\n"
 	"K/V of column t go to cache slot position_ids[t]; a query attends columns up\n"
-	"to its own and its image block. COND may be '-' (standard input).\n"
-	"\n"
-	"  -m, --model DIR        model directory\n"
-	"  -n, --max-new N        new tokens the cache has room for (default 64)\n"
-	"      --kv-dtype T       cache dtype: f32 (default) or bf16\n"
-	"      --chunk-tokens N   tokens per forward call; rows are grouped (default 8192)\n"
-	"      --record-routing   MoE: store each prompt token's experts and weights\n"
-	"                         (prompt_route_ids, prompt_route_w)\n"
-	"      --json             print a JSON summary on standard output\n"
-	"  -o, --output KV        the KV file to write (atomically)\n";
-
-enum { OPT_KV_DTYPE = CLI_OPT_FIRST_LOCAL, OPT_CHUNK, OPT_JSON, OPT_ROUTING };
-
-static void progress(void *ctx, int64_t done, int64_t total)
-{
-	(void)ctx;
-	cli_progress("prefill rows", done, total);
-}
+	"to its own and its image block. COND may be '-' (standard input).\n",
+	.operands = "one conditions file", .min_operands = 1, .max_operands = 1,
+};
 
 int cmd_prefill(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		CLI_GLOBAL_LONGOPTS,
-		{"max-new", required_argument, NULL, 'n'},
-		{"kv-dtype", required_argument, NULL, OPT_KV_DTYPE},
-		{"chunk-tokens", required_argument, NULL, OPT_CHUNK},
-		{"json", no_argument, NULL, OPT_JSON},
-		{"record-routing", no_argument, NULL, OPT_ROUTING},
-		{"output", required_argument, NULL, 'o'},
-		{NULL, 0, NULL, 0},
-	};
-	hi3_prefill_opts o = {.max_new = 64, .kv_dtype = HI3_F32, .progress = progress};
+	hi3_prefill_opts o = {.max_new = 64, .kv_dtype = HI3_F32, .progress = cli_progress_fn,
+	                      .progress_ctx = "prefill rows"};
 	const char *out = NULL, *cond_path;
 	hi3_model *m = NULL;
 	hi3_cond *c = NULL;
 	hi3_error err = {0};
-	int ch, rc, json = 0;
-	int64_t v;
+	int rc, json = 0;
 	double t0;
+	struct cli_option options[] = {
+		OPT_STRING('m', "model", &cli.model_dir, "DIR", "model directory"),
+		OPT_INT('n', "max-new", &o.max_new, 0, 1 << 24, "N", "new tokens the cache has room for (default 64)"),
+		OPT_KV_DTYPE(&o.kv_dtype),
+		OPT_CHUNK_TOKENS(&o.max_tokens, "tokens per forward call, rows grouped (default 8192)"),
+		OPT_RECORD_ROUTING(&o.record_routing, "MoE: store each prompt token's experts and weights "
+		                   "(prompt_route_ids, prompt_route_w)"),
+		OPT_JSON(&json, "print a JSON summary on standard output"),
+		OPT_OUTPUT(&out, "KV", "the KV file to write (atomically)"),
+		OPT_GLOBALS(),
+		OPT_END(),
+	};
 
-	while ((ch = getopt_long(argc, argv, CLI_GLOBAL_SHORT "n:o:", opts, NULL)) != -1) {
-		switch (ch) {
-		case 'n':
-			if (cli_int("--max-new", optarg, 0, 1 << 24, &v))
-				return HI3_ERR_USAGE;
-			o.max_new = (int)v;
-			break;
-		case OPT_KV_DTYPE:
-			if (cli_dtype("--kv-dtype", optarg, &o.kv_dtype))
-				return HI3_ERR_USAGE;
-			break;
-		case OPT_CHUNK:
-			if (cli_int("--chunk-tokens", optarg, 1, INT32_MAX, &v))
-				return HI3_ERR_USAGE;
-			o.max_tokens = (int)v;
-			break;
-		case OPT_JSON:
-			json = 1;
-			break;
-		case OPT_ROUTING:
-			o.record_routing = 1;
-			break;
-		case 'o':
-			out = optarg;
-			break;
-		default:
-			if ((rc = cli_other_option(ch, optarg)) >= 0)
-				return rc;
-		}
-	}
-	if (optind + 1 != argc)
-		return cli_usage_error("expected one conditions file, found %d arguments", argc - optind);
-	if (!out)
-		return cli_usage_error("-o KV is required");
+	if ((argc = cli_parse_options(argc, argv, options, &help, 0)) < 0)
+		return CLI_PARSE_STATUS(argc);
 	if (!strcmp(out, "-"))
 		return cli_usage_error("-o: the KV file is updated in place by decode; it cannot be standard output");
-	cond_path = argv[optind];
+	cond_path = argv[0];
 	if (cli_open_cond_model(cond_path, &c, &m, &err) != 0)
 		return cli_fail(&err);
 	t0 = cli_now();
