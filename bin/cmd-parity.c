@@ -7,44 +7,18 @@
 #include "cli.h"
 #include "commands.h"
 
-const char cmd_parity_help[] =
-	"usage: hi3 parity -m MODEL [options] REQUESTS\n"
-	"\n"
+static const struct cli_help help = {
+	.usage = {"hi3 parity -m MODEL [options] REQUESTS"},
+	.description =
 	"Run the whole pipeline (tokenize-concat, prefill, decode) for the JSONL\n"
 	"requests as a batch -- encoded at once, encoded per row and concatenated, and\n"
 	"each row as a right-padded B = 1 -- and each row alone (B = 1, unpadded), and\n"
 	"compare per row: the generated tokens, their log-probs, and the prefill K/V of\n"
 	"the row's valid slots (slot 0 on its own). One line per case; exit 0 when every\n"
 	"case passes. With --ablate, the batched runs restore one upstream defect and\n"
-	"every case must break (exit 0 only then). Stage files stay in --workdir.\n"
-	"\n"
-	"      --steps N,...        decode steps of each case (default 3,5)\n"
-	"      --ablate NAME        decode-mask, token-placement or pos-pad\n"
-	"      --greedy-only        only greedy decoding (default: greedy and sampled)\n"
-	"      --sampled-only       only seeded sampling\n"
-	"      --temperature T      sampling temperature (default 0.8)\n"
-	"      --top-k K            (default 20)\n"
-	"      --top-p P            (default 0.9)\n"
-	"      --seed N             seed of a request without \"seed\": N + its index (default 0)\n"
-	"      --pad-to L           pad the batched runs to at least L columns (every row padded)\n"
-	"      --kv-dtype T         f32 (default) or bf16\n"
-	"      --tol X              pass when max |d| <= X (default 0 where the backend is batch\n"
-	"                           invariant: the CPU with --batch-invariant=on; else 1e-5)\n"
-	"      --workdir DIR        keep the stage files in DIR (default: a temporary directory,\n"
-	"                           removed afterwards)\n"
-	"      --rows               print every row of every case\n"
-	"      --json               one JSON object on standard output instead of the lines\n";
-
-enum {
-	OPT_STEPS = CLI_OPT_FIRST_LOCAL, OPT_ABLATE, OPT_GREEDY, OPT_SAMPLED, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED,
-	OPT_PADTO, OPT_KVDT, OPT_TOL, OPT_WORKDIR, OPT_ROWS, OPT_JSON,
+	"every case must break (exit 0 only then). Stage files stay in --workdir.\n",
+	.operands = "one requests file", .min_operands = 1, .max_operands = 1,
 };
-
-static void progress(void *ctx, int64_t done, int64_t total)
-{
-	(void)ctx;
-	cli_progress("parity cases", done, total);
-}
 
 static const char *num(char *buf, size_t n, double v)
 {
@@ -131,28 +105,10 @@ static json_t *report_json(const hi3_parity_report *rep, const hi3_parity_opts *
 
 int cmd_parity(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		CLI_GLOBAL_LONGOPTS,
-		{"steps", required_argument, NULL, OPT_STEPS},
-		{"ablate", required_argument, NULL, OPT_ABLATE},
-		{"greedy-only", no_argument, NULL, OPT_GREEDY},
-		{"sampled-only", no_argument, NULL, OPT_SAMPLED},
-		{"temperature", required_argument, NULL, OPT_TEMP},
-		{"top-k", required_argument, NULL, OPT_TOPK},
-		{"top-p", required_argument, NULL, OPT_TOPP},
-		{"seed", required_argument, NULL, OPT_SEED},
-		{"pad-to", required_argument, NULL, OPT_PADTO},
-		{"kv-dtype", required_argument, NULL, OPT_KVDT},
-		{"tol", required_argument, NULL, OPT_TOL},
-		{"workdir", required_argument, NULL, OPT_WORKDIR},
-		{"rows", no_argument, NULL, OPT_ROWS},
-		{"json", no_argument, NULL, OPT_JSON},
-		{NULL, 0, NULL, 0},
-	};
-	int64_t steps[16] = {3, 5}, v;
+	int64_t steps[16] = {3, 5};
 	hi3_parity_opts o = {.steps = steps, .n_steps = 2, .greedy = 1, .sampled = 1,
 	                     .sampler = {.temperature = 0.8, .top_k = 20, .top_p = 0.9}, .kv_dtype = HI3_F32,
-	                     .tol = -1, .progress = progress};
+	                     .tol = -1, .progress = cli_progress_fn, .progress_ctx = "parity cases"};
 	hi3_parity_report rep = {0};
 	hi3_template_opts to = {.fingerprint = 1};
 	hi3_requests *rq = NULL;
@@ -161,87 +117,42 @@ int cmd_parity(int argc, char **argv)
 	hi3_error err = {0};
 	char tmpdir[] = "/tmp/hi3-parity.XXXXXX";
 	const char *workdir = NULL;
-	int ch, rc, json = 0, rows = 0, n;
-	double d;
+	int rc, json = 0, rows = 0;
+	struct cli_option options[] = {
+		OPT_GLOBALS(),
+		OPT_INT_LIST(0, "steps", steps, &o.n_steps, 1, 1 << 20, "N,...",
+		             "decode steps of each case (default 3,5)"),
+		OPT_SET_INT(0, "greedy-only", &o.sampled, 0, "only greedy decoding (default: greedy and sampled)"),
+		OPT_SET_INT(0, "sampled-only", &o.greedy, 0, "only seeded sampling"),
+		OPT_INT(0, "pad-to", &o.pad_to, 1, 1 << 24, "L",
+		        "pad the batched runs to at least L columns (every row padded)"),
+		OPT_KV_DTYPE(&o.kv_dtype),
+		OPT_DOUBLE(0, "tol", &o.tol, 0.0, 1e30, "X", "pass when max |d| <= X (default 0 where the backend is "
+		           "batch invariant: the CPU with --batch-invariant=on; else 1e-5)"),
+		OPT_STRING(0, "workdir", &workdir, "DIR",
+		           "keep the stage files in DIR (default: a temporary directory, removed afterwards)"),
+		OPT_FLAG(0, "rows", &rows, "print every row of every case"),
+		OPT_JSON(&json, "one JSON object on standard output instead of the lines"),
+		OPT_GROUP("sampled cases (default --temperature 0.8 --top-k 20 --top-p 0.9):"),
+		OPT_SAMPLER(&o.sampler, NULL),
+		OPT_SEED_BASE(&o.seed_base),
+		OPT_GROUP_DEFECTS(),
+		OPT_ABLATE(&o.ablate),
+		OPT_END(),
+	};
 
-	while ((ch = getopt_long(argc, argv, CLI_GLOBAL_SHORT, opts, NULL)) != -1) {
-		switch (ch) {
-		case OPT_STEPS:
-			if ((n = cli_int_list("--steps", optarg, 1, 1 << 20, steps, 16)) < 0)
-				return HI3_ERR_USAGE;
-			o.n_steps = n;
-			break;
-		case OPT_ABLATE:
-			o.ablate = hi3_parity_ablation_parse(optarg);
-			if (o.ablate <= 0)
-				return cli_usage_error("--ablate: expected decode-mask, token-placement or pos-pad, found '%s'",
-				                       optarg);
-			break;
-		case OPT_GREEDY:
-			o.sampled = 0;
-			break;
-		case OPT_SAMPLED:
-			o.greedy = 0;
-			break;
-		case OPT_TEMP:
-			if (cli_double("--temperature", optarg, 1e-6, 1e6, &o.sampler.temperature))
-				return HI3_ERR_USAGE;
-			break;
-		case OPT_TOPK:
-			if (cli_int("--top-k", optarg, 0, INT32_MAX, &v))
-				return HI3_ERR_USAGE;
-			o.sampler.top_k = (int)v;
-			break;
-		case OPT_TOPP:
-			if (cli_double("--top-p", optarg, 1e-9, 1.0, &o.sampler.top_p))
-				return HI3_ERR_USAGE;
-			break;
-		case OPT_SEED:
-			if (cli_int("--seed", optarg, 0, INT64_MAX / 2, &o.seed_base))
-				return HI3_ERR_USAGE;
-			break;
-		case OPT_PADTO:
-			if (cli_int("--pad-to", optarg, 1, 1 << 24, &v))
-				return HI3_ERR_USAGE;
-			o.pad_to = (int)v;
-			break;
-		case OPT_KVDT:
-			if (cli_dtype("--kv-dtype", optarg, &o.kv_dtype))
-				return HI3_ERR_USAGE;
-			break;
-		case OPT_TOL:
-			if (cli_double("--tol", optarg, 0.0, 1e30, &d))
-				return HI3_ERR_USAGE;
-			o.tol = d;
-			break;
-		case OPT_WORKDIR:
-			workdir = optarg;
-			break;
-		case OPT_ROWS:
-			rows = 1;
-			break;
-		case OPT_JSON:
-			json = 1;
-			break;
-		default:
-			if ((rc = cli_other_option(ch, optarg)) >= 0)
-				return rc;
-		}
-	}
-	if (optind + 1 != argc)
-		return cli_usage_error("expected one requests file, found %d arguments", argc - optind);
+	if ((argc = cli_parse_options(argc, argv, options, &help, 0)) < 0)
+		return CLI_PARSE_STATUS(argc);
 	if (!o.greedy && !o.sampled)
 		return cli_usage_error("--greedy-only and --sampled-only exclude each other");
 	if (!cli.model_dir)
 		return cli_usage_error("-m MODEL is required");
-	if (o.ablate == HI3_ABLATE_DECODE_MASK)
-		cli_warn("--ablate decode-mask: the batched runs attend every cache slot, as upstream did");
-	else if (o.ablate == HI3_ABLATE_TOKEN_PLACEMENT)
-		cli_warn("--ablate token-placement: the batched runs append new tokens at the padded tail, as upstream did");
-	else if (o.ablate == HI3_ABLATE_POS_PAD)
-		cli_warn("--ablate pos-pad: the batched conditions pad position ids with 0, as upstream did");
-	if (hi3_requests_read(&rq, argv[optind], &err) != 0)
+	if (hi3_requests_read(&rq, argv[0], &err) != 0)
 		return cli_fail(&err);
+	if (cli_check_seed_base(o.seed_base, hi3_requests_count(rq)) != 0) {
+		hi3_requests_free(rq);
+		return HI3_ERR_USAGE;
+	}
 	to.model_dir = cli.model_dir;
 	to.load_tokenizer = hi3_requests_need_tokenizer(rq);
 	if (hi3_template_open(&t, &to, &err) != 0 || cli_open_model(&m, &err) != 0) {

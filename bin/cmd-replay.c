@@ -6,9 +6,9 @@
 #include "cli.h"
 #include "commands.h"
 
-const char cmd_replay_help[] =
-	"usage: hi3 replay -m MODEL [options] COND SEG -o REPLAY\n"
-	"\n"
+static const struct cli_help help = {
+	.usage = {"hi3 replay -m MODEL [options] COND SEG -o REPLAY"},
+	.description =
 	"Recompute, teacher-forced, the log-prob of every response token of the segment\n"
 	"SEG (made by 'hi3 decode' from COND): for each row one causal forward over its\n"
 	"true prompt (its first n_i tokens, no padding) and its response; token j is\n"
@@ -16,29 +16,12 @@ const char cmd_replay_help[] =
 	"(format hi3.replay: logprobs aligned with the segment) and prints a JSON report\n"
 	"on standard output: per row and overall the token count, mean and max\n"
 	"|replay - rollout| log-prob, the ratio exp(replay - rollout) mean/min/max and\n"
-	"the worst token. Rows with empty responses are reported as such.\n"
-	"\n"
-	"      --batched                 right-pad the rows into batches (same log-probs)\n"
-	"      --chunk-tokens N          token budget of a batched forward (default 8192)\n"
-	"      --routing=free|recorded   recorded: force the experts the segment recorded\n"
-	"                                (decode --record-routing); the report then shows\n"
-	"                                the gap with and without routing replay\n"
-	"      --routing-weights=router|recorded\n"
-	"                                with --routing=recorded: recompute the expert\n"
-	"                                weights from the router (default) or use the\n"
-	"                                recorded ones\n"
-	"      --threshold X             exit 1 when the max |gap| exceeds X\n"
-	"      --record-routing          MoE: store the replay's experts and weights of every\n"
-	"                                response and prompt token in REPLAY\n"
-	"  -o, --output REPLAY           the replay file to write (atomically)\n";
+	"the worst token. Rows with empty responses are reported as such.\n",
+	.operands = "COND and SEG", .min_operands = 2, .max_operands = 2,
+};
 
-enum { OPT_BATCHED = CLI_OPT_FIRST_LOCAL, OPT_CHUNK, OPT_ROUTING, OPT_WEIGHTS, OPT_THRESHOLD, OPT_RECORD };
-
-static void progress(void *ctx, int64_t done, int64_t total)
-{
-	(void)ctx;
-	cli_progress("replay rows", done, total);
-}
+static const struct cli_choice routings[] = {{"free", 0, NULL}, {"recorded", 1, NULL}, {NULL, 0, NULL}};
+static const struct cli_choice weights[] = {{"router", 0, NULL}, {"recorded", 1, NULL}, {NULL, 0, NULL}};
 
 static json_t *num(double v)
 {
@@ -100,18 +83,7 @@ static int write_replay(const char *path, const hi3_model *m, const hi3_cond *c,
 
 int cmd_replay(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		CLI_GLOBAL_LONGOPTS,
-		{"batched", no_argument, NULL, OPT_BATCHED},
-		{"chunk-tokens", required_argument, NULL, OPT_CHUNK},
-		{"routing", required_argument, NULL, OPT_ROUTING},
-		{"routing-weights", required_argument, NULL, OPT_WEIGHTS},
-		{"threshold", required_argument, NULL, OPT_THRESHOLD},
-		{"record-routing", no_argument, NULL, OPT_RECORD},
-		{"output", required_argument, NULL, 'o'},
-		{NULL, 0, NULL, 0},
-	};
-	hi3_replay_opts o = {.progress = progress};
+	hi3_replay_opts o = {.progress = cli_progress_fn, .progress_ctx = "replay rows"};
 	hi3_replay_report rep = {0};
 	const char *out = NULL;
 	double threshold = -1;
@@ -120,57 +92,32 @@ int cmd_replay(int argc, char **argv)
 	hi3_segment *s = NULL;
 	hi3_error err = {0};
 	float *lp = NULL;
-	int ch, rc, weights_flag = 0, record = 0;
+	int rc, weights_given = 0, record = 0;
 	int16_t *ri = NULL, *pri = NULL;
 	float *rw = NULL, *prw = NULL;
 	int64_t P = 0;
-	int64_t v;
+	struct cli_option options[] = {
+		OPT_GLOBALS(),
+		OPT_FLAG(0, "batched", &o.batched, "right-pad the rows into batches (same log-probs)"),
+		OPT_CHUNK_TOKENS(&o.max_tokens, "token budget of a batched forward (default 8192)"),
+		OPT_CHOICE(0, "routing", &o.routing_recorded, routings, "recorded: force the experts the segment "
+		           "recorded (decode --record-routing); the report then shows the gap with and without routing "
+		           "replay (default free)"),
+		OPT_CHOICE(0, "routing-weights", &o.weights_recorded, weights, "with --routing=recorded: recompute the "
+		           "expert weights from the router (default) or use the recorded ones",
+		           .given = &weights_given),
+		OPT_DOUBLE(0, "threshold", &threshold, 0.0, 1e30, "X", "exit 1 when the max |gap| exceeds X"),
+		OPT_RECORD_ROUTING(&record, "MoE: store the replay's experts and weights of every response and prompt "
+		                   "token in REPLAY"),
+		OPT_OUTPUT(&out, "REPLAY", "the replay file to write (atomically)"),
+		OPT_END(),
+	};
 
-	while ((ch = getopt_long(argc, argv, CLI_GLOBAL_SHORT "o:", opts, NULL)) != -1) {
-		switch (ch) {
-		case OPT_BATCHED:
-			o.batched = 1;
-			break;
-		case OPT_CHUNK:
-			if (cli_int("--chunk-tokens", optarg, 1, INT32_MAX, &v))
-				return HI3_ERR_USAGE;
-			o.max_tokens = (int)v;
-			break;
-		case OPT_ROUTING:
-			if (!strcmp(optarg, "recorded"))
-				o.routing_recorded = 1;
-			else if (strcmp(optarg, "free"))
-				return cli_usage_error("--routing: expected free or recorded, found '%s'", optarg);
-			break;
-		case OPT_WEIGHTS:
-			weights_flag = 1;
-			if (!strcmp(optarg, "recorded"))
-				o.weights_recorded = 1;
-			else if (strcmp(optarg, "router"))
-				return cli_usage_error("--routing-weights: expected router or recorded, found '%s'", optarg);
-			break;
-		case OPT_RECORD:
-			record = 1;
-			break;
-		case OPT_THRESHOLD:
-			if (cli_double("--threshold", optarg, 0.0, 1e30, &threshold))
-				return HI3_ERR_USAGE;
-			break;
-		case 'o':
-			out = optarg;
-			break;
-		default:
-			if ((rc = cli_other_option(ch, optarg)) >= 0)
-				return rc;
-		}
-	}
-	if (optind + 2 != argc)
-		return cli_usage_error("expected COND and SEG, found %d arguments", argc - optind);
-	if (!out)
-		return cli_usage_error("-o REPLAY is required");
-	if (weights_flag && !o.routing_recorded)
+	if ((argc = cli_parse_options(argc, argv, options, &help, 0)) < 0)
+		return CLI_PARSE_STATUS(argc);
+	if (weights_given && !o.routing_recorded)
 		return cli_usage_error("--routing-weights needs --routing=recorded");
-	if (hi3_cond_open(&c, argv[optind], &err) != 0 || hi3_segment_open(&s, argv[optind + 1], &err) != 0 ||
+	if (hi3_cond_open(&c, argv[0], &err) != 0 || hi3_segment_open(&s, argv[1], &err) != 0 ||
 	    cli_open_model(&m, &err) != 0) {
 		rc = cli_fail(&err);
 		goto out;
@@ -204,7 +151,7 @@ int cmd_replay(int argc, char **argv)
 	rc = hi3_replay(m, c, s, &o, lp, &rep, &err);
 	cli_progress_end();
 	if (rc == 0)
-		rc = write_replay(out, m, c, s, lp, argv[optind + 1], &o, &err);
+		rc = write_replay(out, m, c, s, lp, argv[1], &o, &err);
 	if (rc != 0) {
 		rc = cli_fail(&err);
 		goto out;
