@@ -6,36 +6,20 @@
 #include "cli.h"
 #include "commands.h"
 
-const char cmd_tokenize_concat_help[] =
-	"usage: hi3 tokenize-concat [-m DIR] [--tokenizer FILE] [--template NAME] [--batch | --per-row] "
-	"[--pad-positions continue|zero] [--max-length N] [--seed N] [--pad-id N] [--drop-think] -o OUT REQUESTS\n"
-	"   or: hi3 tokenize-concat --concat [--pad-positions continue|zero] -o OUT COND...\n"
-	"\n"
+static const struct cli_help help = {
+	.usage = {"hi3 tokenize-concat [-m DIR] [--tokenizer FILE] [--template NAME] [--batch | --per-row] "
+	          "[--pad-positions continue|zero] [--max-length N] [--seed N] [--pad-id N] [--drop-think] "
+	          "-o OUT REQUESTS",
+	          "hi3 tokenize-concat --concat [--pad-positions continue|zero] -o OUT COND..."},
+	.description =
 	"Encode JSONL requests (one JSON object per line; '-' reads standard input)\n"
 	"with the sequence template into a conditions file (hi3-files(5)), right\n"
 	"padded: pads take the pad id, and their position ids continue the row's own\n"
-	"indices. With --concat, merge conditions files of any B and L into one.\n"
-	"\n"
-	"  -m, --model DIR        config.json, tokenizer.json, tokenizer_config.json and\n"
-	"                         generation_config.json; the weights give the fingerprint\n"
-	"      --tokenizer FILE   the tokenizer.json to use (default: DIR/tokenizer.json)\n"
-	"      --template NAME    pretrain or instruct (default: generation_config.json's\n"
-	"                         sequence_template, else pretrain)\n"
-	"      --batch            encode the whole batch and pad it at once (default)\n"
-	"      --per-row          encode each row alone into its own conditions, then merge\n"
-	"      --pad-positions P  continue (default) or zero: pads get position 0, the\n"
-	"                         upstream defect, to reproduce it on purpose\n"
-	"      --max-length N     refuse a row of more than N tokens\n"
-	"      --seed N           seed of row i without \"seed\": N + i (default 0)\n"
-	"      --pad-id N         the pad token id (default: from the model)\n"
-	"      --drop-think       drop the <think>...</think> parts of cot texts\n"
-	"      --concat           merge the conditions files COND... instead\n"
-	"  -o, --output OUT       the conditions file to write ('-': standard output)\n";
+	"indices. With --concat, merge conditions files of any B and L into one.\n",
 
-enum {
-	OPT_TOKENIZER = CLI_OPT_FIRST_LOCAL, OPT_TEMPLATE, OPT_BATCH, OPT_PER_ROW, OPT_PAD_POS, OPT_MAX_LEN,
-	OPT_SEED, OPT_PAD_ID, OPT_DROP_THINK, OPT_CONCAT,
 };
+
+static const struct cli_choice templates[] = {{"pretrain", 0, NULL}, {"instruct", 1, NULL}, {NULL, 0, NULL}};
 
 static int concat(char **files, int n, const char *out, int pad_zero)
 {
@@ -74,6 +58,10 @@ static int tokenize(const char *input, const char *out, const hi3_template_opts 
 
 	if (hi3_requests_read(&rq, input, &err) != 0)
 		goto out;
+	if (cli_check_seed_base(bo->seed_base, hi3_requests_count(rq)) != 0) {
+		hi3_requests_free(rq);
+		return HI3_ERR_USAGE;
+	}
 	o.load_tokenizer = o.tokenizer || hi3_requests_need_tokenizer(rq);
 	if (hi3_template_open(&t, &o, &err) != 0 || hi3_cond_build(&c, t, rq, bo, &err) != 0 ||
 	    hi3_cond_write(c, out, &err) != 0)
@@ -90,97 +78,51 @@ out:
 
 int cmd_tokenize_concat(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		CLI_GLOBAL_LONGOPTS,
-		{"tokenizer", required_argument, NULL, OPT_TOKENIZER},
-		{"template", required_argument, NULL, OPT_TEMPLATE},
-		{"batch", no_argument, NULL, OPT_BATCH},
-		{"per-row", no_argument, NULL, OPT_PER_ROW},
-		{"pad-positions", required_argument, NULL, OPT_PAD_POS},
-		{"max-length", required_argument, NULL, OPT_MAX_LEN},
-		{"seed", required_argument, NULL, OPT_SEED},
-		{"pad-id", required_argument, NULL, OPT_PAD_ID},
-		{"drop-think", no_argument, NULL, OPT_DROP_THINK},
-		{"concat", no_argument, NULL, OPT_CONCAT},
-		{"output", required_argument, NULL, 'o'},
-		{NULL, 0, NULL, 0},
-	};
 	hi3_template_opts to = {.pad_id = -1};
 	hi3_cond_build_opts bo = {0};
 	const char *out = NULL;
-	int c, rc, do_concat = 0, n_mode = 0, build_only = 0;
+	int do_concat = 0, n_mode = 0, n_build = 0;
+	struct cli_option options[] = {
+		OPT_STRING('m', "model", &cli.model_dir, "DIR", "config.json, tokenizer.json, tokenizer_config.json "
+		           "and generation_config.json; the weights give the fingerprint"),
+		OPT_STRING(0, "tokenizer", &to.tokenizer, "FILE",
+		           "the tokenizer.json to use (default: DIR/tokenizer.json)", .given = &n_build),
+		OPT_STRING(0, "template", &to.name, "NAME", "pretrain or instruct (default: generation_config.json's "
+		           "sequence_template, else pretrain)", .choices = templates, .given = &n_build),
+		OPT_SET_INT(0, "batch", &bo.per_row, 0, "encode the whole batch and pad it at once (default)",
+		            .given = &n_mode),
+		OPT_SET_INT(0, "per-row", &bo.per_row, 1, "encode each row alone into its own conditions, then merge",
+		            .given = &n_mode),
+		OPT_INT(0, "max-length", &bo.max_length, 1, INT32_MAX, "N", "refuse a row of more than N tokens",
+		        .given = &n_build),
+		OPT_SEED_BASE(&bo.seed_base, .given = &n_build),
+		OPT_INT(0, "pad-id", &to.pad_id, 0, INT64_MAX, "N", "the pad token id (default: from the model)",
+		        .given = &n_build),
+		OPT_FLAG(0, "drop-think", &to.drop_think, "drop the <think>...</think> parts of cot texts",
+		         .given = &n_build),
+		OPT_FLAG(0, "concat", &do_concat, "merge the conditions files COND... instead"),
+		OPT_OUTPUT(&out, "OUT", "the conditions file to write ('-': standard output)"),
+		OPT_GROUP_DEFECTS(),
+		OPT_PAD_POSITIONS(&bo.pad_zero),
+		OPT_GLOBALS(),
+		OPT_END(),
+	};
 
-	while ((c = getopt_long(argc, argv, CLI_GLOBAL_SHORT "o:", opts, NULL)) != -1) {
-		switch (c) {
-		case OPT_TOKENIZER:
-			build_only = 1;
-			to.tokenizer = optarg;
-			break;
-		case OPT_TEMPLATE:
-			build_only = 1;
-			if (strcmp(optarg, "pretrain") && strcmp(optarg, "instruct"))
-				return cli_usage_error("--template: expected pretrain or instruct, found '%s'", optarg);
-			to.name = optarg;
-			break;
-		case OPT_BATCH:
-		case OPT_PER_ROW:
-			build_only = 1;
-			bo.per_row = c == OPT_PER_ROW;
-			n_mode++;
-			break;
-		case OPT_PAD_POS:
-			if (strcmp(optarg, "continue") && strcmp(optarg, "zero"))
-				return cli_usage_error("--pad-positions: expected continue or zero, found '%s'", optarg);
-			bo.pad_zero = !strcmp(optarg, "zero");
-			break;
-		case OPT_MAX_LEN:
-			build_only = 1;
-			if (cli_int("--max-length", optarg, 1, INT32_MAX, &bo.max_length))
-				return HI3_ERR_USAGE;
-			break;
-		case OPT_SEED:
-			build_only = 1;
-			if (cli_int("--seed", optarg, INT64_MIN, INT64_MAX, &bo.seed_base))
-				return HI3_ERR_USAGE;
-			break;
-		case OPT_PAD_ID:
-			build_only = 1;
-			if (cli_int("--pad-id", optarg, 0, INT64_MAX, &to.pad_id))
-				return HI3_ERR_USAGE;
-			break;
-		case OPT_DROP_THINK:
-			build_only = 1;
-			to.drop_think = 1;
-			break;
-		case OPT_CONCAT:
-			do_concat = 1;
-			break;
-		case 'o':
-			out = optarg;
-			break;
-		default:
-			if ((rc = cli_other_option(c, optarg)) >= 0)
-				return rc;
-		}
-	}
-	if (!out)
-		return cli_usage_error("-o OUT is required");
+	if ((argc = cli_parse_options(argc, argv, options, &help, 0)) < 0)
+		return CLI_PARSE_STATUS(argc);
 	if (n_mode > 1)
 		return cli_usage_error("give one of --batch and --per-row");
-	if (bo.pad_zero)
-		cli_warn("--pad-positions=zero: pad columns get position id 0, the upstream defect, on purpose: "
-		         "every pad writes cache slot 0 and overwrites the row's first token");
 	if (do_concat) {
-		if (build_only)
+		if (n_build || n_mode)
 			return cli_usage_error("--concat takes only --pad-positions and -o (the other options build "
 			                       "conditions from requests)");
-		if (optind >= argc)
+		if (argc < 1)
 			return cli_usage_error("--concat needs at least one conditions file");
-		return concat(argv + optind, argc - optind, out, bo.pad_zero);
+		return concat(argv, argc, out, bo.pad_zero);
 	}
-	if (argc - optind != 1)
+	if (argc != 1)
 		return cli_usage_error("expected one REQUESTS file ('-' for standard input)");
 	to.model_dir = cli.model_dir;
 	to.fingerprint = cli.model_dir != NULL;
-	return tokenize(argv[optind], out, &to, &bo);
+	return tokenize(argv[0], out, &to, &bo);
 }

@@ -8,24 +8,15 @@
 #include "cli.h"
 #include "commands.h"
 
-const char cmd_tokenize_help[] =
-	"usage: hi3 tokenize [--tokenizer FILE | -m MODEL] [--jsonl] [--decode] [--no-special] [--add-special]"
-	" [FILE...]\n"
-	"\n"
+static const struct cli_help help = {
+	.usage = {"hi3 tokenize [--tokenizer FILE | -m MODEL] [--jsonl] [--decode] [--no-special] [--add-special] "
+	          "[FILE...]"},
+	.description =
 	"Encode each input line with a Hugging Face tokenizer.json and write one JSON\n"
 	"array of token ids per line, in order; --decode does the inverse. Input comes\n"
 	"from the FILEs, or standard input when none is given or FILE is '-'. Nothing\n"
-	"is written unless every line succeeds.\n"
-	"\n"
-	"      --tokenizer FILE  the tokenizer.json to use\n"
-	"  -m, --model DIR       use DIR/tokenizer.json\n"
-	"      --jsonl           each line is a JSON string, or an object with a \"text\" field\n"
-	"      --decode          each line is a JSON array of ids; write the text as a JSON string\n"
-	"      --no-special      encode special tokens as plain text; with --decode, drop them\n"
-	"      --add-special     put the bos token first and the eos token last, as named in\n"
-	"                        tokenizer_config.json beside the tokenizer\n";
-
-enum { OPT_TOKENIZER = CLI_OPT_FIRST_LOCAL, OPT_JSONL, OPT_DECODE, OPT_NO_SPECIAL, OPT_ADD_SPECIAL };
+	"is written unless every line succeeds.\n",
+};
 
 struct tokenize_opts {
 	const hi3_tok *tok;
@@ -220,45 +211,29 @@ static int special_ids(struct tokenize_opts *o, const char *tok_path, hi3_error 
 
 int cmd_tokenize(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		CLI_GLOBAL_LONGOPTS,
-		{"tokenizer", required_argument, NULL, OPT_TOKENIZER},
-		{"jsonl", no_argument, NULL, OPT_JSONL},
-		{"decode", no_argument, NULL, OPT_DECODE},
-		{"no-special", no_argument, NULL, OPT_NO_SPECIAL},
-		{"add-special", no_argument, NULL, OPT_ADD_SPECIAL},
-		{NULL, 0, NULL, 0},
-	};
 	struct tokenize_opts o = {.flags = HI3_TOK_SPECIAL, .bos = -1, .eos = -1};
 	const char *tok_file = NULL;
 	char *tok_path = NULL;
-	int add_special = 0, c, rc;
+	int add_special = 0, no_special = 0, rc;
 	hi3_tok *tok = NULL;
 	hi3_error err = {0};
 	struct outbuf out = {0};
+	struct cli_option options[] = {
+		OPT_STRING(0, "tokenizer", &tok_file, "FILE", "the tokenizer.json to use"),
+		OPT_STRING('m', "model", &cli.model_dir, "DIR", "use DIR/tokenizer.json"),
+		OPT_FLAG(0, "jsonl", &o.jsonl, "each line is a JSON string, or an object with a \"text\" field"),
+		OPT_FLAG(0, "decode", &o.decode, "each line is a JSON array of ids; write the text as a JSON string"),
+		OPT_FLAG(0, "no-special", &no_special, "encode special tokens as plain text; with --decode, drop them"),
+		OPT_FLAG(0, "add-special", &add_special, "put the bos token first and the eos token last, as named in "
+		         "tokenizer_config.json beside the tokenizer"),
+		OPT_GLOBALS(),
+		OPT_END(),
+	};
 
-	while ((c = getopt_long(argc, argv, CLI_GLOBAL_SHORT, opts, NULL)) != -1) {
-		switch (c) {
-		case OPT_TOKENIZER:
-			tok_file = optarg;
-			break;
-		case OPT_JSONL:
-			o.jsonl = 1;
-			break;
-		case OPT_DECODE:
-			o.decode = 1;
-			break;
-		case OPT_NO_SPECIAL:
-			o.flags &= ~HI3_TOK_SPECIAL;
-			break;
-		case OPT_ADD_SPECIAL:
-			add_special = 1;
-			break;
-		default:
-			if ((rc = cli_other_option(c, optarg)) >= 0)
-				return rc;
-		}
-	}
+	if ((argc = cli_parse_options(argc, argv, options, &help, 0)) < 0)
+		return CLI_PARSE_STATUS(argc);
+	if (no_special)
+		o.flags &= ~HI3_TOK_SPECIAL;
 	if (tok_file && cli.model_dir)
 		return cli_usage_error("give --tokenizer or -m, not both");
 	if (!tok_file && !cli.model_dir)
@@ -278,11 +253,11 @@ int cmd_tokenize(int argc, char **argv)
 	o.tok = tok;
 	if (add_special && special_ids(&o, tok_path, &err))
 		goto fail;
-	if (optind == argc) {
+	if (argc == 0) {
 		if (run_file(&o, "-", &out, &err))
 			goto fail;
 	}
-	for (int i = optind; i < argc; i++)
+	for (int i = 0; i < argc; i++)
 		if (run_file(&o, argv[i], &out, &err))
 			goto fail;
 	if (out.n && fwrite(out.p, 1, out.n, stdout) != out.n) {

@@ -21,8 +21,8 @@
 #define CMD_GETOPT(str, name, summary) {str, cmd_##name, summary, cmd_##name##_help}
 static const struct cli_command commands[] = {
 	CMD_GETOPT("init-model", init_model, "write a deterministic random-init checkpoint"),
-	CMD_GETOPT("tokenize", tokenize, "text lines to token id arrays with a tokenizer.json, and back"),
-	CMD_GETOPT("tokenize-concat", tokenize_concat, "encode requests into a conditions file, or merge conditions"),
+	CMD("tokenize", tokenize, "text lines to token id arrays with a tokenizer.json, and back"),
+	CMD("tokenize-concat", tokenize_concat, "encode requests into a conditions file, or merge conditions"),
 	CMD("prefill", prefill, "run a prompt batch and write its KV cache file"),
 	CMD("decode", decode, "decode new tokens into the KV file and write a segment"),
 	CMD("replay", replay, "teacher-forced log-probs of a segment and the rollout/replay report"),
