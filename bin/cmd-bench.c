@@ -6,73 +6,40 @@
 #include "cli.h"
 #include "commands.h"
 
-const char cmd_bench_help[] =
-	"usage: hi3 bench -m MODEL [--batch B] [--prompt-len P] [--new N] [--reps R] [--json]\n"
-	"\n"
+static const struct cli_help help = {
+	.usage = {"hi3 bench -m MODEL [--batch B] [--prompt-len P] [--new N] [--reps R] [--json]"},
+	.description =
 	"Measure, in one run: the memory read bandwidth; OpenBLAS sgemm against hi3's\n"
 	"packed GEMM on one layer's prefill shapes at B*P tokens; an in-memory prefill\n"
 	"of B x P tokens and N greedy decode steps through the model; and the decode\n"
 	"floor of a B = 1 step: the bytes it must read (active weights and KV) over the\n"
 	"measured bandwidth. No files are written. Use --batch-invariant=off to time the\n"
-	"OpenBLAS path of the model instead of the batch-invariant one.\n"
-	"\n"
-	"  -b, --batch B        rows (default 1)\n"
-	"  -p, --prompt-len P   prompt tokens per row (default 512)\n"
-	"  -n, --new N          decode steps (default 64)\n"
-	"      --reps R         repetitions of the micro benchmarks, best kept (default 3)\n"
-	"      --json           one JSON object on standard output instead of the table\n";
-
-enum { OPT_REPS = CLI_OPT_FIRST_LOCAL, OPT_JSON };
+	"OpenBLAS path of the model instead of the batch-invariant one.\n",
+	.operands = "no arguments",
+};
 
 int cmd_bench(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		CLI_GLOBAL_LONGOPTS,
-		{"batch", required_argument, NULL, 'b'},
-		{"prompt-len", required_argument, NULL, 'p'},
-		{"new", required_argument, NULL, 'n'},
-		{"reps", required_argument, NULL, OPT_REPS},
-		{"json", no_argument, NULL, OPT_JSON},
-		{NULL, 0, NULL, 0},
-	};
-	int64_t B = 1, P = 512, N = 64, reps = 3, v;
-	int json = 0, ch, rc;
+	int64_t B = 1, P = 512, N = 64, reps = 3;
+	int json = 0;
 	hi3_model *m = NULL;
 	hi3_error err = {0};
 	hi3_bench_model_result r;
 	double bw, gflops, tb, th, bytes, floor_s, step_s;
 	const hi3_config *c;
 	hi3_dtype wdt;
+	struct cli_option options[] = {
+		OPT_GLOBALS(),
+		OPT_INT('b', "batch", &B, 1, 4096, "B", "rows (default 1)"),
+		OPT_INT('p', "prompt-len", &P, 1, 1 << 20, "P", "prompt tokens per row (default 512)"),
+		OPT_INT('n', "new", &N, 0, 1 << 20, "N", "decode steps (default 64)"),
+		OPT_INT(0, "reps", &reps, 1, 1000, "R", "micro benchmark repetitions, the best kept (default 3)"),
+		OPT_JSON(&json, "one JSON object on standard output instead of the table"),
+		OPT_END(),
+	};
 
-	while ((ch = getopt_long(argc, argv, CLI_GLOBAL_SHORT "b:p:n:", opts, NULL)) != -1) {
-		switch (ch) {
-		case 'b':
-			if (cli_int("--batch", optarg, 1, 4096, &B))
-				return HI3_ERR_USAGE;
-			break;
-		case 'p':
-			if (cli_int("--prompt-len", optarg, 1, 1 << 20, &P))
-				return HI3_ERR_USAGE;
-			break;
-		case 'n':
-			if (cli_int("--new", optarg, 0, 1 << 20, &N))
-				return HI3_ERR_USAGE;
-			break;
-		case OPT_REPS:
-			if (cli_int("--reps", optarg, 1, 1000, &v))
-				return HI3_ERR_USAGE;
-			reps = v;
-			break;
-		case OPT_JSON:
-			json = 1;
-			break;
-		default:
-			if ((rc = cli_other_option(ch, optarg)) >= 0)
-				return rc;
-		}
-	}
-	if (optind != argc)
-		return cli_usage_error("unexpected argument '%s'", argv[optind]);
+	if ((argc = cli_parse_options(argc, argv, options, &help, 0)) < 0)
+		return CLI_PARSE_STATUS(argc);
 	if (cli_open_model(&m, &err) != 0)
 		return cli_fail(&err);
 	c = hi3_model_config(m);

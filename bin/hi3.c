@@ -20,16 +20,16 @@
 #define CMD(str, name, summary) {str, cmd_##name, summary, NULL}
 #define CMD_GETOPT(str, name, summary) {str, cmd_##name, summary, cmd_##name##_help}
 static const struct cli_command commands[] = {
-	CMD_GETOPT("init-model", init_model, "write a deterministic random-init checkpoint"),
+	CMD("init-model", init_model, "write a deterministic random-init checkpoint"),
 	CMD("tokenize", tokenize, "text lines to token id arrays with a tokenizer.json, and back"),
 	CMD("tokenize-concat", tokenize_concat, "encode requests into a conditions file, or merge conditions"),
 	CMD("prefill", prefill, "run a prompt batch and write its KV cache file"),
 	CMD("decode", decode, "decode new tokens into the KV file and write a segment"),
 	CMD("replay", replay, "teacher-forced log-probs of a segment and the rollout/replay report"),
 	CMD("parity", parity, "prove a batch equals its rows run alone, or show where not"),
-	CMD_GETOPT("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
-	CMD_GETOPT("diff", diff, "compare two safetensors files tensor by tensor"),
-	CMD_GETOPT("bench", bench, "measure bandwidth, GEMMs, prefill and decode side by side"),
+	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
+	CMD("diff", diff, "compare two safetensors files tensor by tensor"),
+	CMD("bench", bench, "measure bandwidth, GEMMs, prefill and decode side by side"),
 };
 
 static int cmd_help(int argc, char **argv);
