@@ -1,5 +1,4 @@
 /* cli.c -- global options, error reporting and progress for subcommands. */
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -125,44 +124,6 @@ void cli_info(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
-}
-
-int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *out, int max)
-{
-	char *copy = strdup(arg), *save = NULL, *tok;
-	int n = 0;
-
-	if (!copy)
-		return -1;
-	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		if (n == max) {
-			cli_usage_error("%s: more than %d values", opt, max);
-			free(copy);
-			return -1;
-		}
-		if (cli_int(opt, tok, lo, hi, &out[n]) != 0) {
-			free(copy);
-			return -1;
-		}
-		n++;
-	}
-	free(copy);
-	if (n == 0) {
-		cli_usage_error("%s: expected a comma-separated list, found '%s'", opt, arg);
-		return -1;
-	}
-	return n;
-}
-
-int cli_dtype(const char *opt, const char *arg, hi3_dtype *out)
-{
-	if (!strcmp(arg, "f32"))
-		*out = HI3_F32;
-	else if (!strcmp(arg, "bf16"))
-		*out = HI3_BF16;
-	else
-		return cli_usage_error("%s: expected f32 or bf16, found '%s'", opt, arg), -1;
-	return 0;
 }
 
 int cli_open_cond_model(const char *cond_path, hi3_cond **c, hi3_model **m, hi3_error *err)

@@ -2,7 +2,6 @@
 #ifndef HI3_CLI_H
 #define HI3_CLI_H
 
-#include <getopt.h>
 #include <stdint.h>
 #include "hi3.h"
 #include "parse-options.h"
@@ -18,35 +17,13 @@ struct cli_globals {
 };
 extern struct cli_globals cli;
 
-enum {
-	CLI_OPT_BACKEND = 0x1000,
-	CLI_OPT_BATCH_INVARIANT,
-	CLI_OPT_FIRST_LOCAL = 0x1100,  /* commands number their long-only options from here */
-};
-
-#define CLI_GLOBAL_SHORT "m:t:qvh"
-#define CLI_GLOBAL_LONGOPTS                                      \
-	{"model", required_argument, NULL, 'm'},                 \
-	{"backend", required_argument, NULL, CLI_OPT_BACKEND},   \
-	{"batch-invariant", required_argument, NULL, CLI_OPT_BATCH_INVARIANT}, \
-	{"threads", required_argument, NULL, 't'},               \
-	{"quiet", no_argument, NULL, 'q'},                       \
-	{"verbose", no_argument, NULL, 'v'},                     \
-	{"help", no_argument, NULL, 'h'}
-
 /* A subcommand: `hi3 help NAME` runs it with --help. */
 struct cli_command {
 	const char *name;
 	int (*run)(int argc, char **argv);
 	const char *summary;
-	const char *help;        /* a command with a getopt loop: its usage text for -h; else NULL */
 };
 
-/* The default branch of a command's getopt loop: handles the global
- * options and -h. Returns -1 to go on parsing, or the exit status the
- * command should return now (0 after --help, 2 after a bad option):
- *     default: if ((rc = cli_other_option(c, optarg)) >= 0) return rc;   */
-int cli_other_option(int c, const char *arg);
 /*
  * Option definitions the commands share, so that one option has one name,
  * range and help wherever it is taken.
@@ -109,19 +86,12 @@ extern const struct cli_choice cli_decode_mask_choices[], cli_placement_choices[
 /* Refuse a seed base whose last row's seed, base + n - 1, would not fit. */
 int cli_check_seed_base(int64_t base, int n);
 
-/* Parse the common getopt loop errors: prints and returns exit status 2. */
+/* Print a usage error naming the command; returns exit status 2. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print an hi3_error and return its exit status. */
 int cli_fail(const hi3_error *err);
-void cli_print_help(void);
 void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* A comma-separated list of integers. Returns count or -1. */
-int cli_int_list(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *out, int max);
-
-/* "f32" or "bf16" for an option (usage error otherwise). */
-int cli_dtype(const char *opt, const char *arg, hi3_dtype *out);
 
 /* Open the model named by -m (usage error when missing). */
 int cli_open_model(hi3_model **m, hi3_error *err);

@@ -2,16 +2,15 @@
 #ifndef HI3_COMMANDS_H
 #define HI3_COMMANDS_H
 
-#define DECLARE_CMD(name) int cmd_##name(int argc, char **argv); extern const char cmd_##name##_help[];
-DECLARE_CMD(init_model)
-DECLARE_CMD(prefill)
-DECLARE_CMD(decode)
-DECLARE_CMD(replay)
-DECLARE_CMD(bench)
-DECLARE_CMD(parity)
-DECLARE_CMD(inspect)
-DECLARE_CMD(diff)
-DECLARE_CMD(tokenize)
-DECLARE_CMD(tokenize_concat)
+int cmd_init_model(int argc, char **argv);
+int cmd_prefill(int argc, char **argv);
+int cmd_decode(int argc, char **argv);
+int cmd_replay(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_parity(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_diff(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_tokenize_concat(int argc, char **argv);
 
 #endif

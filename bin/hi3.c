@@ -7,7 +7,6 @@
  * bin/cmd-<name>.c and only parses options, calls libhi3 and writes files.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +16,7 @@
 
 #include "commands.h"
 
-#define CMD(str, name, summary) {str, cmd_##name, summary, NULL}
-#define CMD_GETOPT(str, name, summary) {str, cmd_##name, summary, cmd_##name##_help}
+#define CMD(str, name, summary) {str, cmd_##name, summary}
 static const struct cli_command commands[] = {
 	CMD("init-model", init_model, "write a deterministic random-init checkpoint"),
 	CMD("tokenize", tokenize, "text lines to token id arrays with a tokenizer.json, and back"),
@@ -33,7 +31,7 @@ static const struct cli_command commands[] = {
 };
 
 static int cmd_help(int argc, char **argv);
-static const struct cli_command help_cmd = {"help", cmd_help, "show help for a command", NULL};
+static const struct cli_command help_cmd = {"help", cmd_help, "show help for a command"};
 
 static const struct cli_command *find_command(const char *name)
 {
@@ -43,59 +41,6 @@ static const struct cli_command *find_command(const char *name)
 	if (!strcmp(name, "help"))
 		return &help_cmd;
 	return NULL;
-}
-
-/* The help of the running command, for -h in its getopt loop. */
-void cli_print_help(void)
-{
-	const struct cli_command *c = cli.cmd ? find_command(cli.cmd) : NULL;
-
-	if (c && c->help)
-		fputs(c->help, stdout);
-}
-
-int cli_other_option(int c, const char *arg)
-{
-	int64_t v;
-
-	switch (c) {
-	case 'm':
-		cli.model_dir = arg;
-		return -1;
-	case CLI_OPT_BACKEND:
-		if (strcmp(arg, "cpu") && strcmp(arg, "cuda"))
-			return cli_usage_error("--backend: expected 'cpu' or 'cuda', found '%s'", arg);
-		cli.backend = arg;
-		return -1;
-	case CLI_OPT_BATCH_INVARIANT:
-		if (strcmp(arg, "on") && strcmp(arg, "off"))
-			return cli_usage_error("--batch-invariant: expected on or off, found '%s'", arg);
-		cli.batch_invariant = !strcmp(arg, "on");
-		return -1;
-	case 't':
-		if (cli_int("--threads", arg, 0, 4096, &v))
-			return HI3_ERR_USAGE;
-		cli.threads = (int)v;
-		return -1;
-	case 'q':
-		cli.quiet = 1;
-		cli.verbose = 0;
-		hi3_set_log(NULL, NULL, HI3_LOG_WARN);
-		return -1;
-	case 'v':
-		cli.verbose = 1;
-		cli.quiet = 0;
-		hi3_set_log(NULL, NULL, HI3_LOG_DEBUG);
-		return -1;
-	case 'h':
-		cli_print_help();
-		return 0;
-	case '?':
-		fprintf(stderr, "(see 'hi3 %s --help')\n", cli.cmd ? cli.cmd : "help");
-		return HI3_ERR_USAGE;
-	default:
-		return cli_usage_error("unhandled option %d", c);
-	}
 }
 
 static void list_commands(FILE *f)
@@ -187,8 +132,6 @@ int main(int argc, char **argv)
 		return HI3_ERR_USAGE;
 	}
 	cli.cmd = c->name;
-	optind = 0;                       /* commands with their own getopt loop: re-initialise it */
-	opterr = 1;
 	rc = c->run(argc, argv);
 	if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
 		fprintf(stderr, "hi3 %s: error: standard output: %s\n", c->name, strerror(errno));
