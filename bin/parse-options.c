@@ -318,8 +318,20 @@ static void getopt_error(const struct flat *f, int c, char **argv)
 	} else if (optopt) {
 		cli_usage_error("unknown option '-%c'", optopt);
 	} else {
-		size_t len = strcspn(arg, "=");
-		cli_usage_error("unknown option '%.*s'", (int)len, arg);
+		size_t len = strcspn(arg, "="), off = 0;
+		char which[256] = "";
+		int matches = 0;
+		/* getopt_long takes a unique prefix of a long option; say which ones a shared prefix names */
+		for (int k = 0; len > 2 && !strncmp(arg, "--", 2) && k < f->n; k++)
+			if (f->o[k]->long_name && !strncmp(f->o[k]->long_name, arg + 2, len - 2) && off < sizeof(which)) {
+				off += (size_t)snprintf(which + off, sizeof(which) - off, "%s--%s", matches ? ", " : "",
+				                        f->o[k]->long_name);
+				matches++;
+			}
+		if (matches > 1)
+			cli_usage_error("ambiguous option '%.*s' (%s)", (int)len, arg, which);
+		else
+			cli_usage_error("unknown option '%.*s'", (int)len, arg);
 	}
 }
 

@@ -140,6 +140,8 @@ static void test_double(void)
 	   "top-p: the open lower bound is refused");
 	ok(parse(opts, "--top-p 1 --top-k 5") == 0 && s.top_p == 1.0 && s.top_k == 5 && sampling == 3,
 	   "top-p 1, top-k 5; the three share one given counter");
+	ok(parse(opts, "--top=3") == CLI_PARSE_ERROR && has(err_text, "ambiguous option '--top' (--top-k, --top-p)"),
+	   "a prefix of two long options is ambiguous, and the error names them");
 }
 
 static void test_choice_string(void)
