@@ -193,6 +193,11 @@ int hi3_config_parse(hi3_config *cfg, const char *text, const char *name, hi3_er
 			              cfg->num_shared_expert[l], HI3_MAX_WIDTH);
 			goto out;
 		}
+		if (hi3_config_is_moe_layer(cfg, l) && cfg->moe_intermediate_size[l] <= 0) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: layer %d is MoE but moe_intermediate_size (or "
+			              "intermediate_size) is missing", name, l);
+			goto out;
+		}
 		if (!hi3_config_is_moe_layer(cfg, l) && cfg->intermediate_size <= 0) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: layer %d is dense but intermediate_size is missing", name, l);
 			goto out;
