@@ -1,6 +1,7 @@
 /* fuzz-config.c -- hi3_config_parse on any text (lib/model/config.c), then
  * the checks a parsed config passes: validation against the tiny-moe
- * checkpoint, the fingerprint and the bench byte count. A parsed config
+ * checkpoint (only a config of its dimensions passes), the fingerprint and
+ * the bench byte count. A parsed config
  * is one hi3 can size: every width and count in range, the shared-expert
  * MLP included. */
 #include <math.h>
@@ -69,9 +70,11 @@ static void one(const uint8_t *data, size_t size)
 		check_ranges(&cfg);
 		rc = hi3_config_validate(&cfg, ck, &err);
 		fuzz_check_status(rc, &err, "hi3_config_validate");
+		/* the embedding fixes H and V; fewer layers or experts than the
+		 * checkpoint holds validate (unused tensors are not refused) */
 		if (rc == 0)
 			FUZZ_CHECK(cfg.hidden_size == tiny.hidden_size && cfg.vocab_size == tiny.vocab_size &&
-			           cfg.num_hidden_layers == tiny.num_hidden_layers, "another model's config validated");
+			           cfg.num_hidden_layers <= tiny.num_hidden_layers, "another model's config validated");
 		FUZZ_CHECK(hi3_fingerprint(&cfg, ck, fp) == 0 && strlen(fp) == 16, "fingerprint");
 		FUZZ_CHECK(isfinite(hi3_bench_step_bytes(&cfg, HI3_BF16, HI3_BF16, 4096)), "bench byte count");
 		hi3_config_release(&cfg);

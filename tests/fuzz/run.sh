@@ -32,12 +32,14 @@ seeds=
 for d in "$fz/corpus/$target" "$fz/crashes/$target"; do
 	[ -d "$d" ] && seeds="$seeds $d"
 done
+start=$(date +%s)
 # shellcheck disable=SC2086 # $seeds: directories without blanks
 HI3_FUZZ_TARGET=$target ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1} \
 	UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
 	"$FUZZ" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2560 -print_final_stats=1 \
 	-dict="$work/dict" -artifact_prefix="$work/" "$@" "$work/corpus" $seeds >"$log" 2>&1
 rc=$?
+elapsed=$(( $(date +%s) - start ))
 
 last=$(grep -E '^#[0-9]+' "$log" | tail -n 1)
 execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
@@ -45,7 +47,7 @@ cov=$(echo "$last" | sed -n 's/.*cov: \([0-9]*\).*/\1/p')
 ft=$(echo "$last" | sed -n 's/.*ft: \([0-9]*\).*/\1/p')
 corp=$(echo "$last" | sed -n 's/.*corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p')
 found=$(ls "$work" | grep -E '^(crash|leak|timeout|oom|slow-unit)-' | head -n 1)
-echo "fuzz: $target: ${seconds} s, ${execs:-?} executions, cov ${cov:-?}, ft ${ft:-?}, corpus ${corp:-?}" \
+echo "fuzz: $target: ${elapsed} s, ${execs:-?} executions, cov ${cov:-?}, ft ${ft:-?}, corpus ${corp:-?}" \
 	"(log $log)"
 if [ "$rc" -ne 0 ] || [ -n "$found" ]; then
 	echo "fuzz: $target: FOUND ${found:-a failure (exit $rc)}; see $log" >&2
