@@ -102,6 +102,8 @@ typedef struct hi3_tensor {
 	void *data;          /* inside the file mapping */
 } hi3_tensor;
 
+/* The element count; -1 for a shape whose dimensions are negative or
+ * multiply past INT64_MAX (hi3_st_open refuses files with such shapes). */
 int64_t hi3_tensor_numel(const hi3_tensor *t);
 /* "(4, 8, 96, 128)" into buf. */
 const char *hi3_shape_str(char *buf, size_t n, int ndim, const int64_t *shape);

@@ -74,6 +74,15 @@ test_expect_success '--decode of a partial UTF-8 sequence gives U+FFFD, as the l
 	test_cmp want out
 '
 
+test_expect_success '--decode of 2000 lone continuation bytes, then 5000 a: 2000 U+FFFD, no heap overflow' '
+	{ printf "[128"; for i in $(seq 1999); do printf ",128"; done
+	  for i in $(seq 5000); do printf ",97"; done; printf "]\n"; } >many.ids &&
+	hi3 tokenize -m m --decode many.ids >out &&
+	{ printf "\""; for i in $(seq 2000); do printf "\357\277\275"; done
+	  for i in $(seq 5000); do printf a; done; printf "\"\n"; } >want &&
+	test_cmp want out
+'
+
 test_expect_success 'a trained BPE: the library ids for every fixture string' '
 	hi3 tokenize --tokenizer "$FIX/bpe.json" --jsonl "$FIX/strings.jsonl" >ids &&
 	hi3 tokenize --tokenizer "$FIX/bpe.json" --decode ids >back &&

@@ -231,6 +231,20 @@ int main(void)
 		ok(hi3_init_model(c, &bad, &err) == -1 && strstr(err.msg, "vocab_size 100"),
 		   "vocab smaller than the tokenizer: %s", err.msg);
 	}
+	/* issue 16: the shared MLP's width moe_intermediate_size x
+	 * num_shared_expert (128 x 2^24) overflowed int in validation */
+	{
+		hi3_config cfg;
+		const char *wide = "{\"vocab_size\": 512, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+		                   "\"num_attention_heads\": 4, \"num_experts\": 4, \"moe_topk\": 2, "
+		                   "\"moe_intermediate_size\": 128, \"use_mixed_mlp_moe\": true, "
+		                   "\"num_shared_expert\": 16777216}";
+		memset(&err, 0, sizeof(err));
+		ok(hi3_config_parse(&cfg, wide, "wide.json", &err) == -1 && err.status == HI3_ERR_INPUT &&
+		   strstr(err.msg, "wide.json") && strstr(err.msg, "num_shared_expert"),
+		   "a shared MLP 128 x 16777216 wide is refused: %s", err.msg);
+		hi3_config_release(&cfg);
+	}
 	testdir_done(root);
 	free(a);
 	free(b);

@@ -129,7 +129,26 @@ int main(void)
 	           "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "not valid JSON");
 	expect_bad("ovf.safetensors",
 	           "{\"x\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,4]}}", 4,
-	           "does not match its byte span");
+	           "INT64_MAX");
+	/* issue 16: the size_t byte count of U8 (2^32, 2^31, 0) is 0, but the
+	 * element count 2^63 overflows int64 in hi3_tensor_numel */
+	expect_bad("numel.safetensors",
+	           "{\"x\":{\"dtype\":\"U8\",\"shape\":[4294967296,2147483648,0],\"data_offsets\":[0,0]}}", 0,
+	           "INT64_MAX");
+	expect_bad("numel2.safetensors",
+	           "{\"x\":{\"dtype\":\"F32\",\"shape\":[0,3037000500,3037000500],\"data_offsets\":[0,0]}}", 0,
+	           "INT64_MAX");
+	{
+		int64_t r = 7, big[3] = {INT64_MAX, 1, 0}, neg[2] = {2, -1};
+		ok(hi3i_mul_size(3, 4, INT64_MAX, &r) == 0 && r == 12 && hi3i_mul_size(1LL << 32, 1LL << 31, INT64_MAX, &r) == -1 &&
+		   r == 12 && hi3i_mul_size(128, 16777216, 1 << 24, &r) == -1 && hi3i_mul_size(-1, 0, INT64_MAX, &r) == -1,
+		   "hi3i_mul_size: products past the limit or of negatives refused, result untouched");
+		ok(hi3i_add_size(INT64_MAX, 1, INT64_MAX, &r) == -1 && hi3i_add_size(5, 6, 11, &r) == 0 && r == 11 &&
+		   hi3i_add_size(5, 7, 11, &r) == -1, "hi3i_add_size: sums past the limit refused");
+		ok(hi3i_shape_bytes(3, big, 1, &r) == 0 && r == 0 && hi3i_shape_bytes(2, big, 2, &r) == -1 &&
+		   hi3i_shape_bytes(2, neg, 4, &r) == -1 && hi3i_shape_bytes(0, big, 4, &r) == 0 && r == 4,
+		   "hi3i_shape_bytes: zero dims give 0 bytes, the others must fit int64");
+	}
 	/* Nothing writes over an existing file on failure: writing into a
 	 * missing directory fails and leaves no temporary behind. */
 	w = hi3_stw_new();

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "core/internal.h"
+#include "tok/tok.h"
 #include "tap.h"
 #include "testdir.h"
 
@@ -289,6 +290,12 @@ static void check_errors(const char *init_path)
 	               "{\"Regex\": \"a\"}, \"behavior\": \"Sideways\", \"invert\": false}}", "Sideways");
 	expect_refused("regex.json", "{" MODEL_BPE "}, \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": "
 	               "{\"Regex\": \"(a\"}, \"behavior\": \"Isolated\", \"invert\": false}}", "does not compile");
+	/* issue 16: \C matches one byte and cuts UTF-8 characters apart */
+	expect_refused("backslash-c.json", "{" MODEL_BPE "}, \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": "
+	               "{\"Regex\": \"a\\\\C\"}, \"behavior\": \"Isolated\", \"invert\": false}}", "regex 'a\\C'");
+	expect_refused("backslash-c-class.json", "{" MODEL_BPE "}, \"pre_tokenizer\": {\"type\": \"Split\", "
+	               "\"pattern\": {\"Regex\": \"[x\\\\C]\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
+	               "\\C");
 	expect_refused("unk.json", "{" MODEL_BPE ", \"unk_token\": \"<unk>\"}}", "unk_token '<unk>'");
 	expect_refused("array.json", "[1, 2]", "not a JSON object");
 
@@ -309,6 +316,31 @@ static void check_errors(const char *init_path)
 	ok(hi3_tok_encode(t, "", 0, HI3_TOK_SPECIAL, &ids, &n, &err) == 0 && n == 0 && ids != NULL,
 	   "empty string encodes to no ids");
 	free(ids);
+	/* the UTF-8 reader stops at the end of its piece */
+	{
+		size_t l1 = 0, l2 = 0, l3 = 0, l4 = 0;
+		uint32_t euro = hi3i_utf8_get("\xe2\x82\xac", 3, &l1), cut = hi3i_utf8_get("\xe2\x82\xac", 2, &l2);
+		uint32_t lone = hi3i_utf8_get("\x82", 1, &l3), bad = hi3i_utf8_get("\xe2" "a" "b", 3, &l4);
+		ok(euro == 0x20ac && l1 == 3 && cut == 0xfffd && l2 == 1 && lone == 0xfffd && l3 == 1 && bad == 0xfffd &&
+		   l4 == 1, "hi3i_utf8_get: a sequence cut by the end of the piece, or broken, is one U+FFFD byte");
+	}
+	/* issue 16: each lone continuation byte becomes a 3-byte U+FFFD; the
+	 * output grew past the n + 1 bytes reserved for it */
+	{
+		size_t nb = 2000, na = 5000, len = 0;
+		int64_t *many = malloc(sizeof(int64_t) * (nb + na));
+		int good;
+		for (size_t i = 0; i < nb + na; i++)
+			many[i] = i < nb ? 128 : 'a';
+		good = hi3_tok_decode(t, many, nb + na, 0, &text, &len, &err) == 0 && len == 3 * nb + na &&
+		       strlen(text) == len;
+		for (size_t i = 0; good && i < len; i++)
+			good = text[i] == (i >= 3 * nb ? 'a' : "\xef\xbf\xbd"[i % 3]);
+		ok(good, "2000 lone continuation bytes, then 5000 'a': 2000 U+FFFD then the a's (%zu bytes)", len);
+		free(text);
+		free(many);
+		text = NULL;
+	}
 
 	/* lookups */
 	{

@@ -51,6 +51,24 @@ double hi3i_now(void);
 int hi3i_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int hi3i_parse_f64(const char *s, double *out);
 
+/* Sizes that come from a file (shapes, counts, lengths, B * L, L + max_new,
+ * vocab x hidden): a * b or a + b in int64, 0 with *out set, or -1 (*out
+ * untouched) when an operand is negative or the result exceeds limit
+ * (INT64_MAX for no bound beyond the type). size.c. */
+int hi3i_mul_size(int64_t a, int64_t b, int64_t limit, int64_t *out);
+int hi3i_add_size(int64_t a, int64_t b, int64_t limit, int64_t *out);
+/* Bytes of a tensor of elem-byte elements: 0 for a shape with a zero
+ * dimension; -1 when a dimension is negative or the non-zero ones times
+ * elem exceed INT64_MAX. */
+int hi3i_shape_bytes(int ndim, const int64_t *shape, int64_t elem, int64_t *nbytes);
+
+/* The widest MLP hi3 accepts (intermediate_size, per-layer widths). */
+#define HI3_MAX_WIDTH (1 << 24)
+/* Layer l's shared-expert MLP width, moe_intermediate_size x
+ * num_shared_expert, or -1 when it exceeds HI3_MAX_WIDTH (a config that
+ * hi3_config_parse accepts never does). config.c. */
+int hi3i_config_shared_width(const hi3_config *cfg, int layer);
+
 /* Take an exclusive lock on an open file (released when it is closed);
  * fails at once when another process holds it. */
 int hi3i_st_lock(hi3_st *st, hi3_error *err);

@@ -195,11 +195,9 @@ void hi3_to_f32(float *dst, const void *src, hi3_dtype dt, size_t n)
 
 int64_t hi3_tensor_numel(const hi3_tensor *t)
 {
-	int64_t n = 1;
+	int64_t n;
 
-	for (int i = 0; i < t->ndim; i++)
-		n *= t->shape[i];
-	return n;
+	return hi3i_shape_bytes(t->ndim, t->shape, 1, &n) == 0 ? n : -1;
 }
 
 const char *hi3_shape_str(char *buf, size_t n, int ndim, const int64_t *shape)

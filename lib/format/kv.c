@@ -109,7 +109,7 @@ static void derive(hi3_kvfile *kv, int i)
 int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err)
 {
 	const hi3_config *cfg = hi3_model_config(m);
-	int64_t B, L, C, G, V = cfg->vocab_size;
+	int64_t B, L, C, C_want, G, V = cfg->vocab_size;
 	char name[32];
 	int nl = cfg->num_hidden_layers;
 
@@ -123,7 +123,8 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 	if (meta_int(kv->st, "B", &B, err) || meta_int(kv->st, "L", &L, err) || meta_int(kv->st, "C", &C, err) ||
 	    meta_int(kv->st, "max_new", &G, err))
 		goto fail;
-	if (C != L + G || B < 1) {
+	/* C slots of at most INT32_MAX / 2, as prefill makes them */
+	if (hi3i_add_size(L, G, INT32_MAX / 2, &C_want) != 0 || C != C_want || B < 1) {
 		hi3_error_set(err, HI3_ERR_INPUT, "%s: inconsistent B %lld, L %lld, C %lld, max_new %lld", path,
 		              (long long)B, (long long)L, (long long)C, (long long)G);
 		goto fail;

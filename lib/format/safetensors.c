@@ -118,26 +118,13 @@ static int parse_shape(hi3_st *st, const char *name, json_t *js, hi3_tensor *t, 
 	return 0;
 }
 
-/* Byte span of numel x size, or SIZE_MAX on overflow. */
-static size_t span_bytes(const hi3_tensor *t)
-{
-	size_t n = hi3_dtype_size(t->dtype);
-
-	for (int i = 0; i < t->ndim; i++) {
-		uint64_t d = (uint64_t)t->shape[i];
-		if (d && n > SIZE_MAX / d)
-			return SIZE_MAX;
-		n *= d;
-	}
-	return n;
-}
-
 static int parse_tensor(hi3_st *st, const char *name, json_t *js, hi3_tensor *t,
                         size_t data_size, hi3_error *err)
 {
 	json_t *dt = json_object_get(js, "dtype"), *off = json_object_get(js, "data_offsets");
 	json_int_t b, e;
-	size_t want;
+	int64_t want;
+	char sh[128];
 
 	if (!json_is_object(js))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': entry is not an object", st->path, name);
@@ -151,6 +138,13 @@ static int parse_tensor(hi3_st *st, const char *name, json_t *js, hi3_tensor *t,
 		                     st->path, name, json_string_value(dt));
 	if (parse_shape(st, name, json_object_get(js, "shape"), t, err) != 0)
 		return -1;
+	/* even a shape with a zero dimension (no bytes) must have an element
+	 * count and byte size that int64 holds: hi3 multiplies them */
+	if (hi3i_shape_bytes(t->ndim, t->shape, (int64_t)hi3_dtype_size(t->dtype), &want) != 0)
+		return hi3_error_set(err, HI3_ERR_INPUT,
+		                     "%s: tensor '%s': shape %s x %s: the non-zero dimensions multiply past INT64_MAX",
+		                     st->path, name, hi3_shape_str(sh, sizeof(sh), t->ndim, t->shape),
+		                     hi3_dtype_name(t->dtype));
 	if (!json_is_array(off) || json_array_size(off) != 2 ||
 	    !json_is_integer(json_array_get(off, 0)) || !json_is_integer(json_array_get(off, 1)))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': \"data_offsets\" is not [begin, end]",
@@ -164,15 +158,12 @@ static int parse_tensor(hi3_st *st, const char *name, json_t *js, hi3_tensor *t,
 		return hi3_error_set(err, HI3_ERR_INPUT,
 		                     "%s: tensor '%s': data_offsets [%lld, %lld] run past the data area of %zu bytes "
 		                     "(truncated file?)", st->path, name, (long long)b, (long long)e, data_size);
-	want = span_bytes(t);
-	if (want != (size_t)(e - b)) {
-		char sh[128];
+	if (want != e - b)
 		return hi3_error_set(err, HI3_ERR_INPUT,
-		                     "%s: tensor '%s': shape %s x %s (%zu bytes) does not match its byte span %lld",
+		                     "%s: tensor '%s': shape %s x %s (%lld bytes) does not match its byte span %lld",
 		                     st->path, name, hi3_shape_str(sh, sizeof(sh), t->ndim, t->shape),
-		                     hi3_dtype_name(t->dtype), want, (long long)(e - b));
-	}
-	t->nbytes = want;
+		                     hi3_dtype_name(t->dtype), (long long)want, (long long)(e - b));
+	t->nbytes = (size_t)want;
 	t->data = st->map + 8 + st->header_size + b;
 	return 0;
 }
@@ -527,6 +518,7 @@ int hi3_stw_add(hi3_st_writer *w, const char *name, hi3_dtype dt, int ndim, cons
                 const void *data)
 {
 	struct wtensor *t;
+	int64_t nbytes;
 
 	if (!name || !*name || !strcmp(name, "__metadata__") || ndim < 0 || ndim > HI3_MAX_DIMS ||
 	    (unsigned)dt >= HI3_DTYPE_COUNT)
@@ -549,15 +541,13 @@ int hi3_stw_add(hi3_st_writer *w, const char *name, hi3_dtype dt, int ndim, cons
 		return -1;
 	t->dtype = dt;
 	t->ndim = ndim;
-	t->nbytes = hi3_dtype_size(dt);
-	for (int i = 0; i < ndim; i++) {
-		if (shape[i] < 0) {
-			free(t->name);
-			return -1;
-		}
-		t->shape[i] = shape[i];
-		t->nbytes *= (size_t)shape[i];
+	if (hi3i_shape_bytes(ndim, shape, (int64_t)hi3_dtype_size(dt), &nbytes) != 0) {
+		free(t->name);
+		return -1;
 	}
+	t->nbytes = (size_t)nbytes;
+	for (int i = 0; i < ndim; i++)
+		t->shape[i] = shape[i];
 	t->data = data;
 	t->seq = w->n;
 	w->n++;

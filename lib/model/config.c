@@ -186,6 +186,18 @@ int hi3_config_parse(hi3_config *cfg, const char *text, const char *name, hi3_er
 			              cfg->moe_topk[l], cfg->num_experts[l]);
 			goto out;
 		}
+		if (hi3_config_is_moe_layer(cfg, l) && cfg->use_mixed_mlp_moe && cfg->num_shared_expert[l] > 0 &&
+		    hi3i_config_shared_width(cfg, l) < 0) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: layer %d: the shared MLP, moe_intermediate_size %d x "
+			              "num_shared_expert %d, is wider than %d", name, l, cfg->moe_intermediate_size[l],
+			              cfg->num_shared_expert[l], HI3_MAX_WIDTH);
+			goto out;
+		}
+		if (hi3_config_is_moe_layer(cfg, l) && cfg->moe_intermediate_size[l] <= 0) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: layer %d is MoE but moe_intermediate_size (or "
+			              "intermediate_size) is missing", name, l);
+			goto out;
+		}
 		if (!hi3_config_is_moe_layer(cfg, l) && cfg->intermediate_size <= 0) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: layer %d is dense but intermediate_size is missing", name, l);
 			goto out;
@@ -223,6 +235,15 @@ void hi3_config_release(hi3_config *cfg)
 {
 	free(cfg->json);
 	cfg->json = NULL;
+}
+
+int hi3i_config_shared_width(const hi3_config *cfg, int layer)
+{
+	int64_t w;
+
+	if (hi3i_mul_size(cfg->moe_intermediate_size[layer], cfg->num_shared_expert[layer], HI3_MAX_WIDTH, &w))
+		return -1;
+	return (int)w;
 }
 
 int hi3_config_is_moe_layer(const hi3_config *cfg, int layer)
@@ -306,7 +327,7 @@ int hi3_config_validate(const hi3_config *cfg, const hi3_ckpt *ck, hi3_error *er
 		}
 		if (cfg->use_mixed_mlp_moe && cfg->num_shared_expert[l] > 0 &&
 		    validate_mlp(cfg, ck, NAME("%s.mlp.shared_mlp", pre),
-		                 cfg->moe_intermediate_size[l] * cfg->num_shared_expert[l], err))
+		                 hi3i_config_shared_width(cfg, l), err))
 			return -1;
 	}
 	return 0;

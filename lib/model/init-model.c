@@ -161,7 +161,7 @@ static int build_specs(const hi3_config *c, struct wlist *l)
 		}
 		if (c->use_mixed_mlp_moe && c->num_shared_expert[i] > 0) {
 			snprintf(nm, sizeof(nm), "%s.mlp.shared_mlp", pre);
-			if (add_mlp(l, nm, H, (int64_t)c->moe_intermediate_size[i] * c->num_shared_expert[i], out_std))
+			if (add_mlp(l, nm, H, hi3i_config_shared_width(c, i), out_std))
 				return -1;
 		}
 	}

@@ -88,7 +88,7 @@ static int load_layer(hi3_model *m, int l, hi3_error *err)
 	if (c->use_mixed_mlp_moe && c->num_shared_expert[l] > 0) {
 		L->has_shared = 1;
 		if (load_mlp(m, &L->shared, NAME("%s.mlp.shared_mlp", pre),
-		             c->moe_intermediate_size[l] * c->num_shared_expert[l], err))
+		             hi3i_config_shared_width(c, l), err))
 			return -1;
 	}
 	return 0;

@@ -19,6 +19,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 {
 	const int L = c->L, V = hi3_model_config(m)->vocab_size;
 	int rows_per = 0, rc = -1, created = 0;
+	int64_t C;
 	hi3_kvfile kv = {0};
 	char *tmp = NULL;
 	int32_t *hi = NULL, *at = NULL, *crow = NULL;
@@ -28,9 +29,9 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: max_new must be >= 0 and the cache F32 or BF16");
 	if (hi3_cond_check_model(c, m, err) != 0 || hi3i_cond_require_text(c, "prefilled", err) != 0)
 		return -1;
-	if ((int64_t)L + o->max_new > INT32_MAX / 2)
-		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: L + max_new = %lld slots is too large",
-		                     (long long)L + o->max_new);
+	if (hi3i_add_size(L, o->max_new, INT32_MAX / 2, &C) != 0)
+		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: L + max_new = %lld slots is too large (at most %d)",
+		                     (long long)L + o->max_new, INT32_MAX / 2);
 	rows_per = (o->max_tokens > 0 ? o->max_tokens : 8192) / L;
 	if (rows_per < 1)
 		rows_per = 1;

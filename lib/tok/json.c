@@ -90,7 +90,7 @@ static int read_string(const char *s, size_t n, size_t *i, struct tok_buf *tmp, 
 			size_t len1;
 			if (v == 0)
 				return scan_fail(s, p, path, "invalid UTF-8 in a string", err);
-			hi3i_utf8_get(s + p, &len1);
+			hi3i_utf8_get(s + p, n - p, &len1);
 			p += len1;
 			continue;
 		}

@@ -5,8 +5,9 @@
  * `tokenizers` compiles its regexes with Oniguruma (Ruby-like syntax), so a
  * pattern is translated before PCRE2 sees it: \s, \w, \d, \h and \b get
  * Oniguruma's Unicode meaning, ^ and $ match at every line, (?m) means
- * dot-all, and \uHHHH and {,n} are spelled the PCRE2 way. Matches are then
- * iterated exactly as the Rust `onig` crate does, empty matches included.
+ * dot-all, and \uHHHH and {,n} are spelled the PCRE2 way; \C is refused.
+ * Matches are then iterated exactly as the Rust `onig` crate does, empty
+ * matches included.
  */
 #include <string.h>
 #include <utf8proc.h>
@@ -109,25 +110,26 @@ size_t hi3i_utf8_valid_prefix(const char *str, size_t n)
 	return n;
 }
 
-uint32_t hi3i_utf8_get(const char *str, size_t *len)
+uint32_t hi3i_utf8_get(const char *str, size_t n, size_t *len)
 {
 	const unsigned char *s = (const unsigned char *)str;
+	size_t k = s[0] < 0xc0 ? 1 : s[0] < 0xe0 ? 2 : s[0] < 0xf0 ? 3 : 4;
+	uint32_t cp;
 
-	if (s[0] < 0x80) {
-		*len = 1;
-		return s[0];
+	HI3_ASSERT(n > 0);
+	*len = 1;
+	if (k == 1)
+		return s[0] < 0x80 ? s[0] : 0xfffd;
+	if (k > n)
+		return 0xfffd;
+	cp = s[0] & (0x7f >> k);
+	for (size_t j = 1; j < k; j++) {
+		if ((s[j] & 0xc0) != 0x80)
+			return 0xfffd;
+		cp = (cp << 6) | (s[j] & 0x3f);
 	}
-	if (s[0] < 0xe0) {
-		*len = 2;
-		return ((uint32_t)(s[0] & 0x1f) << 6) | (s[1] & 0x3f);
-	}
-	if (s[0] < 0xf0) {
-		*len = 3;
-		return ((uint32_t)(s[0] & 0x0f) << 12) | ((uint32_t)(s[1] & 0x3f) << 6) | (s[2] & 0x3f);
-	}
-	*len = 4;
-	return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3f) << 12) | ((uint32_t)(s[2] & 0x3f) << 6) |
-	       (s[3] & 0x3f);
+	*len = k;
+	return cp;
 }
 
 int hi3i_utf8_put(uint32_t cp, char out[4])
@@ -261,6 +263,12 @@ static int xl_bad(struct xlate *x, const char *why)
 	                     why, x->i);
 }
 
+/* PCRE2's \C matches one byte: it would cut a UTF-8 character into pieces
+ * that are not text. (Oniguruma's \C-x, a control character, is not
+ * translated either.) Refused here, and compiled out by
+ * PCRE2_NEVER_BACKSLASH_C in case some other spelling reaches PCRE2. */
+#define NO_BACKSLASH_C "\\C (one byte, not one character) would split UTF-8 characters and is not supported"
+
 /* \uHHHH at x->i (pointing at the backslash): write \x{HHHH}. */
 static int xl_u4(struct xlate *x)
 {
@@ -284,7 +292,7 @@ static size_t escape_len(const struct xlate *x)
 
 	if (x->i + 1 >= x->n)
 		return 1;
-	hi3i_utf8_get(x->pat + x->i + 1, &len);
+	hi3i_utf8_get(x->pat + x->i + 1, x->n - x->i - 1, &len);
 	return 1 + len;
 }
 
@@ -339,6 +347,9 @@ static int xl_class(struct xlate *x)
 			} else if (e == 'u') {
 				if (xl_u4(x))
 					goto out;
+			} else if (e == 'C') {
+				xl_bad(x, NO_BACKSLASH_C);
+				goto out;
 			} else {
 				size_t len = escape_len(x);
 				if (xl_put(x, x->pat + x->i, len))
@@ -433,6 +444,8 @@ static int translate(struct xlate *x)
 				             WORD_ITEMS "]))");
 			else if (e == 'u')
 				rc = xl_u4(x), len = 0;
+			else if (e == 'C')
+				return xl_bad(x, NO_BACKSLASH_C);
 			else
 				len = escape_len(x), rc = xl_put(x, x->pat + x->i, len);
 			if (rc)
@@ -496,7 +509,8 @@ int hi3i_tok_re_compile(struct tok_re *re, const char *pat, size_t len, int rege
 			return -1;
 		}
 		re->code = pcre2_compile((PCRE2_SPTR)(x.out.p ? x.out.p : ""), x.out.n,
-		                         PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &ecode, &eoff, cc);
+		                         PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | PCRE2_NEVER_BACKSLASH_C, &ecode, &eoff,
+		                         cc);
 	} else {
 		re->code = pcre2_compile((PCRE2_SPTR)pat, len, PCRE2_UTF | PCRE2_LITERAL, &ecode, &eoff, cc);
 	}
@@ -560,7 +574,7 @@ int hi3i_tok_re_ranges(const struct tok_re *re, const char *s, size_t n, struct 
 		if (ms == me) {
 			size_t len = 1;
 			if (me < n)
-				hi3i_utf8_get(s + me, &len);
+				hi3i_utf8_get(s + me, n - me, &len);
 			last_end += len;
 			if (skip_empty) {
 				skip_empty = 0;
@@ -590,7 +604,7 @@ static int pred_ranges(int (*pred)(uint32_t), const char *s, size_t n, struct to
 		return ranges_add(w, 0, 0, 0, err);
 	while (i < n) {
 		size_t len;
-		uint32_t cp = hi3i_utf8_get(s + i, &len);
+		uint32_t cp = hi3i_utf8_get(s + i, n - i, &len);
 		if (pred(cp)) {
 			if (last < i && ranges_add(w, last, i, 0, err))
 				return -1;
@@ -882,7 +896,7 @@ int hi3i_tok_norm_apply(const struct tok_norm *nm, struct tok_work *w, struct to
 		out->off = w->buf.n;
 		while (i < in.len) {
 			size_t len;
-			uint32_t cp = hi3i_utf8_get(w->buf.p + in.off + i, &len);
+			uint32_t cp = hi3i_utf8_get(w->buf.p + in.off + i, in.len - i, &len);
 			char u[8];
 			int k;
 			i += len;
@@ -932,13 +946,13 @@ int hi3i_tok_norm_apply(const struct tok_norm *nm, struct tok_work *w, struct to
 	case NORM_STRIP: {
 		const char *s = w->buf.p + in.off;
 		size_t a = 0, b = in.len, len;
-		while (nm->strip_left && a < b && hi3i_tok_is_space(hi3i_utf8_get(s + a, &len)))
+		while (nm->strip_left && a < b && hi3i_tok_is_space(hi3i_utf8_get(s + a, b - a, &len)))
 			a += len;
 		while (nm->strip_right && b > a) {
 			size_t p = b - 1;
 			while (p > a && ((unsigned char)s[p] & 0xc0) == 0x80)
 				p--;
-			if (!hi3i_tok_is_space(hi3i_utf8_get(s + p, &len)))
+			if (!hi3i_tok_is_space(hi3i_utf8_get(s + p, b - p, &len)))
 				break;
 			b = p;
 		}

@@ -804,7 +804,7 @@ static int bpe_piece(const hi3_tok *t, struct bpe_work *bw, const char *s, size_
 	while (i < n) {
 		size_t len;
 		int id;
-		hi3i_utf8_get(s + i, &len);
+		hi3i_utf8_get(s + i, n - i, &len);
 		if (t->prefix_len || t->suffix_len) {
 			bw->key.n = 0;
 			if ((i > 0 && hi3i_tok_buf_add(&bw->key, t->prefix, t->prefix_len, err)) ||
@@ -956,7 +956,7 @@ static uint32_t last_cp(const char *s, size_t n)
 
 	while (p > 0 && ((unsigned char)s[p] & 0xc0) == 0x80)
 		p--;
-	return hi3i_utf8_get(s + p, &len);
+	return hi3i_utf8_get(s + p, n - p, &len);
 }
 
 /* Leftmost-longest added token in s[from..n): index into t->added, or -1. */
@@ -1013,7 +1013,7 @@ static int split_added(const hi3_tok *t, const struct added_set *set, const char
 			continue;
 		if (a->single_word) {
 			int start_space = start == 0 || !is_word(last_cp(s, start));
-			int stop_space = stop == n || !is_word(hi3i_utf8_get(s + stop, &len));
+			int stop_space = stop == n || !is_word(hi3i_utf8_get(s + stop, n - stop, &len));
 			if (!start_space || !stop_space)
 				continue;
 		}
@@ -1023,14 +1023,14 @@ static int split_added(const hi3_tok *t, const struct added_set *set, const char
 				size_t q = p - 1;
 				while (q > 0 && ((unsigned char)s[q] & 0xc0) == 0x80)
 					q--;
-				if (!hi3i_tok_is_space(hi3i_utf8_get(s + q, &len)))
+				if (!hi3i_tok_is_space(hi3i_utf8_get(s + q, n - q, &len)))
 					break;
 				p = q;
 			}
 			start = HI3_MAX(p, done);
 		}
 		if (a->rstrip)
-			while (stop < n && hi3i_tok_is_space(hi3i_utf8_get(s + stop, &len)))
+			while (stop < n && hi3i_tok_is_space(hi3i_utf8_get(s + stop, n - stop, &len)))
 				stop += len;
 		if (done < start && seg_add(out, in.off + done, start - done, -1, err))
 			return -1;
@@ -1121,13 +1121,17 @@ out:
 /* ------------------------------------------------------------- decode */
 
 /* Append s as String::from_utf8_lossy would: each maximal invalid
- * subsequence becomes one U+FFFD. */
+ * subsequence becomes one U+FFFD. A byte gives at most 3 bytes of output
+ * (a lone byte becomes U+FFFD), so 3n + 1 are reserved and the ASCII
+ * stores below stay inside them. */
 static int add_lossy(struct tok_buf *o, const unsigned char *s, size_t n, hi3_error *err)
 {
 	static const char fffd[] = "\xef\xbf\xbd";
 	size_t i = 0;
 
-	if (hi3i_tok_buf_reserve(o, n + 1, err))
+	if (n > (SIZE_MAX - 1) / 3)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "tokenizer: out of memory");
+	if (hi3i_tok_buf_reserve(o, 3 * n + 1, err))
 		return -1;
 	while (i < n) {
 		unsigned c = s[i];
@@ -1220,7 +1224,7 @@ int hi3_tok_decode(const hi3_tok *t, const int64_t *ids, size_t n, int flags, ch
 			size_t mark = raw.n;
 			while (p < tl) {
 				size_t cl;
-				int b = hi3i_tok_cp_byte(hi3i_utf8_get(tok + p, &cl));
+				int b = hi3i_tok_cp_byte(hi3i_utf8_get(tok + p, tl - p, &cl));
 				if (b < 0)
 					break;
 				raw.p[raw.n++] = (char)b;
@@ -1228,7 +1232,8 @@ int hi3_tok_decode(const hi3_tok *t, const int64_t *ids, size_t n, int flags, ch
 			}
 			if (p < tl) {
 				raw.n = mark;
-				hi3i_tok_buf_add(&raw, tok, tl, err);
+				if (hi3i_tok_buf_add(&raw, tok, tl, err))
+					goto out;
 			}
 		}
 	}

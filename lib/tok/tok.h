@@ -91,8 +91,10 @@ void hi3i_tok_work_release(struct tok_work *w);
 
 /* UTF-8: length of the valid prefix of s (n when all valid). */
 size_t hi3i_utf8_valid_prefix(const char *s, size_t n);
-/* Decode the code point at s (valid UTF-8 assumed); *len gets its byte length. */
-uint32_t hi3i_utf8_get(const char *s, size_t *len);
+/* Decode the code point at s, which has n > 0 bytes left; *len gets its
+ * byte length. Meant for valid UTF-8, but never reads past s + n: a
+ * truncated sequence or a stray byte reads as U+FFFD of length 1. */
+uint32_t hi3i_utf8_get(const char *s, size_t n, size_t *len);
 /* Encode cp; returns the byte count (1..4). */
 int hi3i_utf8_put(uint32_t cp, char out[4]);
 

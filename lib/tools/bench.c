@@ -129,7 +129,7 @@ int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *
 		sh[n++] = (typeof(sh[0])){Me, 2 * inter, H, c->num_experts[0]};
 		sh[n++] = (typeof(sh[0])){Me, H, inter, c->num_experts[0]};
 		if (c->use_mixed_mlp_moe && c->num_shared_expert[0] > 0) {
-			int Is = inter * c->num_shared_expert[0];
+			int Is = HI3_MAX(0, hi3i_config_shared_width(c, 0));
 			sh[n++] = (typeof(sh[0])){Msh, 2 * Is, H, 1};
 			sh[n++] = (typeof(sh[0])){Msh, H, Is, 1};
 		}

@@ -1,0 +1,58 @@
+#!/bin/sh
+# run.sh -- one harness under libFuzzer for a while (make fuzz-TARGET; docs/FUZZING.md).
+#
+#   FUZZ=tests/fuzz/hi3-fuzz SRCDIR=. tests/fuzz/run.sh TARGET SECONDS [libFuzzer flags...]
+#
+# New inputs go to tests/fuzz/run/TARGET/corpus (the committed seeds in
+# $SRCDIR/tests/fuzz/corpus/TARGET and the crash inputs are read, never
+# written), findings to tests/fuzz/run/TARGET/, the log to
+# tests/fuzz/run/TARGET.log. Prints one line of figures; exits 1 on a finding.
+set -u
+target=$1 seconds=$2
+shift 2
+: "${FUZZ:=tests/fuzz/hi3-fuzz}" "${SRCDIR:=.}"
+fz=$SRCDIR/tests/fuzz
+work=tests/fuzz/run/$target
+log=tests/fuzz/run/$target.log
+mkdir -p "$work/corpus"
+
+# the dictionary: JSON tokens, the safetensors header for the file
+# openers, then the target's own words
+case $target in
+conditions|kv|replay|safetensors|segment) dicts="json safetensors $target" ;;
+template) dicts="json requests template" ;;
+*) dicts="json $target" ;;
+esac
+: >"$work/dict"
+for d in $dicts; do
+	[ -f "$fz/dict/$d.dict" ] && cat "$fz/dict/$d.dict" >>"$work/dict"
+done
+
+seeds=
+for d in "$fz/corpus/$target" "$fz/crashes/$target"; do
+	[ -d "$d" ] && seeds="$seeds $d"
+done
+start=$(date +%s)
+# shellcheck disable=SC2086 # $seeds: directories without blanks
+HI3_FUZZ_TARGET=$target ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1} \
+	UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+	"$FUZZ" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2560 -print_final_stats=1 \
+	-dict="$work/dict" -artifact_prefix="$work/" "$@" "$work/corpus" $seeds >"$log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+
+last=$(grep -E '^#[0-9]+' "$log" | tail -n 1)
+execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+cov=$(echo "$last" | sed -n 's/.*cov: \([0-9]*\).*/\1/p')
+ft=$(echo "$last" | sed -n 's/.*ft: \([0-9]*\).*/\1/p')
+corp=$(echo "$last" | sed -n 's/.*corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p')
+found=$(ls "$work" | grep -E '^(crash|leak|timeout|oom|slow-unit)-' | head -n 1)
+echo "fuzz: $target: ${elapsed} s, ${execs:-?} executions, cov ${cov:-?}, ft ${ft:-?}, corpus ${corp:-?}" \
+	"(log $log)"
+if [ "$rc" -ne 0 ] || [ -n "$found" ]; then
+	echo "fuzz: $target: FOUND ${found:-a failure (exit $rc)}; see $log" >&2
+	[ -n "$found" ] && echo "fuzz: reproduce: HI3_FUZZ_TARGET=$target $FUZZ $work/$found;" \
+		"keep it: cp $work/$found $fz/crashes/$target/ (make check replays it)" >&2
+	exit 1
+fi
+exit 0
