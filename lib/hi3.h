@@ -476,12 +476,24 @@ typedef struct hi3_replay_report {
 	double mean_abs_free, max_abs_free;
 	int64_t routing_flips, routing_tokens;
 	double seconds;
+	/* how it was run, for the report */
+	int batched, routing_recorded;
+	int have_routes;          /* the segment recorded routing and the model is MoE */
+	int64_t worst_row, worst_token; /* the worst token as (row, index within it); -1 when no tokens */
 } hi3_replay_report;
 
 /* Teacher-forced log-probs of the segment's tokens into logprobs (T). */
 int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, float *logprobs,
                hi3_replay_report *rep, hi3_error *err);
 void hi3_replay_report_release(hi3_replay_report *rep);
+/* hi3_replay, then the replay file at path (hi3.replay; with record_routing
+ * on an MoE model, the routing of every response and prompt token),
+ * written atomically. seg_path is recorded in its metadata. */
+int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const char *seg_path,
+                       const hi3_replay_opts *o, int record_routing, const char *path, hi3_replay_report *rep,
+                       hi3_error *err);
+/* The report as one JSON object (hi3-replay(1)); *text is malloc'd. */
+int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *len, hi3_error *err);
 
 /* ----------------------------------------------------------------- parity */
 
@@ -493,7 +505,8 @@ enum hi3_ablation {
 };
 
 typedef struct hi3_parity_opts {
-	const char *workdir;          /* every stage file goes here, and stays */
+	const char *workdir;          /* every stage file goes here, and stays; NULL: a temporary
+	                               * directory, removed afterwards */
 	const int64_t *steps;         /* decode steps of each case */
 	int n_steps;
 	int greedy, sampled;          /* run greedy, and seeded sampling with `sampler` */
@@ -535,6 +548,10 @@ int hi3_parity(hi3_model *m, const hi3_template *t, const hi3_requests *rq, cons
                hi3_parity_report *rep, hi3_error *err);
 void hi3_parity_report_release(hi3_parity_report *rep);
 const char *hi3_parity_ablation_name(int ablation);
+/* The report: one line per case (rows: every row, else the rows that
+ * fail), or one JSON object; *text is malloc'd. */
+int hi3_parity_report_render(const hi3_parity_report *rep, const hi3_parity_opts *o, int json, int rows,
+                             char **text, size_t *len, hi3_error *err);
 int hi3_parity_ablation_parse(const char *name);   /* -1 when unknown */
 
 /* ------------------------------------------------------------------ bench */

@@ -22,6 +22,13 @@ for preset in tiny tiny-moe; do
 		test \$(grep -c '^\[PASS\]' out) = 3
 	"
 
+	test_expect_success "$preset: without --workdir the stage files go to a temporary directory, removed after" "
+		mkdir -p tmp-\$\$ && TMPDIR=\$PWD/tmp-\$\$ hi3 -m $preset parity req.jsonl --steps 3 --greedy-only >out &&
+		test \$(grep -c '^\[PASS\]' out) = 3 && test -z \"\$(ls tmp-\$\$)\" &&
+		hi3 -m $preset parity req.jsonl --steps 3 --greedy-only --workdir kept >out &&
+		ls kept | grep -q '\\.kv\$'
+	"
+
 	test_expect_success "$preset: extreme skew (1 and 200 tokens)" "
 		requests 1 200 >skew.jsonl &&
 		hi3 -m $preset parity skew.jsonl --steps 3,5 >out &&

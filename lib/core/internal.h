@@ -44,6 +44,16 @@ int hi3i_tmpfile_for(const char *path, char **tmp, hi3_error *err);
 /* fsync, chmod to 0666 & ~umask, rename tmp to path. Closes fd. */
 int hi3i_commit_tmpfile(int fd, const char *tmp, const char *path, hi3_error *err);
 
+/* root (consumed) as JSON text with json_dumps flags and JSON_PRESERVE_ORDER,
+ * ending in a newline, into *text (malloc'd). */
+struct json_t;
+int hi3i_json_text(struct json_t *root, size_t flags, char **text, size_t *len, hi3_error *err);
+
+/* A fresh directory $TMPDIR/name.XXXXXX (heap string), and the removal of
+ * a directory tree (0, or -1 with errno). */
+char *hi3i_mkdtemp(const char *name, hi3_error *err);
+int hi3i_rmtree(const char *path);
+
 /* Monotonic seconds. */
 double hi3i_now(void);
 

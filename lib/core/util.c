@@ -1,5 +1,7 @@
 /* util.c -- whole-file I/O, atomic replacement, strict number parsing. */
 #include <errno.h>
+#include <ftw.h>
+#include <jansson.h>
 #include <time.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -179,4 +181,51 @@ double hi3i_now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int hi3i_json_text(json_t *root, size_t flags, char **text, size_t *len, hi3_error *err)
+{
+	char *t = root ? json_dumps(root, flags | JSON_PRESERVE_ORDER) : NULL;
+	size_t n = t ? strlen(t) : 0;
+
+	json_decref(root);
+	*text = NULL;
+	if (!t || !(*text = realloc(t, n + 2))) {
+		free(t);
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	}
+	(*text)[n] = '\n';
+	(*text)[n + 1] = '\0';
+	if (len)
+		*len = n + 1;
+	return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+	(void)sb;
+	(void)ftw;
+	return (type == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT ? -1 : 0;
+}
+
+int hi3i_rmtree(const char *path)
+{
+	return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT ? -1 : 0;
+}
+
+char *hi3i_mkdtemp(const char *name, hi3_error *err)
+{
+	const char *tmp = getenv("TMPDIR");
+	char *dir = hi3i_asprintf("%s/%s.XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
+
+	if (!dir) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		return NULL;
+	}
+	if (!mkdtemp(dir)) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
+		free(dir);
+		return NULL;
+	}
+	return dir;
 }

@@ -12,6 +12,7 @@
  * was routed to; --routing=recorded forces them, so the rollout/replay gap
  * can be measured with routing flips removed.
  */
+#include <jansson.h>
 #include <math.h>
 #include <string.h>
 #include "format/conditions.h"
@@ -314,6 +315,17 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 			rep->mean_abs_free = all.mean_abs;
 		}
 	}
+	rep->batched = o->batched;
+	rep->routing_recorded = o->routing_recorded;
+	rep->have_routes = s->route_ids != NULL && NM > 0;
+	rep->worst_row = rep->worst_token = -1;
+	if (rep->tokens) {
+		int64_t r = 0;
+		while (r + 1 < s->B && s->cu_seqlens[r + 1] <= rep->worst)
+			r++;
+		rep->worst_row = r;
+		rep->worst_token = rep->worst - s->cu_seqlens[r];
+	}
 	rc = 0;
 out:
 	rep->seconds = hi3i_now() - t0;
@@ -326,4 +338,116 @@ void hi3_replay_report_release(hi3_replay_report *rep)
 {
 	free(rep->rows);
 	rep->rows = NULL;
+}
+
+int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const char *seg_path,
+                       const hi3_replay_opts *o, int record_routing, const char *path, hi3_replay_report *rep,
+                       hi3_error *err)
+{
+	const size_t NMK = (size_t)hi3_model_n_moe_layers(m) * (size_t)hi3_model_max_topk(m);
+	hi3_replay_opts ro = *o;
+	hi3_replay_file f = {0};
+	int64_t *pcu = NULL, P = 0;
+	float *lp = hi3i_calloc((size_t)s->T + 1, sizeof(float), err);
+	int rc = -1, record = record_routing && NMK > 0;
+
+	memset(rep, 0, sizeof(*rep));
+	if (!lp)
+		return -1;
+	if (record) {
+		if (!(pcu = hi3i_calloc((size_t)c->B + 1, sizeof(int64_t), err)))
+			goto out;
+		for (int i = 0; i < c->B; i++)
+			pcu[i + 1] = P += c->real_pos[i];
+		ro.rec_ids = hi3i_calloc(((size_t)s->T + 1) * NMK, sizeof(int16_t), err);
+		ro.rec_w = hi3i_calloc(((size_t)s->T + 1) * NMK, sizeof(float), err);
+		ro.rec_prompt_ids = hi3i_calloc(((size_t)P + 1) * NMK, sizeof(int16_t), err);
+		ro.rec_prompt_w = hi3i_calloc(((size_t)P + 1) * NMK, sizeof(float), err);
+		if (!ro.rec_ids || !ro.rec_w || !ro.rec_prompt_ids || !ro.rec_prompt_w)
+			goto out;
+	} else if (record_routing) {
+		hi3_log(HI3_LOG_WARN, "record routing: the model has no MoE layers; nothing to record");
+	}
+	if (hi3_replay(m, c, s, &ro, lp, rep, err) != 0)
+		goto out;
+	f = (hi3_replay_file){
+		.T = s->T, .logprobs = lp, .n_moe = hi3_model_n_moe_layers(m), .k = hi3_model_max_topk(m),
+		.route_ids = ro.rec_ids, .route_w = ro.rec_w, .B = c->B, .prompt_route_ids = ro.rec_prompt_ids,
+		.prompt_route_w = ro.rec_prompt_w, .prompt_cu_seqlens = pcu,
+		.model_fingerprint = hi3_model_fingerprint(m),
+		.conditions_hash = s->conditions_hash ? s->conditions_hash : "", .segment_file = seg_path,
+		.mode = o->batched ? "batched" : "per-row",
+		.routing = o->routing_recorded ? (o->weights_recorded ? "recorded+weights" : "recorded") : "free",
+	};
+	rc = hi3_replay_file_write(&f, path, err);
+out:
+	free(lp);
+	free(pcu);
+	if (record) {
+		free(ro.rec_ids);
+		free(ro.rec_w);
+		free(ro.rec_prompt_ids);
+		free(ro.rec_prompt_w);
+	}
+	return rc;
+}
+
+static json_t *jnum(double v)
+{
+	return isfinite(v) ? json_real(v) : json_null();
+}
+
+static json_t *row_json(const hi3_replay_row *r, int i, int routed, int have_routes)
+{
+	json_t *o = json_object();
+
+	if (i >= 0)
+		json_object_set_new(o, "row", json_integer(i));
+	json_object_set_new(o, "tokens", json_integer(r->tokens));
+	if (r->tokens == 0) {
+		json_object_set_new(o, "empty", json_true());
+		return o;
+	}
+	json_object_set_new(o, "mean_abs_dlogp", jnum(r->mean_abs));
+	json_object_set_new(o, "max_abs_dlogp", jnum(r->max_abs));
+	json_object_set_new(o, "ratio", json_pack("{s:o, s:o, s:o}", "mean", jnum(r->ratio_mean), "min",
+	                                          jnum(r->ratio_min), "max", jnum(r->ratio_max)));
+	json_object_set_new(o, "worst_token", json_integer(r->worst));
+	if (routed) {
+		json_object_set_new(o, "max_abs_dlogp_free_routing", jnum(r->max_abs_free));
+		json_object_set_new(o, "mean_abs_dlogp_free_routing", jnum(r->mean_abs_free));
+	}
+	if (have_routes) {
+		json_object_set_new(o, "routing_flips", json_integer(r->routing_flips));
+		json_object_set_new(o, "routing_tokens", json_integer(r->routing_tokens));
+	}
+	return o;
+}
+
+int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *len, hi3_error *err)
+{
+	json_t *root = json_object(), *rows = json_array(), *ov;
+	hi3_replay_row all = {
+		.tokens = rep->tokens, .mean_abs = rep->mean_abs, .max_abs = rep->max_abs,
+		.ratio_mean = rep->ratio_mean, .ratio_min = rep->ratio_min, .ratio_max = rep->ratio_max,
+		.worst = rep->worst_token, .mean_abs_free = rep->mean_abs_free, .max_abs_free = rep->max_abs_free,
+		.routing_flips = rep->routing_flips, .routing_tokens = rep->routing_tokens,
+	};
+
+	for (int i = 0; i < rep->B; i++)
+		json_array_append_new(rows, row_json(&rep->rows[i], i, rep->routing_recorded, rep->have_routes));
+	ov = row_json(&all, -1, rep->routing_recorded, rep->have_routes);
+	if (rep->tokens) {
+		json_object_set_new(ov, "worst_row", json_integer(rep->worst_row));
+		json_object_set_new(ov, "worst_token", json_integer(rep->worst_token));
+	}
+	json_object_set_new(ov, "empty_rows", json_integer(rep->empty_rows));
+	json_object_set_new(root, "mode", json_string(rep->batched ? "batched" : "per-row"));
+	json_object_set_new(root, "routing", json_string(rep->routing_recorded ? "recorded" : "free"));
+	json_object_set_new(root, "rows", rows);
+	json_object_set_new(root, "overall", ov);
+	json_object_set_new(root, "seconds", json_real(rep->seconds));
+	json_object_set_new(root, "tokens_per_s",
+	                    json_real(rep->seconds > 0 ? (double)rep->tokens / rep->seconds : 0.0));
+	return hi3i_json_text(root, JSON_INDENT(2), text, len, err);
 }

@@ -13,7 +13,9 @@
  * restored while the rows alone stay correct; the defect must then break
  * parity in every case.
  */
+#include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <errno.h>
@@ -171,8 +173,8 @@ static int add_case(hi3_parity_report *rep, hi3_error *err)
 	return 0;
 }
 
-int hi3_parity(hi3_model *m, const hi3_template *t, const hi3_requests *rq, const hi3_parity_opts *o,
-               hi3_parity_report *rep, hi3_error *err)
+static int parity_in(hi3_model *m, const hi3_template *t, const hi3_requests *rq, const hi3_parity_opts *o,
+                     hi3_parity_report *rep, hi3_error *err)
 {
 	hi3_cond *good = NULL, *cons[3] = {NULL, NULL, NULL};
 	hi3_cond **alone = NULL;
@@ -318,6 +320,28 @@ out:
 	return rc;
 }
 
+int hi3_parity(hi3_model *m, const hi3_template *t, const hi3_requests *rq, const hi3_parity_opts *o,
+               hi3_parity_report *rep, hi3_error *err)
+{
+	hi3_parity_opts ow = *o;
+	char *tmp = NULL;
+	int rc;
+
+	memset(rep, 0, sizeof(*rep));
+	if (!o->workdir) {
+		if (!(tmp = hi3i_mkdtemp("hi3-parity", err)))
+			return -1;
+		ow.workdir = tmp;
+	}
+	rc = parity_in(m, t, rq, &ow, rep, err);
+	if (tmp) {
+		if (hi3i_rmtree(tmp) != 0)
+			hi3_log(HI3_LOG_WARN, "%s: could not remove the work directory: %s", tmp, strerror(errno));
+		free(tmp);
+	}
+	return rc;
+}
+
 void hi3_parity_report_release(hi3_parity_report *rep)
 {
 	for (int i = 0; i < rep->n; i++)
@@ -325,4 +349,109 @@ void hi3_parity_report_release(hi3_parity_report *rep)
 	free(rep->cases);
 	free(rep->real_pos);
 	memset(rep, 0, sizeof(*rep));
+}
+
+/* ---------------------------------------------------------------- report */
+
+static const char *num_str(char *buf, size_t n, double v)
+{
+	if (v == 0.0)
+		snprintf(buf, n, "0");
+	else
+		snprintf(buf, n, "%.3g", v);
+	return buf;
+}
+
+static void print_case(FILE *f, const hi3_parity_report *rep, const hi3_parity_case *pc,
+                       const hi3_parity_opts *o, int rows)
+{
+	char a[32], b[32], c[32], d[32], lens[256];
+	int equal = 1, off = 0;
+
+	for (int i = 0; i < rep->B; i++) {
+		equal &= rep->real_pos[i] == rep->real_pos[0];
+		off += snprintf(lens + off, sizeof(lens) - (size_t)off, "%s%lld", i ? "," : "",
+		                (long long)rep->real_pos[i]);
+		if (off >= (int)sizeof(lens) - 16) {
+			snprintf(lens + off, sizeof(lens) - (size_t)off, ",...");
+			break;
+		}
+	}
+	fprintf(f, "[%s] %s, B=%d %s real_pos [%s], L=%d, %d decode steps, %s%s%s: tokens equal=%s logp max|d|=%s "
+	       "prefill-KV max|d|=%s (cache slot 0 max|d|=%s, other slots %s)%s\n",
+	       pc->pass ? "PASS" : "FAIL", pc->construction, rep->B, equal ? "equal" : "unequal", lens, pc->L,
+	       pc->steps, pc->sampled ? "sampled" : "greedy", o->ablate ? ", --ablate " : "",
+	       o->ablate ? hi3_parity_ablation_name(o->ablate) : "", pc->tokens_equal ? "True" : "False",
+	       num_str(a, sizeof(a), pc->logp_max), num_str(b, sizeof(b), pc->kv_max), num_str(c, sizeof(c), pc->kv_slot0_max),
+	       num_str(d, sizeof(d), pc->kv_rest_max), o->ablate ? (pc->pass ? " -> expect FAIL: NOT BROKEN" :
+	                                                                   " -> expect FAIL") : "");
+	for (int i = 0; i < pc->n_rows; i++) {
+		const hi3_parity_row *r = &pc->rows[i];
+		int bad = !r->tokens_equal || r->logp_max > o->tol || r->kv_max > o->tol;
+		if (!rows && !bad)
+			continue;
+		fprintf(f, "    row %d (n=%lld): tokens %s", r->row, (long long)r->n, r->tokens_equal ? "equal" : "differ");
+		if (!r->tokens_equal)
+			fprintf(f, " from token %lld (lengths %lld batched, %lld alone)", (long long)r->first_diff,
+			       (long long)r->len_batched, (long long)r->len_alone);
+		fprintf(f, "; logp max|d|=%s; prefill KV slot 0 max|d|=%s, slots 1..%lld max|d|=%s\n",
+		       num_str(a, sizeof(a), r->logp_max), num_str(b, sizeof(b), r->kv_slot0_max), (long long)r->n - 1,
+		       num_str(c, sizeof(c), r->kv_rest_max));
+	}
+}
+
+static json_t *report_json(const hi3_parity_report *rep, const hi3_parity_opts *o)
+{
+	json_t *root = json_object(), *cases = json_array(), *rp = json_array();
+
+	for (int i = 0; i < rep->B; i++)
+		json_array_append_new(rp, json_integer(rep->real_pos[i]));
+	for (int k = 0; k < rep->n; k++) {
+		const hi3_parity_case *pc = &rep->cases[k];
+		json_t *rows = json_array();
+		for (int i = 0; i < pc->n_rows; i++) {
+			const hi3_parity_row *r = &pc->rows[i];
+			json_array_append_new(rows, json_pack("{s:i, s:I, s:b, s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "row", r->row,
+			                                      "n", (json_int_t)r->n, "tokens_equal", r->tokens_equal,
+			                                      "first_diff", (json_int_t)r->first_diff, "len_batched",
+			                                      (json_int_t)r->len_batched, "len_alone",
+			                                      (json_int_t)r->len_alone, "logp_max_abs", r->logp_max,
+			                                      "kv_max_abs", r->kv_max, "kv_slot0_max_abs", r->kv_slot0_max,
+			                                      "kv_other_slots_max_abs", r->kv_rest_max));
+		}
+		json_array_append_new(cases, json_pack("{s:s, s:s, s:i, s:i, s:b, s:b, s:f, s:f, s:f, s:f, s:o}",
+		                                       "construction", pc->construction, "decoding",
+		                                       pc->sampled ? "sampled" : "greedy", "steps", pc->steps, "L", pc->L,
+		                                       "pass", pc->pass, "tokens_equal", pc->tokens_equal, "logp_max_abs",
+		                                       pc->logp_max, "kv_max_abs", pc->kv_max, "kv_slot0_max_abs",
+		                                       pc->kv_slot0_max, "kv_other_slots_max_abs", pc->kv_rest_max,
+		                                       "rows", rows));
+	}
+	json_object_set_new(root, "ablate", json_string(hi3_parity_ablation_name(o->ablate)));
+	json_object_set_new(root, "tolerance", json_real(o->tol));
+	json_object_set_new(root, "B", json_integer(rep->B));
+	json_object_set_new(root, "real_pos", rp);
+	json_object_set_new(root, "cases", cases);
+	json_object_set_new(root, "ok", json_boolean(rep->pass));
+	return root;
+}
+
+int hi3_parity_report_render(const hi3_parity_report *rep, const hi3_parity_opts *o, int json, int rows,
+                             char **text, size_t *len, hi3_error *err)
+{
+	FILE *f;
+
+	*text = NULL;
+	if (json)
+		return hi3i_json_text(report_json(rep, o), JSON_INDENT(2), text, len, err);
+	if (!(f = open_memstream(text, len)))
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	for (int k = 0; k < rep->n; k++)
+		print_case(f, rep, &rep->cases[k], o, rows);
+	if (fclose(f) != 0) {
+		free(*text);
+		*text = NULL;
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	}
+	return 0;
 }
