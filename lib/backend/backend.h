@@ -150,6 +150,9 @@ int hi3i_backend_check(const hi3_backend *be, hi3_error *err);
 
 int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_error *err);
 int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_error *err);
+/* Load cuBLAS, which libhi3 does not link (cuda.c); 0, or -1 with err set.
+ * A no-op in a build without CUDA or on the emulator. */
+int hi3i_cublas_load(hi3_error *err);
 
 /* RoPE frequencies theta_m = base^(-2m/d), m < d/2, computed like the
  * upstream fp32 code. */

@@ -39,7 +39,74 @@
 
 #include "kernels/kernels.h"
 #ifndef HI3_CUDA_EMU
+#include <dlfcn.h>
 #include <cublas_v2.h>
+
+/*
+ * cuBLAS is loaded when a CUDA backend is made, not with libhi3: linked, it
+ * and the cuBLASLt it needs (some 600 MB of library) cost every hi3
+ * process, CPU runs included, about 0.2 s and 220 MB of memory at start
+ * (docs/PERFORMANCE.md). These are the entries the backend calls, found
+ * by name in libcublas.so.MAJOR of the toolkit it was built with.
+ */
+static struct cublas_api {
+	__typeof__(cublasCreate_v2) *create;
+	__typeof__(cublasDestroy_v2) *destroy;
+	__typeof__(cublasSetStream_v2) *set_stream;
+	__typeof__(cublasSetMathMode) *set_math_mode;
+	__typeof__(cublasGemmEx) *gemm_ex;
+	__typeof__(cublasGetStatusString) *status_string;
+} blas_api;
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define CUBLAS_SONAME "libcublas.so." STR(CUBLAS_VER_MAJOR)
+
+int hi3i_cublas_load(hi3_error *err)
+{
+	static void *lib;
+	const char *const where[] = {HI3_CUDA_LIBDIR "/" CUBLAS_SONAME, CUBLAS_SONAME};
+	struct { void **fn; const char *name; } sym[] = {
+		{(void **)&blas_api.create, "cublasCreate_v2"},
+		{(void **)&blas_api.destroy, "cublasDestroy_v2"},
+		{(void **)&blas_api.set_stream, "cublasSetStream_v2"},
+		{(void **)&blas_api.set_math_mode, "cublasSetMathMode"},
+		{(void **)&blas_api.gemm_ex, "cublasGemmEx"},
+		{(void **)&blas_api.status_string, "cublasGetStatusString"},
+	};
+
+	if (lib)
+		return 0;
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(where) && !lib; i++)
+		lib = dlopen(where[i], RTLD_NOW | RTLD_LOCAL);
+	if (!lib)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: cannot load cuBLAS (%s, from %s or the "
+		                     "library path): %s", CUBLAS_SONAME, HI3_CUDA_LIBDIR, dlerror());
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(sym); i++)
+		if (!(*sym[i].fn = dlsym(lib, sym[i].name))) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: %s has no %s", CUBLAS_SONAME, sym[i].name);
+			dlclose(lib);
+			lib = NULL;
+			return -1;
+		}
+	return 0;
+}
+
+#undef cublasCreate
+#undef cublasDestroy
+#undef cublasSetStream
+#define cublasCreate(...) blas_api.create(__VA_ARGS__)
+#define cublasDestroy(...) blas_api.destroy(__VA_ARGS__)
+#define cublasSetStream(...) blas_api.set_stream(__VA_ARGS__)
+#define cublasSetMathMode(...) blas_api.set_math_mode(__VA_ARGS__)
+#define cublasGemmEx(...) blas_api.gemm_ex(__VA_ARGS__)
+#define cublasGetStatusString(s) (blas_api.status_string ? blas_api.status_string(s) : "cuBLAS error")
+#else
+int hi3i_cublas_load(hi3_error *err)
+{
+	(void)err;
+	return 0;         /* the emulator's cuBLAS is linked in */
+}
 #endif
 
 _Static_assert(sizeof(hi3k_attn_q) == sizeof(hi3_attn_q) && offsetof(hi3k_attn_q, hi) == offsetof(hi3_attn_q, hi) &&
@@ -844,6 +911,8 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	if (n < 1)
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: no CUDA device available: "
 		                     "cudaGetDeviceCount found none");
+	if (hi3i_cublas_load(err) != 0)
+		return -1;
 	if (!(be = hi3i_calloc(1, sizeof(*be), err)) || !(c = be->ctx = hi3i_calloc(1, sizeof(*c), err)))
 		goto fail;
 	c->be = be;
@@ -886,6 +955,12 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	*out = NULL;
 	return hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: this hi3 was built without CUDA "
 	                     "(nvcc/cuBLAS were not found by ./configure)");
+}
+
+int hi3i_cublas_load(hi3_error *err)
+{
+	(void)err;
+	return 0;
 }
 
 #endif
