@@ -88,6 +88,9 @@ typedef struct hi3_backend_ops {
 	 * copied (vectors become f32); CUDA: uploaded, see weights_done */
 	hi3_wt *(*weight)(struct hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err);
 	void (*weight_free)(struct hi3_backend *be, hi3_wt *w);
+	/* optional: after the model's last weight (CUDA: waits for the uploads,
+	 * -v reports their rate); 0, or -1 with err set */
+	int (*weights_done)(struct hi3_backend *be, hi3_error *err);
 
 	/* the KV cache: device view of a host cache (CPU: the host memory) */
 	int (*kv_attach)(struct hi3_backend *be, hi3_kvcache *kv, hi3_error *err);
