@@ -131,64 +131,47 @@ static int same_image(const char *what, const uint8_t *got, int h, int w, int c,
 
 /* ------------------------------------------------------------- resizes */
 
-static void test_resize_pil(void)
+/* One resize case of the fixtures: tensor `name`, with Pillow's filter
+ * (pil) or torchvision's kernel. */
+static void resize_case(json_t *m, const char *name, const char *label, int pil, int how)
 {
-	json_t *list = json_object_get(cases, "pil");
+	int sw = jint(m, "sw"), sh = jint(m, "sh"), c = jint(m, "c"), dw = jint(m, "dw"), dh = jint(m, "dh"), rc;
+	uint8_t *src = malloc((size_t)sw * sh * c), *dst = malloc((size_t)dw * dh * c);
+	char *what = hi3i_asprintf("%s %dx%d -> %dx%d, %d channel%s", label, sw, sh, dw, dh, c, c > 1 ? "s" : "");
+	hi3_error err = {0};
+
+	pattern(src, sw, sh, c, (uint32_t)jint(m, "seed"));
+	memset(dst, 0xAA, (size_t)dw * dh * c);
+	rc = pil ? hi3_resize_pil(src, sw, sh, c, dst, dw, dh, how, &err) : hi3_resize_tv(src, sw, sh, c, dst, dw, dh, how, &err);
+	if (rc)
+		ok(0, "%s: %s", what, err.msg);
+	else
+		ok(same_image(what, dst, dh, dw, c, m, name), "%s: every byte equal", what);
+	free(src);
+	free(dst);
+	free(what);
+}
+
+static void test_resizes(void)
+{
+	static const char *const kname[] = {"u8", "f32"};
+	static const char *const klabel[] = {"torchvision uint8 (AVX2)", "torchvision float32"};
 	size_t i;
 	json_t *m;
 
-	json_array_foreach(list, i, m) {
-		int sw = jint(m, "sw"), sh = jint(m, "sh"), c = jint(m, "c"), dw = jint(m, "dw"), dh = jint(m, "dh");
+	json_array_foreach(json_object_get(cases, "pil"), i, m) {
 		int f = jint(m, "filter");
-		uint8_t *src = malloc((size_t)sw * sh * c), *dst = malloc((size_t)dw * dh * c);
-		char *name = hi3i_asprintf("pil.%zu", i), *what;
-		hi3_error err = {0};
-		const char *fname = f == HI3_RESAMPLE_LANCZOS ? "LANCZOS" : f == HI3_RESAMPLE_BICUBIC ? "BICUBIC" : "BILINEAR";
-
-		what = hi3i_asprintf("Pillow %s %dx%d -> %dx%d, %d channel%s", fname, sw, sh, dw, dh, c, c > 1 ? "s" : "");
-		pattern(src, sw, sh, c, (uint32_t)jint(m, "seed"));
-		memset(dst, 0xAA, (size_t)dw * dh * c);
-		if (hi3_resize_pil(src, sw, sh, c, dst, dw, dh, f, &err))
-			ok(0, "%s: %s", what, err.msg);
-		else
-			ok(same_image(what, dst, dh, dw, c, m, name), "%s: every byte equal", what);
-		free(src);
-		free(dst);
+		char *name = hi3i_asprintf("pil.%zu", i);
+		resize_case(m, name, f == HI3_RESAMPLE_LANCZOS ? "Pillow LANCZOS" : f == HI3_RESAMPLE_BICUBIC ?
+		            "Pillow BICUBIC" : "Pillow BILINEAR", 1, f);
 		free(name);
-		free(what);
 	}
-}
-
-static void test_resize_tv(void)
-{
-	static const char *const kname[] = {"u8", "f32"};
-	static const char *const klabel[] = {"uint8 (AVX2)", "float32"};
-
-	for (int k = 0; k < 2; k++) {
-		json_t *list = json_object_get(json_object_get(json_object_get(cases, "tv"), kname[k]), "resize");
-		size_t i;
-		json_t *m;
-
-		json_array_foreach(list, i, m) {
-			int sw = jint(m, "sw"), sh = jint(m, "sh"), c = jint(m, "c"), dw = jint(m, "dw"), dh = jint(m, "dh");
-			uint8_t *src = malloc((size_t)sw * sh * c), *dst = malloc((size_t)dw * dh * c);
-			char *name = hi3i_asprintf("tv.%s.%zu", kname[k], i), *what;
-			hi3_error err = {0};
-
-			what = hi3i_asprintf("torchvision %s %dx%d -> %dx%d, %d channel%s", klabel[k], sw, sh, dw, dh, c,
-			                     c > 1 ? "s" : "");
-			pattern(src, sw, sh, c, (uint32_t)jint(m, "seed"));
-			memset(dst, 0xAA, (size_t)dw * dh * c);
-			if (hi3_resize_tv(src, sw, sh, c, dst, dw, dh, k, &err))
-				ok(0, "%s: %s", what, err.msg);
-			else
-				ok(same_image(what, dst, dh, dw, c, m, name), "%s: every byte equal", what);
-			free(src);
-			free(dst);
+	for (int k = 0; k < 2; k++)
+		json_array_foreach(json_object_get(json_object_get(json_object_get(cases, "tv"), kname[k]), "resize"), i, m) {
+			char *name = hi3i_asprintf("tv.%s.%zu", kname[k], i);
+			resize_case(m, name, klabel[k], 0, k);
 			free(name);
-			free(what);
 		}
-	}
 }
 
 /* torch's AVX-512 build takes the float path too, but sums a little
@@ -330,6 +313,75 @@ static void test_tables(void)
 			     ((const float *)lt->data)[u]);
 	}
 	ok(good, "both normalisations of all 256 values equal torch's fp32 bits");
+}
+
+/* The TIFF reader on crafted blocks: byte orders, types, counts stored
+ * out of line, truncation, offsets past the end. */
+static size_t tiff(uint8_t *b, int le, const uint16_t (*e)[2], const uint32_t *cnt, const uint32_t *val, int n,
+                   int declared)
+{
+	size_t k = 0;
+#define P16(v) (le ? (b[k] = (uint8_t)(v), b[k + 1] = (uint8_t)((v) >> 8)) : (b[k] = (uint8_t)((v) >> 8), b[k + 1] = (uint8_t)(v)), k += 2)
+#define P32(v) (le ? (P16((v) & 0xFFFF), P16((v) >> 16)) : (P16((v) >> 16), P16((v) & 0xFFFF)))
+	memcpy(b, le ? "II*\0" : "MM\0*", 4);
+	k = 4;
+	P32(8u);
+	P16((uint32_t)declared);
+	for (int i = 0; i < n; i++) {
+		P16(e[i][0]);
+		P16(e[i][1]);
+		P32(cnt[i]);
+		if ((e[i][1] == 3 || e[i][1] == 8) && cnt[i] <= 2) {
+			P16(val[i]);
+			P16(0u);
+		} else {
+			P32(val[i]);
+		}
+	}
+#undef P16
+#undef P32
+	return k;
+}
+
+static void test_exif_parser(void)
+{
+	uint8_t b[256], ex[300];
+	const uint16_t sh6[1][2] = {{0x0112, 3}}, lg[1][2] = {{0x0112, 4}}, by[1][2] = {{0x0112, 1}},
+	               two[2][2] = {{0x0112, 3}, {0x0112, 3}}, other[2][2] = {{0x0100, 3}, {0x0112, 8}};
+	const uint32_t one[2] = {1, 1}, v6[1] = {6}, v8[2] = {3, 8};
+	size_t n;
+	int good = 1;
+
+	for (int le = 0; le < 2; le++) {
+		n = tiff(b, le, sh6, one, v6, 1, 1);
+		good &= hi3i_exif_orientation(b, n) == 6;
+		memcpy(ex, "Exif\0\0Exif\0\0", 12);
+		memcpy(ex + 12, b, n);
+		good &= hi3i_exif_orientation(ex, n + 12) == 6;           /* any number of Exif prefixes */
+		good &= hi3i_exif_orientation(b, n - 1) == 0;             /* the entry cut short */
+		n = tiff(b, le, lg, one, v6, 1, 1);
+		good &= hi3i_exif_orientation(b, n) == 6;
+		n = tiff(b, le, by, one, v6, 1, 1);
+		good &= hi3i_exif_orientation(b, n) == -1;                /* BYTE: present, not an integer */
+		n = tiff(b, le, two, one, v8, 2, 2);
+		good &= hi3i_exif_orientation(b, n) == 8;                 /* the last entry wins */
+		n = tiff(b, le, other, one, v8, 2, 2);
+		good &= hi3i_exif_orientation(b, n) == 8;                 /* SSHORT */
+		n = tiff(b, le, sh6, one, v6, 1, 60000);
+		good &= hi3i_exif_orientation(b, n) == 6;                 /* more entries declared than present */
+		{
+			const uint32_t c3[1] = {3}, off[1] = {200};
+			n = tiff(b, le, sh6, c3, off, 1, 1);                   /* 3 SHORTs stored at offset 200 */
+			good &= hi3i_exif_orientation(b, n) == 0;             /* ... past the end: the rest is lost */
+			memset(b + n, 0, sizeof(b) - n);
+			b[200 + !le] = 5;
+			good &= hi3i_exif_orientation(b, 206) == 5;           /* the first of the three */
+		}
+	}
+	good &= hi3i_exif_orientation((const uint8_t *)"MM\0*\xff\xff\xff\xff", 8) == 0;   /* IFD offset past the end */
+	good &= hi3i_exif_orientation((const uint8_t *)"garbage!", 8) == 0 && hi3i_exif_orientation(b, 3) == 0;
+	ok(good, "the EXIF reader: both byte orders, SHORT/LONG/SSHORT, BYTE kept but not applied, the last entry, "
+	   "values stored out of line, truncated and out-of-range blocks");
 }
 
 /* --------------------------------------------------------------- loading */
@@ -732,10 +784,10 @@ int main(void)
 		return done_testing();
 	}
 	test_tables();
-	test_resize_pil();
-	test_resize_tv();
+	test_resizes();
 	test_resize_avx512();
 	test_resize_properties();
+	test_exif_parser();
 	test_load();
 	test_views();
 	test_bad_input();

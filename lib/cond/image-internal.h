@@ -15,8 +15,10 @@
  * Reads only inside [data, data + len). */
 int hi3i_image_orientation(const uint8_t *data, size_t len);
 
-/* The orientation from a TIFF block ("II*\0" / "MM\0*" header, any number
- * of leading "Exif\0\0"); 0 when absent or unreadable. */
+/* The orientation entry of a TIFF block ("II*\0" / "MM\0*" header, any
+ * number of leading "Exif\0\0"): its first value; -1 when it is of a type
+ * that is not an integer (Pillow keeps it and does not transpose); 0 when
+ * there is none or the block is not TIFF. */
 int hi3i_exif_orientation(const uint8_t *tiff, size_t len);
 
 /* dst (w', h', c) = src (w, h, c) turned as ImageOps.exif_transpose does

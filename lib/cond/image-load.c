@@ -11,8 +11,8 @@
  * gray+alpha PNGs by their high byte; a 16-bit gray PNG is clipped to 255
  * as PIL's I;16 -> RGB conversion does (stb would take the high byte).
  * Known differences from PIL: JPEG decoding (stb_image's IDCT, chroma
- * upsampling and YCbCr conversion are not libjpeg-turbo's: a few levels
- * on edges), CMYK/YCCK JPEGs (stb's rounding of C*K/255), PNM files with
+ * upsampling and YCbCr conversion are not libjpeg-turbo's: within 2
+ * levels on the test pictures), CMYK/YCCK JPEGs (stb's rounding of C*K/255), PNM files with
  * a maxval other than 255 or 16 bits per sample (stb neither rescales
  * nor clips). docs/IMAGES.md has the list.
  */

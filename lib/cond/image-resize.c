@@ -154,6 +154,22 @@ static int axis_pil(struct axis *a, int in, int out, filter_fn f, double fsuppor
 	return 0;
 }
 
+/* ATen's input range of one output: [trunc(lo), trunc(hi)) within
+ * [0, in), at most ksize long; lo and hi are center -+ support + 0.5 as
+ * each precision computes them. */
+static void tv_span(double lo, double hi, int in, int ksize, int64_t *xmin, int64_t *xsize)
+{
+	int64_t a = (int64_t)lo, b = (int64_t)hi;
+
+	if (a < 0)
+		a = 0;
+	if (b > in)
+		b = in;
+	b -= a;
+	*xmin = a;
+	*xsize = b < 0 ? 0 : b > ksize ? ksize : b;
+}
+
 /* ATen's _compute_index_ranges_weights (antialias, the triangle filter)
  * in double, then _compute_index_ranges_int16_weights. */
 static int axis_tv_u8(struct axis *a, int in, int out, hi3_error *err)
@@ -172,15 +188,9 @@ static int axis_tv_u8(struct axis *a, int in, int out, hi3_error *err)
 	for (int i = 0; i < out; i++) {
 		double center = scale * (i + 0.5), total = 0.0, invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
 		double *wt = k + (size_t)i * ksize;
-		int64_t xmin = (int64_t)(center - support + 0.5), xsize;
+		int64_t xmin, xsize;
 
-		if (xmin < 0)
-			xmin = 0;
-		xsize = (int64_t)(center + support + 0.5);
-		if (xsize > in)
-			xsize = in;
-		xsize -= xmin;
-		xsize = xsize < 0 ? 0 : xsize > ksize ? ksize : xsize;
+		tv_span(center - support + 0.5, center + support + 0.5, in, ksize, &xmin, &xsize);
 		for (int64_t j = 0; j < xsize; j++) {
 			double w = f_bilinear((j + xmin - center + 0.5) * invscale);
 			wt[j] = w;
@@ -228,15 +238,10 @@ static int axis_tv_f32(struct axis *a, int in, int out, hi3_error *err)
 	for (int i = 0; i < out; i++) {
 		float center = (float)(scale * (i + 0.5)), total = 0.0f;
 		float invscale = scale >= 1.0 ? (float)(1.0 / scale) : 1.0f, *wt = a->wf + (size_t)i * ksize;
-		int64_t xmin = (int64_t)(center - support + 0.5), xsize;
+		int64_t xmin, xsize;
 
-		if (xmin < 0)
-			xmin = 0;
-		xsize = (int64_t)(center + support + 0.5);
-		if (xsize > in)
-			xsize = in;
-		xsize -= xmin;
-		xsize = xsize < 0 ? 0 : xsize > ksize ? ksize : xsize;
+		/* center - support in float, + 0.5 in double */
+		tv_span((double)(center - support) + 0.5, (double)(center + support) + 0.5, in, ksize, &xmin, &xsize);
 		for (int64_t j = 0; j < xsize; j++) {
 			float w = tv_filter_f((float)(((float)(j + xmin) - center + 0.5) * invscale));
 			wt[j] = w;
