@@ -149,6 +149,8 @@ struct meta {
 	int oom;             /* 1: out of memory keeping a block */
 	int png_gray16;      /* a 16-bit gray PNG (PIL mode I;16) */
 	int64_t png_w, png_h; /* the PNG's IHDR size; -1 when not a PNG */
+	int gif_trans;       /* the first GIF image has a transparent colour index ... */
+	uint8_t gif_rgb[3];  /* ... whose palette entry is this */
 };
 
 static void meta_release(struct meta *m)
@@ -394,25 +396,37 @@ static void walk_jpeg(const uint8_t *d, size_t n, struct meta *m)
 }
 
 /* GIF: header, screen descriptor and colour table, then extensions up to
- * the first image, whose LZW sub-blocks must all be present. */
+ * the first image, whose LZW sub-blocks must all be present. Also the
+ * first image's transparent colour (its graphic control extension) and
+ * that index's palette entry: PIL's convert("RGB") of mode P shows it,
+ * stb_image leaves those pixels transparent black. */
 static void walk_gif(const uint8_t *d, size_t n, struct meta *m)
 {
-	size_t pos = 13;
+	size_t pos = 13, table = 0, ntable = 0;
+	int trans = -1;
 
 	if (n < 13)
 		return;
-	if (d[10] & 0x80)
-		pos += (size_t)3 << ((d[10] & 7) + 1);
+	if (d[10] & 0x80) {
+		table = 13;
+		ntable = (size_t)1 << ((d[10] & 7) + 1);
+		pos += 3 * ntable;
+	}
 	while (pos < n) {
 		int image = d[pos] == 0x2C;
 
 		if (d[pos] == 0x21) {           /* extension: introducer, label */
+			if (n - pos >= 7 && d[pos + 1] == 0xF9 && d[pos + 2] == 4)
+				trans = d[pos + 3] & 1 ? d[pos + 6] : -1;   /* graphic control */
 			pos += 2;
 		} else if (image) {             /* descriptor, local table, LZW code size */
 			if (n - pos < 10)
 				return;
-			if (d[pos + 9] & 0x80)
-				pos += (size_t)3 << ((d[pos + 9] & 7) + 1);
+			if (d[pos + 9] & 0x80) {
+				table = pos + 10;
+				ntable = (size_t)1 << ((d[pos + 9] & 7) + 1);
+				pos += 3 * ntable;
+			}
 			pos += 11;
 		} else {
 			return;                     /* the trailer, or garbage, before any image */
@@ -424,6 +438,10 @@ static void walk_gif(const uint8_t *d, size_t n, struct meta *m)
 		pos++;
 		if (image) {
 			m->complete = 1;
+			if (trans >= 0 && (size_t)trans < ntable) {
+				m->gif_trans = 1;
+				memcpy(m->gif_rgb, d + table + 3 * (size_t)trans, 3);
+			}
 			return;
 		}
 	}
@@ -618,6 +636,21 @@ int hi3_image_decode(hi3_image **out, const void *data, size_t len, const char *
 		for (size_t i = 0; i < (size_t)w * h; i++)
 			px[3 * i] = px[3 * i + 1] = px[3 * i + 2] = g[i] > 255 ? 255 : (uint8_t)g[i];
 		stbi_image_free(g);
+	} else if (fmt == F_GIF && m.gif_trans) {
+		/* the transparent pixels get their palette colour, as in PIL */
+		int gw, gh, gn;
+		uint8_t *rgba = stbi_load_from_memory(d, (int)len, &gw, &gh, &gn, 4);
+		if (!rgba) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot decode the GIF image: %s", name, stbi_failure_reason());
+			goto out;
+		}
+		if (!(px = malloc((size_t)w * h * 3))) {
+			stbi_image_free(rgba);
+			goto oom;
+		}
+		for (size_t i = 0; i < (size_t)w * h; i++)
+			memcpy(px + 3 * i, rgba[4 * i + 3] ? rgba + 4 * i : m.gif_rgb, 3);
+		stbi_image_free(rgba);
 	} else {
 		int gw, gh, gn;
 		if (!(px = stbi_load_from_memory(d, (int)len, &gw, &gh, &gn, 3))) {

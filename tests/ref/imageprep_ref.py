@@ -239,6 +239,7 @@ def make_images(out):
                                                                  + rawprof.encode("latin-1"))))
     # other formats stb_image reads
     save("palette.gif", Image.fromarray(base).quantize(colors=64), format="GIF")
+    save("palette-trns.gif", Image.fromarray(base).quantize(colors=16), format="GIF", transparency=3)
     save("rgb.bmp", Image.fromarray(base), format="BMP")
     save("rgb.tga", Image.fromarray(base), format="TGA")
     save("rgb.ppm", Image.fromarray(base), format="PPM")
