@@ -735,6 +735,120 @@ typedef struct hi3_cond_build_opts {
 int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
                    hi3_error *err);
 
+/* ----------------------------------------------------------------- images */
+
+/* Image inputs, read and preprocessed bit for bit as upstream's
+ * HunyuanImage3ImageProcessor (image_processor.py at 1201fe8) does it with
+ * Pillow 12, torch 2.8 and torchvision 0.23 (docs/IMAGES.md): the VAE view
+ * (bucket, LANCZOS resize, centre crop, 2x - 1) and the ViT view (SigLIP2
+ * naflex: size search, antialiased bilinear resize, patches). Images are
+ * interleaved 8-bit (H, W, C). Every function is thread-safe; every result
+ * is released by its own free function. */
+
+#define HI3_IMAGE_MAX_PIXELS 89478485  /* PIL's Image.MAX_IMAGE_PIXELS, 1024 * 1024 * 1024 // 4 // 3 */
+
+/* A decoded image as upstream's load_image gives it: EXIF orientation
+ * applied (ImageOps.exif_transpose), then convert("RGB"). */
+typedef struct hi3_image {
+	int width, height;            /* W, H, after the orientation */
+	uint8_t *rgb;                 /* (H, W, 3) */
+	char *name;                   /* the path or name given, for messages */
+	const char *format;           /* "PNG", "JPEG", "GIF", "BMP", "PSD", "TGA", "HDR", "PIC", "PNM" */
+	int file_width, file_height;  /* as stored, before the orientation */
+	int channels;                 /* in the file: 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA */
+	int bits;                     /* per channel in the file: 8, 16 (32 for HDR) */
+	int orientation;              /* the EXIF orientation applied, 2..8; 1 when none */
+} hi3_image;
+
+typedef struct hi3_image_opts {
+	int64_t max_pixels;           /* refuse larger images; 0: HI3_IMAGE_MAX_PIXELS, < 0: no limit */
+} hi3_image_opts;
+
+/* Read an image file ("-" reads standard input), or decode one in memory
+ * (name is used in messages). A missing, empty, truncated, non-image or
+ * too large file is an input error (status 3) naming the file. */
+int hi3_image_load(hi3_image **out, const char *path, const hi3_image_opts *o, hi3_error *err);
+int hi3_image_decode(hi3_image **out, const void *data, size_t len, const char *name, const hi3_image_opts *o,
+                     hi3_error *err);
+void hi3_image_free(hi3_image *im);
+
+/* Pillow's resampling filters, by Pillow's numbers (Image.Resampling). */
+enum hi3_resample { HI3_RESAMPLE_LANCZOS = 1, HI3_RESAMPLE_BILINEAR = 2, HI3_RESAMPLE_BICUBIC = 3 };
+
+/* Pillow's Image.resize((dw, dh), filter) of an image of c = 1..4 8-bit
+ * channels, bit for bit (libImaging/Resample.c; no reducing_gap):
+ * src (sh, sw, c) -> dst (dh, dw, c). */
+int hi3_resize_pil(const uint8_t *src, int sw, int sh, int c, uint8_t *dst, int dw, int dh, int filter,
+                   hi3_error *err);
+
+/* torchvision's v2 resize(img, [dh, dw], BILINEAR, antialias=True) of a
+ * uint8 image, with the kernel torch 2.8 picks from its CPU capability:
+ * HI3_TV_UINT8 where it reports AVX2 (the native uint8 kernel: int16 taps,
+ * uint8 between the passes; the default), HI3_TV_FLOAT where it reports
+ * no AVX (float32, rounded half to even). Bit for bit, in portable C.
+ * Where torch reports AVX-512 torchvision also takes the float path, but
+ * that build's float sums differ in the last bit now and then: HI3_TV_FLOAT
+ * then matches all but about 1 value in 10^4-10^5, those by one level
+ * (docs/IMAGES.md). */
+enum hi3_tv_kernel { HI3_TV_UINT8 = 0, HI3_TV_FLOAT = 1 };
+int hi3_resize_tv(const uint8_t *src, int sw, int sh, int c, uint8_t *dst, int dw, int dh, int kernel,
+                  hi3_error *err);
+
+/* The VAE resolution buckets of base size `base` (config.json
+ * image_base_size): the (H, W) of HunyuanImage3ImageProcessor's
+ * ResolutionGroup (step base/16, sizes floored to multiples of 16, sorted
+ * by H/W), then 1024x768, 1280x720, 768x1024, 720x1280 where their ratio is
+ * new (indices 33-36 at base 1024). Returns the count (37 at 1024), or -1
+ * when base gives none or more than max. */
+int hi3_image_buckets(int base, int (*hw)[2], int max);
+/* The bucket nearest h/w in ratio (np.argmin: the first on a tie). */
+int hi3_image_bucket_of(const int (*hw)[2], int n, int64_t h, int64_t w);
+/* SigLIP2's get_image_size_for_max_num_patches: the patch grid (gh, gw)
+ * of an h x w image for at most max patches of side p. */
+void hi3_image_vit_grid(int64_t h, int64_t w, int p, int max, int *gh, int *gw);
+
+typedef struct hi3_image_vae_opts {
+	int base_size;                /* image_base_size; 0: 1024 */
+	int resize;                   /* 1: crop_type "resize" (infer_align_image_size): a plain
+	                               * LANCZOS resize to the bucket; 0: cover and centre crop */
+	int64_t max_pixels;           /* refuse a resize (before the crop) larger than this;
+	                               * 0: HI3_IMAGE_MAX_PIXELS, < 0: no limit */
+} hi3_image_vae_opts;
+
+/* The VAE view of an image (vae_process_image, resize_and_crop). */
+typedef struct hi3_image_vae {
+	int bucket;                   /* ratio index k of <img_ratio_k>, of the final H x W */
+	int height, width;            /* H, W: the bucket, multiples of 16 */
+	int resized_h, resized_w;     /* the LANCZOS resize before the crop */
+	int crop_top, crop_left;      /* Python's round((resized - target) / 2), ties to even */
+	uint8_t *rgb;                 /* (H, W, 3) the cropped image */
+	float *pixels;                /* (3, H, W) ToTensor then Normalize(0.5, 0.5): (u / 255 - 0.5) / 0.5 */
+} hi3_image_vae;
+
+int hi3_image_vae_view(hi3_image_vae **out, const hi3_image *im, const hi3_image_vae_opts *o, hi3_error *err);
+void hi3_image_vae_free(hi3_image_vae *v);
+
+typedef struct hi3_image_vit_opts {
+	int patch;                    /* vit_processor patch_size; 0: 16 */
+	int max_patches;              /* vit_processor max_num_patches; 0: 1024 */
+	int kernel;                   /* enum hi3_tv_kernel (0: HI3_TV_UINT8) */
+} hi3_image_vit_opts;
+
+/* The ViT view of an image (Siglip2ImageProcessorFast): P = max_patches
+ * rows of D = 3 * patch * patch features. */
+typedef struct hi3_image_vit {
+	int grid_h, grid_w;           /* spatial_shapes (nph, npw) */
+	int height, width;            /* the resized image: patch * grid */
+	int n_patches, dim;           /* P, D */
+	uint8_t *rgb;                 /* (height, width, 3) the resized image */
+	float *pixel_values;          /* (P, D) row-major patches, feature (py * patch + px) * 3 + c,
+	                               * (u - 127.5) / 127.5; rows from grid_h * grid_w on are 0 */
+	int32_t *mask;                /* (P) pixel_attention_mask: 1 real patch, 0 pad */
+} hi3_image_vit;
+
+int hi3_image_vit_view(hi3_image_vit **out, const hi3_image *im, const hi3_image_vit_opts *o, hi3_error *err);
+void hi3_image_vit_free(hi3_image_vit *v);
+
 /* ------------------------------------------------------------------ tools */
 
 /* Statistics of a tensor of any dtype: min, max and mean over the finite
