@@ -793,6 +793,16 @@ int hi3_tensor_stats(const hi3_tensor *t, int threads, hi3_stats *s, hi3_error *
 /* Write an 8-bit RGB image (height rows of width * 3 bytes) as a PNG,
  * atomically; "-" writes standard output. */
 int hi3_png_write_rgb(const char *path, int width, int height, const uint8_t *rgb, hi3_error *err);
+/* The same with key/value text chunks (the prompt, seed and sampler
+ * settings of a generated image, as stable-diffusion.cpp writes them):
+ * tEXt, or iTXt (UTF-8) for a value beyond printable ASCII. A key must be
+ * a PNG keyword (1 to 79 printable ASCII characters, no leading, trailing
+ * or doubled spaces): anything else is a usage error, nothing written. */
+typedef struct hi3_png_text {
+	const char *key, *value;
+} hi3_png_text;
+int hi3_png_write_rgb_text(const char *path, int width, int height, const uint8_t *rgb, const hi3_png_text *text,
+                           int n_text, hi3_error *err);
 
 /* hi3 inspect (see hi3-inspect(1)). path is a safetensors file or a
  * checkpoint directory (model.safetensors or model.safetensors.index.json). */
