@@ -88,22 +88,32 @@ static __device__ __forceinline__ float warp_max(float v)
 	return v;
 }
 
-/* The sum of v over the block, returned to every thread. Every thread of
- * the block must call it. */
-static __device__ __forceinline__ float block_sum(float v)
+struct hi3k_add {
+	__device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct hi3k_max {
+	__device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/* op of v over the block (warps first, then the warps' results in warp
+ * 0), returned to every thread; id is op's identity. Every thread of the
+ * block must call it. */
+template <class Op> static __device__ __forceinline__ float block_reduce(float v, float id, Op op)
 {
 	__shared__ float part[32];
 	__shared__ float total;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
 	float r;
 
-	v = warp_sum(v);
+	for (int o = 16; o > 0; o >>= 1)
+		v = op(v, __shfl_xor_sync(HI3K_FULL, v, o));
 	if (lane == 0)
 		part[warp] = v;
 	__syncthreads();
 	if (warp == 0) {
-		float t = lane < nwarps ? part[lane] : 0.0f;
-		t = warp_sum(t);
+		float t = lane < nwarps ? part[lane] : id;
+		for (int o = 16; o > 0; o >>= 1)
+			t = op(t, __shfl_xor_sync(HI3K_FULL, t, o));
 		if (lane == 0)
 			total = t;
 	}
@@ -113,28 +123,16 @@ static __device__ __forceinline__ float block_sum(float v)
 	return r;
 }
 
-/* The largest value of v over the block, to every thread (as block_sum). */
+/* The sum of v over the block, to every thread. */
+static __device__ __forceinline__ float block_sum(float v)
+{
+	return block_reduce(v, 0.0f, hi3k_add());
+}
+
+/* The largest v over the block, to every thread. */
 static __device__ __forceinline__ float block_max(float v)
 {
-	__shared__ float part[32];
-	__shared__ float total;
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-	float r;
-
-	v = warp_max(v);
-	if (lane == 0)
-		part[warp] = v;
-	__syncthreads();
-	if (warp == 0) {
-		float t = lane < nwarps ? part[lane] : -INFINITY;
-		t = warp_max(t);
-		if (lane == 0)
-			total = t;
-	}
-	__syncthreads();
-	r = total;
-	__syncthreads();
-	return r;
+	return block_reduce(v, -INFINITY, hi3k_max());
 }
 
 static inline unsigned div_up(size_t a, unsigned b)

@@ -723,6 +723,30 @@ static void test_conv(int kt, int k)
 	free(wt.data), free(bt.data), free(x), free(wv), free(bv), free(col), free(ref), free(ccol);
 }
 
+/* An affine (w, b) pair of n on both backends. */
+struct affine {
+	hi3_tensor tw, tb;
+	hi3_wt *cw, *cb, *gw, *gb;
+};
+
+static void affine_load(struct affine *a, const float *w, const float *b, int n)
+{
+	a->cw = vec_w(cpu, w, n, &a->tw);
+	a->cb = vec_w(cpu, b, n, &a->tb);
+	a->gw = load(gpu, &a->tw, HI3_WT_VECTOR);
+	a->gb = load(gpu, &a->tb, HI3_WT_VECTOR);
+}
+
+static void affine_free(struct affine *a)
+{
+	cpu->ops->weight_free(cpu, a->cw);
+	cpu->ops->weight_free(cpu, a->cb);
+	gpu->ops->weight_free(gpu, a->gw);
+	gpu->ops->weight_free(gpu, a->gb);
+	free(a->tw.data);
+	free(a->tb.data);
+}
+
 static void test_norms(void)
 {
 	const int B = 2, C = 64, G = 32, M = 5, n = 1152;
@@ -730,35 +754,26 @@ static void test_norms(void)
 	const size_t N = (size_t)B * P * C;
 	float *x = randn(N, 2.0f), *wv = randn(n, 1.0f), *bv = randn(n, 1.0f), *ref = malloc(sizeof(float) * N);
 	float *dx = dev_copy(x, N * 4), *dy;
-	hi3_tensor tw, tb;
-	hi3_wt *cw = vec_w(cpu, wv, C, &tw), *cb = vec_w(cpu, bv, C, &tb);
-	hi3_wt *gw = load(gpu, &tw, HI3_WT_VECTOR), *gb = load(gpu, &tb, HI3_WT_VECTOR);
+	struct affine a;
 	char what[64];
 
+	affine_load(&a, wv, bv, C);
 	for (int act = HI3_ACT_NONE; act <= HI3_ACT_GELU; act++) {
-		cpu->ops->groupnorm(cpu, ref, x, cw, cb, B, P, C, G, 1e-6f, act);
+		cpu->ops->groupnorm(cpu, ref, x, a.cw, a.cb, B, P, C, G, 1e-6f, act);
 		dy = dev_nan(N);
-		gpu->ops->groupnorm(gpu, dy, dx, gw, gb, B, P, C, G, 1e-6f, act);
+		gpu->ops->groupnorm(gpu, dy, dx, a.gw, a.gb, B, P, C, G, 1e-6f, act);
 		snprintf(what, sizeof(what), "groupnorm B=%d P=%lld C=%d G=%d act=%d", B, (long long)P, C, G, act);
 		check(what, dy, ref, N, 1e-5);
 	}
-	cpu->ops->weight_free(cpu, cw);
-	cpu->ops->weight_free(cpu, cb);
-	gpu->ops->weight_free(gpu, gw);
-	gpu->ops->weight_free(gpu, gb);
-	free(tw.data), free(tb.data);
-	cw = vec_w(cpu, wv, n, &tw), cb = vec_w(cpu, bv, n, &tb);
-	gw = load(gpu, &tw, HI3_WT_VECTOR), gb = load(gpu, &tb, HI3_WT_VECTOR);
-	cpu->ops->layernorm(cpu, ref, x, cw, cb, M, n, 1e-6f);
+	affine_free(&a);
+	affine_load(&a, wv, bv, n);
+	cpu->ops->layernorm(cpu, ref, x, a.cw, a.cb, M, n, 1e-6f);
 	dy = dev_nan((size_t)M * n);
-	gpu->ops->layernorm(gpu, dy, dx, gw, gb, M, n, 1e-6f);
+	gpu->ops->layernorm(gpu, dy, dx, a.gw, a.gb, M, n, 1e-6f);
 	check("layernorm M=5 n=1152", dy, ref, (size_t)M * n, 1e-5);
-	cpu->ops->weight_free(cpu, cw);
-	cpu->ops->weight_free(cpu, cb);
-	gpu->ops->weight_free(gpu, gw);
-	gpu->ops->weight_free(gpu, gb);
+	affine_free(&a);
 	gpu->ops->free(gpu, dx);
-	free(tw.data), free(tb.data), free(x), free(wv), free(bv), free(ref);
+	free(x), free(wv), free(bv), free(ref);
 }
 
 static void test_image_elementwise(void)

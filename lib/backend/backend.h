@@ -163,45 +163,45 @@ typedef struct hi3_backend_ops {
 	 * of (B, T, H, W) flattened, column (c, dt, dy, dx) as the weight
 	 * [Cout, C, kt, kh, kw]; taps outside the image are 0. A conv is
 	 * im2col then matmul (model/conv.c).
-	 * CPU: cpu_im2col (cpu-image.c); CUDA: kernels/conv.cu */
+	 * CPU: hi3i_cpu_im2col (lib/backend/cpu-image.c, as every image op); CUDA: kernels/conv.cu */
 	void (*im2col)(struct hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0,
 	               int n);
-	/* x (M, N) += b (N).  CPU: cpu_bias_add; CUDA: kernels/elementwise.cu */
+	/* x (M, N) += b (N).  CPU: hi3i_cpu_bias_add; CUDA: kernels/elementwise.cu */
 	void (*bias_add)(struct hi3_backend *be, float *x, const hi3_wt *b, int64_t M, int N);
 	/* y (B, P, C) = act((x - mean) / sqrt(var + eps) w[c] + b[c]), mean
 	 * and (biased) var of each image's group of C/G channels over its P
 	 * positions, in fp32; y may equal x. The sums run over fixed chunks of
 	 * HI3_GN_CHUNK positions, then over the chunks in order.
-	 * CPU: cpu_groupnorm; CUDA: kernels/norm.cu */
+	 * CPU: hi3i_cpu_groupnorm; CUDA: kernels/norm.cu */
 	void (*groupnorm)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B,
 	                  int64_t P, int C, int G, float eps, int act);
 	/* y (M, n) = (x - mean) / sqrt(var + eps) w + b per row, fp32; y may
-	 * equal x.  CPU: cpu_layernorm; CUDA: kernels/norm.cu */
+	 * equal x.  CPU: hi3i_cpu_layernorm; CUDA: kernels/norm.cu */
 	void (*layernorm)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int M,
 	                  int n, float eps);
 	/* y (n) = act(x (n)), enum hi3_act; y may equal x.
-	 * CPU: cpu_act; CUDA: kernels/elementwise.cu */
+	 * CPU: hi3i_cpu_act; CUDA: kernels/elementwise.cu */
 	void (*act)(struct hi3_backend *be, float *y, const float *x, size_t n, int act);
 	/* h (B, P, C) = h (1 + scale) + shift per channel, ss (B, 2C) = [scale | shift]
 	 * of each image (a timestep-conditioned ResBlock).
-	 * CPU: cpu_scale_shift; CUDA: kernels/elementwise.cu */
+	 * CPU: hi3i_cpu_scale_shift; CUDA: kernels/elementwise.cu */
 	void (*scale_shift)(struct hi3_backend *be, float *h, const float *ss, int B, int64_t P, int C);
 	/* x (P, C) += z (P, C / r) with each channel repeated r times: x[p, c]
 	 * += z[p, c / r] (torch repeat_interleave on channels).
-	 * CPU: cpu_add_repeat; CUDA: kernels/conv.cu */
+	 * CPU: hi3i_cpu_add_repeat; CUDA: kernels/conv.cu */
 	void (*add_repeat)(struct hi3_backend *be, float *x, const float *z, int64_t P, int C, int r);
 	/* x (P, C) += the mean of z (P, C r) over each group of r channels:
 	 * x[p, c] += (z[p, c r] + ... + z[p, c r + r - 1]) / r, summed in order.
-	 * CPU: cpu_add_group_mean; CUDA: kernels/conv.cu */
+	 * CPU: hi3i_cpu_add_group_mean; CUDA: kernels/conv.cu */
 	void (*add_group_mean)(struct hi3_backend *be, float *x, const float *z, int64_t P, int C, int r);
 	/* y (B, T rt, 2H, 2W, C) = x (B, T, H, W, rt 4 C) with channel
 	 * ((i 2 + j) 2 + k) C + c moved to position (f rt + i, 2y + j, 2x + k),
 	 * rt 1 or 2 (einops "b (r1 r2 r3 c) f h w -> b c (f r1) (h r2) (w r3)").
-	 * CPU: cpu_depth_to_space; CUDA: kernels/conv.cu */
+	 * CPU: hi3i_cpu_depth_to_space; CUDA: kernels/conv.cu */
 	void (*depth_to_space)(struct hi3_backend *be, float *y, const float *x, int B, int T, int H, int W, int C,
 	                       int rt);
 	/* The inverse: y (B, T / rt, H / 2, W / 2, rt 4 C) from x (B, T, H, W, C).
-	 * CPU: cpu_space_to_depth; CUDA: kernels/conv.cu */
+	 * CPU: hi3i_cpu_space_to_depth; CUDA: kernels/conv.cu */
 	void (*space_to_depth)(struct hi3_backend *be, float *y, const float *x, int B, int T, int H, int W, int C,
 	                       int rt);
 	/* out (B, M, n_h d) = softmax(q k^T / sqrt(d)) v per image and head,
@@ -210,7 +210,7 @@ typedef struct hi3_backend_ops {
 	 * Any d (the VAE's single head is d = C up to 1024): two GEMMs per
 	 * (image, head, block of queries), softmax of the scores in fp32; a
 	 * query whose image has no key to attend gets zeros.
-	 * CPU: cpu_attention_dense (the packed GEMM of gemm.c, or OpenBLAS);
+	 * CPU: hi3i_cpu_attention_dense (the packed GEMM of gemm.c, or OpenBLAS);
 	 * CUDA: cuBLAS and kernels/softmax.cu */
 	void (*attention_dense)(struct hi3_backend *be, float *out, const float *q, const float *k, const float *v,
 	                        const uint8_t *key_mask, int B, int M, int n_h, int d);

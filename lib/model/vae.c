@@ -282,11 +282,21 @@ static int bad_arch(struct walk *wk, const char *what, int a, int b)
 	                     wk->where, what, a, b);
 }
 
-static int w_levels_alloc(struct walk *wk, struct vae_level *lv, int n)
+/* The n ResnetBlocks of level i of a coder (PART "decoder.up" or
+ * "encoder.down"): *in channels to C, then C to C. */
+static int w_blocks(struct walk *wk, struct vae_level *lv, const char *part, int i, int n, int *in, int C)
 {
+	char nm[256];
+
 	lv->n_blocks = n;
-	lv->blocks = hi3i_calloc((size_t)n, sizeof(*lv->blocks), wk->err);
-	return lv->blocks ? 0 : -1;
+	if (!(lv->blocks = hi3i_calloc((size_t)n, sizeof(*lv->blocks), wk->err)))
+		return -1;
+	for (int j = 0; j < n; j++) {
+		if (w_res(wk, &lv->blocks[j], SUB(nm, "vae.%s.%d.block.%d", part, i, j), *in, C))
+			return -1;
+		*in = C;
+	}
+	return 0;
 }
 
 static int w_decoder(struct walk *wk, struct vae_coder *cd, const hi3_vae_config *c)
@@ -304,13 +314,8 @@ static int w_decoder(struct walk *wk, struct vae_coder *cd, const hi3_vae_config
 		return -1;
 	for (int i = 0; i < n; i++) {
 		struct vae_level *lv = &cd->lv[i];
-		if (w_levels_alloc(wk, lv, c->layers_per_block + 1))
+		if (w_blocks(wk, lv, "decoder.up", i, c->layers_per_block + 1, &in, ch[i]))
 			return -1;
-		for (int j = 0; j < lv->n_blocks; j++) {
-			if (w_res(wk, &lv->blocks[j], SUB(nm, "vae.decoder.up.%d.block.%d", i, j), in, ch[i]))
-				return -1;
-			in = ch[i];
-		}
 		lv->resample = i < ilog2(c->ffactor_spatial);
 		lv->temporal = i < ilog2(c->ffactor_temporal);
 		if (lv->resample) {
@@ -341,13 +346,8 @@ static int w_encoder(struct walk *wk, struct vae_coder *cd, const hi3_vae_config
 		return -1;
 	for (int i = 0; i < n; i++) {
 		struct vae_level *lv = &cd->lv[i];
-		if (w_levels_alloc(wk, lv, c->layers_per_block))
+		if (w_blocks(wk, lv, "encoder.down", i, c->layers_per_block, &in, ch[i]))
 			return -1;
-		for (int j = 0; j < lv->n_blocks; j++) {
-			if (w_res(wk, &lv->blocks[j], SUB(nm, "vae.encoder.down.%d.block.%d", i, j), in, ch[i]))
-				return -1;
-			in = ch[i];
-		}
 		lv->resample = i < ilog2(c->ffactor_spatial);
 		lv->temporal = lv->resample && i >= ilog2(c->ffactor_spatial / c->ffactor_temporal);
 		if (lv->resample) {
