@@ -8,8 +8,9 @@ generator, in fp32 on the CPU.
       inputs/outputs at two sizes, with the config, seed and the weights'
       checksum in the metadata (tests/test-vae.c regenerates the weights).
   vae_ref.py bench --model DIR --sizes 2x2,4x4 [--repeat N] [--encode]
-      times upstream's decode (and encode) on the weights of DIR (a model
-      directory written by tests/bench-vae), one JSON line per size.
+      times upstream's decode (or, --encode, encode) on the weights of DIR
+      (a model directory written by tests/bench-vae), one JSON line per
+      latent size: the mean of N runs after a warm-up.
 
 Without --upstream the module is taken from the mirror of the upstream
 repository (git show 1201fe8:hunyuan_image_3/autoencoder_kl_3d.py); it
@@ -26,7 +27,8 @@ import time
 
 import numpy as np
 import torch
-from safetensors.numpy import save_file, load_file
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 UPSTREAM_GIT = "/work/.mirror/suryatmodulus+HunyuanImage-3.0/repo"
 UPSTREAM_REV = "1201fe8"
@@ -93,7 +95,7 @@ def load_upstream(path):
     return mod
 
 
-def build(mod, cfg):
+def build(mod, cfg, only_decoder=False, only_encoder=False):
     """AutoencoderKLConv3D as upstream defines it. Its constructor makes an
     empty CUDA tensor (a placeholder for non-zero ranks); on a machine
     without a GPU that one tensor goes to the CPU."""
@@ -113,7 +115,8 @@ def build(mod, cfg):
             ffactor_temporal=cfg["ffactor_temporal"], sample_size=384, sample_tsize=96,
             scaling_factor=cfg["scaling_factor"], shift_factor=cfg.get("shift_factor"),
             downsample_match_channel=cfg["downsample_match_channel"],
-            upsample_match_channel=cfg["upsample_match_channel"])
+            upsample_match_channel=cfg["upsample_match_channel"],
+            only_encoder=only_encoder, only_decoder=only_decoder)
     finally:
         torch.empty = real_empty
     return vae.eval().float()
@@ -204,9 +207,9 @@ def cmd_bench(a):
     mod = load_upstream(a.upstream)
     with open(os.path.join(a.model, "config.json")) as fh:
         cfg = json.load(fh)["vae"]
-    vae = build(mod, cfg)
-    weights = load_file(os.path.join(a.model, "model.safetensors"))
-    set_weights(vae, lambda n, s: weights[n].astype(np.float32))
+    vae = build(mod, cfg, only_decoder=not a.encode, only_encoder=a.encode)
+    with safe_open(os.path.join(a.model, "model.safetensors"), framework="numpy") as st:
+        set_weights(vae, lambda n, s: st.get_tensor(n).astype(np.float32))
     if a.threads:
         torch.set_num_threads(a.threads)
     f = cfg["ffactor_spatial"]
@@ -216,19 +219,14 @@ def cmd_bench(a):
         h, w = (int(v) for v in size.split("x"))
         lat = rng.standard_normal((1, z, h, w)).astype(np.float32)
         img = test_image(rng, h * f, w * f)
-        rec = {"engine": "pytorch", "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "latent": [h, w], "image": [h * f, w * f]}
-        decode(vae, lat, cfg)                   # warm up
+        run = (lambda: encode(vae, img)) if a.encode else (lambda: decode(vae, lat, cfg))
+        run()                                   # warm up
         t0 = time.perf_counter()
         for _ in range(a.repeat):
-            decode(vae, lat, cfg)
-        rec["decode_s"] = (time.perf_counter() - t0) / a.repeat
-        if a.encode:
-            encode(vae, img)
-            t0 = time.perf_counter()
-            for _ in range(a.repeat):
-                encode(vae, img)
-            rec["encode_s"] = (time.perf_counter() - t0) / a.repeat
+            run()
+        rec = {"engine": "pytorch", "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "latent": [h, w], "image": [h * f, w * f],
+               ("encode_s" if a.encode else "decode_s"): (time.perf_counter() - t0) / a.repeat}
         print(json.dumps(rec), flush=True)
 
 
