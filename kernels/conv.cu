@@ -6,16 +6,15 @@
  * output elements; every one is written. */
 #include "common.cuh"
 
-/* element i of col (n, K): row i / K, column (c, dt, dy, dx) */
+/* element i of col (n, K): row i / K, column (tap, c), tap (dt, dy, dx) */
 static __global__ void im2col_kernel(float *col, const float *x, int T, int H, int W, int C, int kt, int kh, int kw,
                                      int64_t p0, size_t total)
 {
-	const int taps = kt * kh * kw;
-	const size_t K = (size_t)C * taps;
+	const size_t K = (size_t)C * (size_t)(kt * kh * kw);
 
 	GRID_STRIDE(i, total) {
 		const int64_t q = p0 + (int64_t)(i / K);
-		const int k = (int)(i % K), c = k / taps, tap = k % taps;
+		const int k = (int)(i % K), c = k % C, tap = k / C;
 		const int dx = tap % kw, dy = tap / kw % kh, dt = tap / (kw * kh);
 		const int xo = (int)(q % W), yo = (int)(q / W % H), to = (int)(q / ((int64_t)W * H) % T);
 		const int64_t b = q / ((int64_t)W * H * T);

@@ -702,10 +702,12 @@ static void test_conv(int kt, int k)
 	float *dx = dev_copy(x, P * C * 4), *dcol = dev_nan(P * K), *dy = dev_nan(P * Co), *gcol;
 	int64_t ws[5] = {Co, C, kt, k, k};
 	hi3_tensor wt = tensor_nd(5, ws, wv), bt;
-	struct hi3_conv_w cc = {load(cpu, &wt, HI3_WT_MATRIX), vec_w(cpu, bv, Co, &bt), Co, C, kt, k, k};
-	struct hi3_conv_w cg = {load(gpu, &wt, HI3_WT_MATRIX), load(gpu, &bt, HI3_WT_VECTOR), Co, C, kt, k, k};
+	hi3_error err = {0};
+	struct hi3_conv_w cc = {hi3i_conv_weight(cpu, &wt, &err), vec_w(cpu, bv, Co, &bt), Co, C, kt, k, k};
+	struct hi3_conv_w cg = {hi3i_conv_weight(gpu, &wt, &err), load(gpu, &bt, HI3_WT_VECTOR), Co, C, kt, k, k};
 	char what[96];
 
+	HI3_ASSERT(cc.w && cg.w);
 	cpu->ops->im2col(cpu, col, x, &cv, 5, (int)P - 8);
 	gpu->ops->im2col(gpu, dcol, dx, &cv, 5, (int)P - 8);
 	snprintf(what, sizeof(what), "im2col %dx%dx%d of rows 5 .. P-4", kt, k, k);

@@ -108,7 +108,14 @@ static void test_conv(int kt, int k, int B)
 	int64_t ws[5] = {Co, C, kt, k, k};
 	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = k, .kw = k};
 
-	cw.w = weight(cpu, w, kt > 1 ? 5 : 4, kt > 1 ? ws : (int64_t[]){Co, C, k, k}, HI3_WT_MATRIX);
+	{
+		hi3_tensor t = {.name = "conv", .dtype = HI3_F32, .ndim = kt > 1 ? 5 : 4, .data = w};
+		hi3_error err = {0};
+		memcpy(t.shape, kt > 1 ? ws : (int64_t[]){Co, C, k, k}, sizeof(int64_t) * (size_t)t.ndim);
+		t.nbytes = (size_t)Co * K * 4;
+		cw.w = hi3i_conv_weight(cpu, &t, &err);
+		HI3_ASSERT(cw.w);
+	}
 	cw.b = vec(cpu, b, Co);
 	conv_ref(ref, x, w, b, &cv, Co);
 	hi3i_conv(cpu, y, x, &cw, &cv, col);

@@ -14,8 +14,9 @@
  * Image ops (the VAE, the image heads, the vision encoder) hold an image
  * channels-last: (B, T, H, W, C), B images of P = T H W positions (frames
  * T, rows H, columns W) of C channels, so a (P, C) image is a (M, K)
- * activation for matmul, and a conv weight [Cout, C, kt, kh, kw] is the
- * (N = Cout, K = C kt kh kw) matrix of an im2col product.
+ * activation for matmul, and a conv weight [Cout, C, kt, kh, kw] is, taps
+ * first, the (N = Cout, K = kt kh kw C) matrix of an im2col product
+ * (model/conv.c reorders it at load).
  */
 #ifndef HI3_BACKEND_H
 #define HI3_BACKEND_H
@@ -159,10 +160,10 @@ typedef struct hi3_backend_ops {
 	 * Every one is batch invariant on the CPU: an image (or row) gives the
 	 * same bits alone or in a batch. */
 
-	/* col (n, C kt kh kw) = the patches of output positions p0 .. p0+n-1
-	 * of (B, T, H, W) flattened, column (c, dt, dy, dx) as the weight
-	 * [Cout, C, kt, kh, kw]; taps outside the image are 0. A conv is
-	 * im2col then matmul (model/conv.c).
+	/* col (n, kt kh kw C) = the patches of output positions p0 .. p0+n-1
+	 * of (B, T, H, W) flattened, column ((dt kh + dy) kw + dx) C + c (the
+	 * channels of a tap contiguous); taps outside the image are 0. A conv
+	 * is im2col then matmul with the weight in that order (model/conv.c).
 	 * CPU: hi3i_cpu_im2col (lib/backend/cpu-image.c, as every image op); CUDA: kernels/conv.cu */
 	void (*im2col)(struct hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0,
 	               int n);

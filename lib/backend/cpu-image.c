@@ -63,8 +63,7 @@ static float sumsq_row(const float *v, int n, float mean)
 void hi3i_cpu_im2col(hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0, int n)
 {
 	const int T = cv->T, H = cv->H, W = cv->W, C = cv->C, kt = cv->kt, kh = cv->kh, kw = cv->kw;
-	const int taps = kt * kh * kw;
-	const int64_t K = (int64_t)C * taps;
+	const int64_t K = (int64_t)C * kt * kh * kw;
 
 	(void)be;
 #pragma omp parallel for schedule(static) if (PAR((size_t)n * (size_t)K))
@@ -78,15 +77,11 @@ void hi3i_cpu_im2col(hi3_backend *be, float *col, const float *x, const struct h
 			for (int dy = 0; dy < kh; dy++)
 				for (int dx = 0; dx < kw; dx++) {
 					const int t = to + dt - kt / 2, y = yo + dy - kh / 2, xx = xo + dx - kw / 2;
-					const int tap = (dt * kh + dy) * kw + dx;
-					if (t < 0 || t >= T || y < 0 || y >= H || xx < 0 || xx >= W) {
-						for (int c = 0; c < C; c++)
-							row[(int64_t)c * taps + tap] = 0.0f;
-						continue;
-					}
-					const float *src = x + (((b * T + t) * H + y) * W + xx) * (int64_t)C;
-					for (int c = 0; c < C; c++)
-						row[(int64_t)c * taps + tap] = src[c];
+					float *dst = row + (int64_t)((dt * kh + dy) * kw + dx) * C;
+					if (t < 0 || t >= T || y < 0 || y >= H || xx < 0 || xx >= W)
+						memset(dst, 0, sizeof(float) * (size_t)C);
+					else
+						memcpy(dst, x + (((b * T + t) * H + y) * W + xx) * (int64_t)C, sizeof(float) * (size_t)C);
 				}
 	}
 }
@@ -141,12 +136,13 @@ static float gn_chunk(const float *x, int64_t P, int C, int cg, int g, int64_t j
 void hi3i_cpu_groupnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B,
                         int64_t P, int C, int G, float eps, int act)
 {
-	const int cg = C / G;
+	const int cg = G > 0 ? C / G : 1;
 	const int64_t nch = (P + HI3_GN_CHUNK - 1) / HI3_GN_CHUNK, jobs = (int64_t)B * G * nch;
 	const float cnt = (float)((double)P * cg);
 	float *part = malloc(sizeof(float) * (size_t)(jobs ? jobs : 1));
 	float *mean = malloc(sizeof(float) * (size_t)B * (size_t)G * 2), *rstd;
 
+	HI3_ASSERT(G > 0 && C % G == 0);
 	if (!part || !mean) {
 		free(part);
 		free(mean);

@@ -795,6 +795,7 @@ static void cu_groupnorm(hi3_backend *be, float *y, const float *x, const hi3_wt
 	struct cuda *c = be->ctx;
 	const size_t nch = (size_t)((P + HI3_GN_CHUNK - 1) / HI3_GN_CHUNK), BG = (size_t)B * (size_t)G;
 
+	HI3_ASSERT(G > 0 && C % G == 0);
 	if (B <= 0 || P <= 0)
 		return;
 	if (!grow(c, &c->gn, &c->gn_cap, (BG * nch + 2 * BG) * sizeof(float), "the groupnorm sums"))

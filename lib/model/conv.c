@@ -4,13 +4,13 @@
 #include <string.h>
 #include "model/conv.h"
 
-hi3_wt *hi3i_weight_checked(hi3_backend *be, const hi3_ckpt *ck, const char *where, const char *name, int kind,
-                            int ndim, const int64_t *shape, hi3_error *err)
+/* Tensor name of ck, checked (see hi3i_weight_checked), or NULL. */
+static const hi3_tensor *find_checked(const hi3_ckpt *ck, const char *where, const char *name, int ndim,
+                                      const int64_t *shape, hi3_error *err)
 {
 	const hi3_tensor *t = hi3_ckpt_find(ck, name);
 	char want[128], got[128];
 	int same;
-	hi3_wt *w;
 
 	if (!t) {
 		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is missing", where, name);
@@ -29,8 +29,43 @@ hi3_wt *hi3i_weight_checked(hi3_backend *be, const hi3_ckpt *ck, const char *whe
 		              hi3_dtype_name(t->dtype));
 		return NULL;
 	}
+	return t;
+}
+
+hi3_wt *hi3i_weight_checked(hi3_backend *be, const hi3_ckpt *ck, const char *where, const char *name, int kind,
+                            int ndim, const int64_t *shape, hi3_error *err)
+{
+	const hi3_tensor *t = find_checked(ck, where, name, ndim, shape, err);
+	hi3_wt *w;
+
+	if (!t)
+		return NULL;
 	if (!(w = be->ops->weight(be, t, kind, err)))
 		hi3_error_prefix(err, "%s: tensor '%s'", where, name);
+	return w;
+}
+
+hi3_wt *hi3i_conv_weight(hi3_backend *be, const hi3_tensor *t, hi3_error *err)
+{
+	const size_t es = hi3_dtype_size(t->dtype), Co = (size_t)t->shape[0], C = t->ndim > 1 ? (size_t)t->shape[1] : 1;
+	const size_t n = (size_t)hi3_tensor_numel(t), taps = Co && C ? n / (Co * C) : 1;
+	hi3_tensor p = *t;
+	unsigned char *buf;
+	hi3_wt *w;
+
+	if (taps == 1)
+		return be->ops->weight(be, t, HI3_WT_MATRIX, err);
+	/* [Cout, C, taps] -> [Cout, taps, C], element by element of es bytes */
+	if (!(buf = hi3i_malloc(n * es, err)))
+		return NULL;
+	for (size_t o = 0; o < Co; o++)
+		for (size_t c = 0; c < C; c++)
+			for (size_t k = 0; k < taps; k++)
+				memcpy(buf + ((o * taps + k) * C + c) * es, (const unsigned char *)t->data + ((o * C + c) * taps + k) * es,
+				       es);
+	p.data = buf;
+	w = be->ops->weight(be, &p, HI3_WT_MATRIX, err);
+	free(buf);
 	return w;
 }
 
@@ -38,6 +73,7 @@ int hi3i_conv_load(struct hi3_conv_w *cw, hi3_backend *be, const hi3_ckpt *ck, c
                    int Cout, int C, int dims, int k, hi3_error *err)
 {
 	int64_t ws[5] = {Cout, C, k, k, k}, bs[1] = {Cout};
+	const hi3_tensor *t;
 	char nm[256];
 
 	memset(cw, 0, sizeof(*cw));
@@ -46,8 +82,10 @@ int hi3i_conv_load(struct hi3_conv_w *cw, hi3_backend *be, const hi3_ckpt *ck, c
 	cw->kt = dims == 3 ? k : 1;
 	cw->kh = cw->kw = k;
 	snprintf(nm, sizeof(nm), "%s.weight", prefix);
-	if (!(cw->w = hi3i_weight_checked(be, ck, where, nm, HI3_WT_MATRIX, 2 + dims, ws, err)))
+	if (!(t = find_checked(ck, where, nm, 2 + dims, ws, err)))
 		return -1;
+	if (!(cw->w = hi3i_conv_weight(be, t, err)))
+		return hi3_error_prefix(err, "%s: tensor '%s'", where, nm);
 	snprintf(nm, sizeof(nm), "%s.bias", prefix);
 	if (!(cw->b = hi3i_weight_checked(be, ck, where, nm, HI3_WT_VECTOR, 1, bs, err)))
 		return -1;

@@ -13,7 +13,7 @@
 #include "backend/backend.h"
 
 struct hi3_conv_w {
-	hi3_wt *w;                /* (Cout, C kt kh kw) */
+	hi3_wt *w;                /* (Cout, kt kh kw C): taps major (hi3i_conv_weight) */
 	hi3_wt *b;                /* (Cout), or NULL */
 	int Cout, C, kt, kh, kw;
 };
@@ -23,6 +23,10 @@ struct hi3_conv_w {
  * `where` (the model directory), the tensor, and both shapes. */
 hi3_wt *hi3i_weight_checked(hi3_backend *be, const hi3_ckpt *ck, const char *where, const char *name, int kind,
                             int ndim, const int64_t *shape, hi3_error *err);
+/* The conv weight t [Cout, C, kt, kh, kw] (or [Cout, C, kh, kw]) as the
+ * (Cout, kt kh kw C) matrix of im2col's column order: the channels of a
+ * tap contiguous, so im2col copies runs of C floats. */
+hi3_wt *hi3i_conv_weight(hi3_backend *be, const hi3_tensor *t, hi3_error *err);
 /* PREFIX.weight [Cout, C, k, k, k] (dims 3) or [Cout, C, k, k] (dims 2),
  * and PREFIX.bias [Cout]. */
 int hi3i_conv_load(struct hi3_conv_w *cw, hi3_backend *be, const hi3_ckpt *ck, const char *where, const char *prefix,
