@@ -1,6 +1,6 @@
 /*
  * common.cuh -- device helpers shared by the kernels: element loads and
- * stores by dtype (the same bit-exact conversions as lib/tensor.c), warp and
+ * stores by dtype (the same bit-exact conversions as lib/core/tensor.c), warp and
  * block reductions, and the launch/shared-memory spellings that let the
  * same source build with nvcc or against the CPU emulation (tests/cuda-emu).
  *

@@ -1,5 +1,5 @@
 /*
- * sample.cu -- the sampling of lib/sample.c on the GPU: argmax and
+ * sample.cu -- the sampling of lib/stage/sample.c on the GPU: argmax and
  * log-softmax at temperature 1 (hi3_argmax, hi3_logprob), and one draw per
  * row with temperature, top-k, top-p and Philox-4x32-10 keyed by the row's
  * seed at counter = step (hi3_sample, hi3_uniform). Standalone: the backend

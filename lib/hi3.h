@@ -304,7 +304,7 @@ int hi3_kv_sync_host(hi3_model *m, hi3_kvcache *kv, hi3_error *err);
 
 /* --------------------------------------------------------------- sampling */
 
-/* SPEC section 6. Temperature, then top-k, then top-p, then one draw from
+/* hi3-batching(7), SAMPLING. Temperature, then top-k, then top-p, then one draw from
  * Philox-4x32-10 keyed by the row's seed at counter = step (the index of
  * the token being generated in that row), so a row samples the same tokens
  * in any batch. greedy (or temperature 0) takes the argmax, ties to the
@@ -656,7 +656,7 @@ int hi3_requests_count(const hi3_requests *r);
 /* 1 when some request has a prompt (needs the tokenizer and template). */
 int hi3_requests_need_tokenizer(const hi3_requests *r);
 
-/* The sequence template of SPEC 4 with what it needs: the tokenizer (only
+/* The sequence template (hi3-batching(7)) with what it needs: the tokenizer (only
  * for requests with a prompt), special token ids looked up by name, the
  * image settings of config.json and the pad id. */
 typedef struct hi3_template hi3_template;
@@ -712,7 +712,7 @@ typedef struct hi3_cond_build_opts {
 	int64_t seed_base;              /* seed of a request without "seed": seed_base + its index */
 } hi3_cond_build_opts;
 
-/* Build the conditions of a batch of requests (SPEC 5.1, 7). */
+/* Build the conditions of a batch of requests (hi3-batching(7), rule 1; hi3-files(5)). */
 int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
                    hi3_error *err);
 

@@ -7,7 +7,7 @@
 #      every test program compile on a CPU machine too),
 #   2. make check-cuda: each CUDA op against the CPU op, whole forward passes
 #      and the sampling kernels against the CPU, prefill/decode/parity
-#      through `hi3 --backend cuda` against the CPU (tests/cuda-pipeline.sh),
+#      through `hi3 --backend cuda` against the CPU (tests/t4000-cuda-pipeline.sh),
 #      and the parity suite on tiny-moe with --backend cuda,
 #   3. what the GPU reaches: device-to-device copy bandwidth and cuBLAS bf16
 #      GEMM throughput (tests/bench-cuda-peak), measured in this run,

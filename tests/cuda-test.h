@@ -1,9 +1,8 @@
 /* cuda-test.h -- what the CUDA tests share (include it from one test
- * program, like tap.h): a reproducible generator, the error measure the
- * kernel-vs-CPU tolerances are stated in, and removing a scratch tree. */
+ * program, like tap.h): a reproducible generator and the error measure the
+ * kernel-vs-CPU tolerances are stated in. Scratch directories: testdir.h. */
 #ifndef HI3_CUDA_TEST_H
 #define HI3_CUDA_TEST_H
-#include <ftw.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,19 +29,5 @@ static inline double rel_err(const float *out, const float *ref, size_t n)
 		den += (double)ref[i] * (double)ref[i];
 	}
 	return den > 0.0 ? sqrt(num / den) : sqrt(num);
-}
-
-static inline int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
-/* Remove the directory tree at dir. */
-static inline void rm_tree(const char *dir)
-{
-	nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 #endif

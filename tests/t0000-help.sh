@@ -36,9 +36,10 @@ for cmd in $commands; do
 	'
 done
 
-test_expect_success 'hi3.1 and hi3-files.5 render' '
+test_expect_success 'hi3.1, hi3-files.5 and hi3-batching.7 render' '
 	render "$SRCDIR/man/hi3.1" | grep -q "^SYNOPSIS" &&
-	render "$SRCDIR/man/hi3-files.5" | grep -q "^NAME"
+	render "$SRCDIR/man/hi3-files.5" | grep -q "^NAME" &&
+	render "$SRCDIR/man/hi3-batching.7" | grep -q "^BATCHING RULES"
 '
 
 test_expect_success 'unknown command and unknown option are usage errors (exit 2)' '

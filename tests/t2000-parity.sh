@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The batching contract (SPEC 5): a right-padded batch gives each row what
+# The batching contract (hi3-batching(7), rule 8): a right-padded batch gives each row what
 # that row gives alone, on tiny and tiny-moe, fp32, greedy and seeded
 # sampling; each upstream defect restored breaks it, and pos-pad breaks it
 # at slot 0 of short rows only.

@@ -21,7 +21,7 @@ test_expect_success 'pipeline: JSONL | tokenize-concat | prefill; decode to stdo
 	grep -q "format: hi3.segment" seg.txt && grep -q "cu_seqlens" seg.txt
 '
 
-test_expect_success 'prefill writes the KV file of SPEC 7' '
+test_expect_success 'prefill writes the KV file of hi3-files(5)' '
 	hi3 -q -m tm prefill cond.st -o kv.st --max-new 20 &&
 	hi3 inspect --json kv.st >kv.json &&
 	test "$(J format <kv.json)" = hi3.kv &&

@@ -24,7 +24,7 @@ __attribute__((format(printf, 2, 3))) static int ok(int cond, const char *fmt, .
 	return cond;
 }
 
-__attribute__((format(printf, 1, 2))) static void diag(const char *fmt, ...)
+__attribute__((format(printf, 1, 2), unused)) static void diag(const char *fmt, ...)
 {
 	va_list ap;
 

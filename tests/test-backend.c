@@ -6,8 +6,9 @@
 #include <unistd.h>
 #include "model/model.h"
 #include "tap.h"
+#include "testdir.h"
 
-static char root[] = "/tmp/hi3-test-backend.XXXXXX";
+static char *root;
 
 /* One greedy forward of three tokens of one row; 0 or -1 with err. */
 static int forward3(hi3_model *m, hi3_kvcache *kv, float *logits, hi3_error *err)
@@ -29,7 +30,7 @@ int main(void)
 	float *a = NULL, *b = NULL;
 	char *dir;
 
-	if (!mkdtemp(root))
+	if (!(root = testdir_new("test-backend")))
 		return 1;
 	dir = hi3i_asprintf("%s/m", root);
 	if (hi3_init_model(dir, &o, &err) != 0 || hi3_model_open(&m, dir, NULL, &err) != 0) {
@@ -100,12 +101,7 @@ int main(void)
 	}
 	free(a);
 	free(b);
-	{
-		char *cmd = hi3i_asprintf("rm -rf '%s'", root);
-		if (system(cmd) != 0)
-			diag("could not remove %s", root);
-		free(cmd);
-	}
+	testdir_done(root);
 	free(dir);
 	return done_testing();
 }

@@ -1,13 +1,14 @@
-/* test-cond.c -- conditions: build, the batching rule (SPEC 5.1), per-row vs
- * batch, the pad-position ablation, merge, validation of bad files, and
- * the image geometry facts (buckets, ViT grid). */
+/* test-cond.c -- conditions: build, the batching rule (hi3-batching(7),
+ * rule 1), per-row vs batch, the pad-position ablation, merge, validation
+ * of bad files, and the image geometry facts (buckets, ViT grid). */
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 #include "cond/cond-internal.h"
 #include "tap.h"
+#include "testdir.h"
 
-static char tmpdir[256];
+static char *tmpdir;
 
 static const char *tmp(const char *name)
 {
@@ -563,11 +564,8 @@ static void test_geometry(void)
 
 int main(void)
 {
-	snprintf(tmpdir, sizeof(tmpdir), "%s/hi3-test-cond.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-	if (!mkdtemp(tmpdir)) {
-		perror("mkdtemp");
+	if (!(tmpdir = testdir_new("test-cond")))
 		return 1;
-	}
 	test_build();
 	test_pad_zero();
 	test_concat();
@@ -577,14 +575,6 @@ int main(void)
 	test_build_refusals();
 	test_geometry();
 	test_check_model();
-	{
-		const char *names[] = {"model/config.json", "model/model.safetensors", "model/generation_config.json",
-		                       "model/tokenizer.json", "model/tokenizer_config.json", "fp.st","a.st", "p.st", "z.st", "ca.st", "cb.st", "m.st", "good.st", "bad.st", "one.st",
-		                       "A.st", "B.st"};
-		for (size_t k = 0; k < HI3_ARRAY_SIZE(names); k++)
-			unlink(tmp(names[k]));
-		rmdir(tmp("model"));
-		rmdir(tmpdir);
-	}
+	testdir_done(tmpdir);
 	return done_testing();
 }

@@ -23,6 +23,7 @@
 #include "core/internal.h"
 #include "tap.h"
 #include "cuda-test.h"
+#include "testdir.h"
 
 enum { B = 3, L = 29, STEPS = 3, C = L + STEPS, S = 1 };
 static const int n_real[B] = {13, 29, 7};
@@ -210,14 +211,10 @@ int main(void)
 		 HI3_F32, 1e-4},
 		{"tiny-moe bf16 weights", "tiny-moe", NULL, HI3_BF16, HI3_F32, 2e-2},
 	};
-	const char *tmp = getenv("TMPDIR");
-	char root[512];
+	char *root = testdir_new("cuda-forward");
 
-	snprintf(root, sizeof(root), "%s/hi3-cuda-forward.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	if (!mkdtemp(root)) {
-		printf("Bail out! mkdtemp %s\n", root);
+	if (!root)
 		return 1;
-	}
 	for (size_t i = 0; i < HI3_ARRAY_SIZE(cases); i++) {
 		hi3_init_opts io = {.preset = cases[i].preset, .seed = 7 + i, .dtype = cases[i].dtype,
 		                    .overrides = cases[i].overrides};
@@ -229,6 +226,6 @@ int main(void)
 			continue;
 		run(dir, cases[i].label, cases[i].kv, cases[i].tol);
 	}
-	rm_tree(root);
+	testdir_done(root);
 	return done_testing();
 }

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "tap.h"
 #include "cuda-test.h"
+#include "testdir.h"
 
 int main(void)
 {
@@ -19,8 +20,7 @@ int main(void)
 	hi3_error err = {0}, merr = {0};
 	hi3_init_opts io = {.preset = "tiny", .seed = 1, .dtype = HI3_F32};
 	hi3_model_opts mo = {.backend = "cuda"};
-	const char *tmp = getenv("TMPDIR");
-	char dir[512];
+	char *dir;
 
 	if (hi3i_backend_cuda(&be, 0, 1, &err) == 0) {
 		printf("1..0 # SKIP a CUDA device is present\n");
@@ -33,15 +33,12 @@ int main(void)
 	ok(strstr(err.msg, "cudaGetDeviceCount") != NULL && strstr(err.msg, "(cuda") != NULL,
 	   "and names the cause, the error of cudaGetDeviceCount");
 
-	snprintf(dir, sizeof(dir), "%s/hi3-cuda-nodev.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	if (!mkdtemp(dir)) {
-		printf("Bail out! mkdtemp %s\n", dir);
+	if (!(dir = testdir_new("cuda-nodev")))
 		return 1;
-	}
 	ok(hi3_init_model(dir, &io, &merr) == 0, "a tiny model to open %s", merr.msg);
 	ok(hi3_model_open(&m, dir, &mo, &merr) == -1 && m == NULL, "hi3_model_open with backend cuda fails");
 	ok(merr.status == HI3_ERR_RUNTIME && !strcmp(merr.msg, err.msg), "with status %d and the same message: %s",
 	   merr.status, merr.msg);
-	rm_tree(dir);
+	testdir_done(dir);
 	return done_testing();
 }

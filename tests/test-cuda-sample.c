@@ -1,6 +1,6 @@
 /*
  * test-cuda-sample.c -- the GPU sampling kernels (kernels/sample.cu) give
- * what lib/sample.c gives: the argmax (ties to the lowest id, NaN rules),
+ * what lib/stage/sample.c gives: the argmax (ties to the lowest id, NaN rules),
  * the log-softmax at temperature 1 (within 1e-12: exp may differ in its
  * last bit), and the same sampled token for every (seed, step) under
  * greedy, temperature, top-k and top-p, on rows with ties, -0/+0, -inf.

@@ -17,7 +17,7 @@
  *    routing decision has a probability margin >= 1e-4 (metadata
  *    route_margin), far above fp32 noise, so a difference is a bug.
  *
- * Batch invariance (SPEC 5): each row run alone (B = 1, T = its real length,
+ * Batch invariance (hi3-batching(7), rule 8): each row run alone (B = 1, T = its real length,
  * no padding) gives bitwise the logits, K/V, hidden states and routing of
  * that row in the padded batch at its valid positions.
  *
@@ -25,26 +25,18 @@
  * the last tokens, then one HI3_ATTN_CACHE call per remaining column, gives
  * the reference logits and K/V within the same 1e-5.
  */
-#include <ftw.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
 #include "core/internal.h"
 #include "tap.h"
+#include "testdir.h"
 
 #define TOL 1e-5
 
 static const char *const fixtures[] = {"forward-tiny", "forward-tiny-moe", "forward-tiny-moe-bf16"};
 
-static char tmpdir[] = "/tmp/hi3-test-forward.XXXXXX";
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
+static char *tmpdir;
 
 /* max |a - ref| / max |ref| over n values; infinite if a holds NaN/Inf. */
 static double rel_err(const float *a, const float *ref, size_t n)
@@ -472,13 +464,11 @@ int main(void)
 
 	if (!srcdir)
 		srcdir = ".";
-	if (!mkdtemp(tmpdir)) {
-		perror("mkdtemp");
+	if (!(tmpdir = testdir_new("test-forward")))
 		return 1;
-	}
 	hi3_set_log(NULL, NULL, HI3_LOG_WARN);
 	for (size_t i = 0; i < sizeof(fixtures) / sizeof(fixtures[0]); i++)
 		check_fixture(srcdir, fixtures[i]);
-	nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	testdir_done(tmpdir);
 	return done_testing();
 }

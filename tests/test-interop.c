@@ -1,4 +1,4 @@
-/* test-interop.c -- safetensors interoperability with Python (SPEC 7).
+/* test-interop.c -- safetensors interoperability with Python (hi3-files(5)).
  *
  *   test-interop                 TAP: open tests/fixtures/python-written.safetensors
  *                                (written by Python's safetensors package, see

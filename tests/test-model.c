@@ -6,8 +6,9 @@
 #include <unistd.h>
 #include "core/internal.h"
 #include "tap.h"
+#include "testdir.h"
 
-static char root[] = "/tmp/hi3-test-model.XXXXXX";
+static char *root;
 static char warned[4096];
 
 static void capture(int level, const char *msg, void *ctx)
@@ -38,10 +39,8 @@ static int same_file(const char *a, const char *b)
 
 static void copy_dir(const char *from, const char *to)
 {
-	char *cmd = hi3i_asprintf("rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
-	if (system(cmd) != 0)
-		diag("copy failed: %s", cmd);
-	free(cmd);
+	if (testdir_copy(from, to) != 0)
+		diag("could not copy %s to %s", from, to);
 }
 
 /* Rewrite DIR/model.safetensors: drop tensor `drop`, or poison `nan` with a NaN. */
@@ -135,7 +134,7 @@ int main(void)
 	hi3_model *m = NULL;
 	char fp[17] = "";
 
-	if (!mkdtemp(root))
+	if (!(root = testdir_new("test-model")))
 		return 1;
 	hi3_set_log(capture, NULL, HI3_LOG_WARN);
 	a = p("a", NULL);
@@ -232,12 +231,7 @@ int main(void)
 		ok(hi3_init_model(c, &bad, &err) == -1 && strstr(err.msg, "vocab_size 100"),
 		   "vocab smaller than the tokenizer: %s", err.msg);
 	}
-	{
-		char *cmd = hi3i_asprintf("rm -rf %s", root);
-		if (system(cmd) != 0)
-			diag("could not clean %s", root);
-		free(cmd);
-	}
+	testdir_done(root);
 	free(a);
 	free(b);
 	free(c);

@@ -11,8 +11,9 @@
 #include "core/internal.h"
 #include "tap.h"
 #include "cuda-test.h"
+#include "testdir.h"
 
-static char root[] = "/tmp/hi3-test-png.XXXXXX";
+static char *root;
 
 struct image {
 	int w, h;
@@ -94,7 +95,7 @@ int main(void)
 	struct image im;
 	char *path;
 
-	if (!mkdtemp(root) || !(path = hi3i_asprintf("%s/row-0.png", root)))
+	if (!(root = testdir_new("test-png")) || !(path = hi3i_asprintf("%s/row-0.png", root)))
 		return 1;
 	for (size_t i = 0; i < sizeof(rgb); i++) {
 		rgb[i] = (uint8_t)(i * 37 + 11);
@@ -126,7 +127,7 @@ int main(void)
 	   !memcmp(im.rgb, rgb2, sizeof(rgb2)) && im.n_text == 0, "hi3_png_write_rgb replaces it, without texts");
 	release(&im);
 	ok(n_files(root) == 1, "no temporary file is left beside it (%d files)", n_files(root));
-	rm_tree(root);
+	testdir_done(root);
 	free(path);
 	return done_testing();
 }

@@ -4,8 +4,9 @@
 #include <unistd.h>
 #include "core/internal.h"
 #include "tap.h"
+#include "testdir.h"
 
-static char dir[] = "/tmp/hi3-test-st.XXXXXX";
+static char *dir;
 
 static char *path_of(const char *name)
 {
@@ -50,7 +51,7 @@ int main(void)
 	uint16_t h[2] = {hi3_f32_to_bf16(1.5f), hi3_f32_to_bf16(-2.0f)};
 	int64_t sa[2] = {2, 3}, sb[1] = {3}, sc[1] = {5}, sh[1] = {2}, sz[2] = {4, 1000};
 
-	if (!mkdtemp(dir))
+	if (!(dir = testdir_new("test-st")))
 		return 1;
 	hi3_stw_meta(w, "format", "hi3.test");
 	hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION);
@@ -135,11 +136,6 @@ int main(void)
 	ok(hi3_stw_write(w, "/nonexistent-dir/x.safetensors", &err) == -1 && err.status == HI3_ERR_RUNTIME,
 	   "write into a missing directory fails: %s", err.msg);
 	hi3_stw_free(w);
-	{
-		char cmd[600];
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-		if (system(cmd) != 0)
-			diag("could not remove %s", dir);
-	}
+	testdir_done(dir);
 	return done_testing();
 }

@@ -9,12 +9,15 @@
 #include <unistd.h>
 #include "cond/cond-internal.h"
 #include "tap.h"
+#include "testdir.h"
 
 static const char *const tensors[] = {"input_ids",      "position_ids",  "real_pos",      "rope_pos",
                                       "image_blocks",   "seeds",         "stop_tokens",   "gen_image_mask",
                                       "cond_vit_mask",  "cond_vae_mask", "timestep_index", NULL};
 static const char *const meta[] = {"format", "format_version", "mode", "bot_task", "template", "cfg_factor",
                                    "pad_id", "pad_positions", NULL};
+
+static char *scratch;          /* where the built conditions are written */
 
 /* Write c to path and compare it with the expected file, tensor by tensor. */
 static int compare(const char *what, const hi3_cond *c, const char *path, const hi3_st *want)
@@ -66,8 +69,7 @@ static void run_case(const char *dir, const char *name, const char *sub, const c
 {
 	char *mdir = hi3i_asprintf("%s/%s", dir, sub), *tokp = hi3i_asprintf("%s/tokenizer.json", dir);
 	char *jsonl = hi3i_asprintf("%s/%s.jsonl", dir, name), *want_path = hi3i_asprintf("%s/%s.safetensors", dir, name);
-	char *out = hi3i_asprintf("%s/hi3-test-template-%d.st", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
-	                          (int)getpid());
+	char *out = hi3i_asprintf("%s/%s.st", scratch, name);
 	hi3_template_opts to = {.model_dir = mdir, .tokenizer = tokp, .load_tokenizer = 1, .name = tname,
 	                        .drop_think = drop, .pad_id = -1};
 	hi3_template *t = NULL;
@@ -110,10 +112,13 @@ int main(void)
 	FILE *f;
 	int n = 0;
 
+	if (!(scratch = testdir_new("test-template")))
+		return 1;
 	dir = hi3i_asprintf("%s/tests/fixtures/template", src);
 	path = hi3i_asprintf("%s/cases.txt", dir);
 	if (!dir || !path || !(f = fopen(path, "r"))) {
 		ok(0, "open %s/tests/fixtures/template/cases.txt", src);
+		testdir_done(scratch);
 		return done_testing();
 	}
 	while (fgets(line, sizeof(line), f)) {
@@ -129,5 +134,6 @@ int main(void)
 	free(path);
 	ok(n >= 10, "%d cases (both templates; gen_text, i2t, gen_image, drop_think, pre-tokenized, released geometry)",
 	   n);
+	testdir_done(scratch);
 	return done_testing();
 }

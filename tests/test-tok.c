@@ -12,8 +12,9 @@
 #include <unistd.h>
 #include "core/internal.h"
 #include "tap.h"
+#include "testdir.h"
 
-static char dir[] = "/tmp/hi3-test-tok.XXXXXX";
+static char *dir;
 static const char *fixdir;
 
 /* The inputs (JSON strings: they may hold NUL): strings.jsonl for most
@@ -345,7 +346,7 @@ int main(void)
 		snprintf(buf, sizeof(buf), "%s/tests/fixtures", getenv("SRCDIR"));
 		fixdir = buf;
 	}
-	if (!mkdtemp(dir))
+	if (!(dir = testdir_new("test-tok")))
 		return 1;
 	ok(hi3_init_model(dir, &io, &err) == 0, "init-model tiny: %s", err.msg);
 	snprintf(init_path, sizeof(init_path), "%s/tokenizer.json", dir);
@@ -380,11 +381,6 @@ int main(void)
 	check_errors(init_path);
 	json_decref(strings);
 	json_decref(classes);
-	if (getenv("HI3_KEEP") == NULL) {
-		char cmd[600];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-		if (system(cmd) != 0)
-			diag("could not remove %s", dir);
-	}
+	testdir_done(dir);
 	return done_testing();
 }

@@ -1,7 +1,7 @@
 /*
  * test-tools.c -- unit tests of the inspection tools (slices, statistics,
  * PNG, diff locations and tolerances), and, with a command, a fixture maker
- * for the shell tests (tests/tools-*.sh):
+ * for the shell tests (tests/t3000-inspect.sh, t3100-diff.sh):
  *
  *   test-tools                      run the unit tests (TAP)
  *   test-tools kv OUT SPEC          a kv file (see parse_kv_spec)
@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include "tools/tools.h"
 #include "tap.h"
+#include "testdir.h"
 
 /* ----------------------------------------------------------- fixtures */
 
@@ -404,7 +405,7 @@ static int tool(int argc, char **argv)
 
 /* ------------------------------------------------------------ unit tests */
 
-static char dir[] = "/tmp/hi3-test-tools.XXXXXX";
+static char *dir;
 
 static const char *path_of(const char *name)
 {
@@ -656,18 +657,13 @@ int main(int argc, char **argv)
 {
 	if (argc > 1)
 		return tool(argc, argv);
-	if (!mkdtemp(dir))
+	if (!(dir = testdir_new("test-tools")))
 		return 1;
 	test_natcmp();
 	test_slices();
 	test_stats();
 	test_png();
 	test_diff_kv();
-	{
-		char cmd[600];
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-		if (system(cmd) != 0)
-			diag("could not remove %s", dir);
-	}
+	testdir_done(dir);
 	return done_testing();
 }

@@ -21,11 +21,12 @@
 #include "core/internal.h"
 #include "tap.h"
 #include "cuda-test.h"
+#include "testdir.h"
 #include "vae-model.h"
 
 #define TOL 1e-5
 
-static char root[] = "/tmp/hi3-test-vae.XXXXXX";
+static char *root;
 
 static const hi3_tensor *get(const hi3_st *st, const char *fmt, int i)
 {
@@ -215,7 +216,7 @@ int main(void)
 	double sum = 0, want;
 	int64_t seed;
 
-	if (!mkdtemp(root) || !path || hi3_st_open(&fx, path, HI3_ST_READ, &err)) {
+	if (!(root = testdir_new("test-vae")) || !path || hi3_st_open(&fx, path, HI3_ST_READ, &err)) {
 		printf("Bail out! %s\n", err.msg);
 		return 1;
 	}
@@ -243,7 +244,7 @@ int main(void)
 	}
 	hi3_vae_close(v);
 	hi3_st_close(fx);
-	rm_tree(root);
+	testdir_done(root);
 	free(path), free(cfgtext), free(dir);
 	return done_testing();
 }

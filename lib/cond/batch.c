@@ -6,7 +6,7 @@
  * blocks per row, NS stop tokens per row, K <timestep> indices per row,
  * R requests (B = R * cfg_factor).
  *
- * The batching rule (SPEC 5.1): position_ids[b, t] = t on every column,
+ * hi3-batching(7), rule 1: position_ids[b, t] = t on every column,
  * pads included; only the pad_zero ablation writes 0 at pad columns.
  */
 #include <string.h>

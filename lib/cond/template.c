@@ -1,5 +1,5 @@
 /*
- * template.c -- the HunyuanImage-3.0 sequence template (SPEC 4): a request
+ * template.c -- the HunyuanImage-3.0 sequence template (hi3-batching(7)): a request
  * becomes a list of sections (text, generated image, joint cond image) the
  * way upstream's chat template builds them, then one row of token ids with
  * its full-attention blocks, 2-D RoPE positions, image masks, <timestep>
@@ -461,7 +461,7 @@ static int cot_has_pair(const char *s, size_t n)
 	       (contains(s, n, "<think>") && contains(s, n, "</think>"));
 }
 
-/* The sections of request r (SPEC 4; upstream apply_chat_template with one
+/* The sections of request r (hi3-batching(7); upstream apply_chat_template with one
  * system, user and assistant turn). */
 static int build_sections(const hi3_template *t, const struct hi3i_request *r, struct seclist *l, hi3_error *err)
 {
@@ -727,7 +727,7 @@ static int encode_image(const hi3_template *t, const hi3_requests *rq, int i, st
 
 /* RoPE: (t, t) for every column, then each image run of h x w starting at
  * index L gets, for its token (i, j), y = L + i + floor(h(w-1)/2) and
- * x = L + j + floor(w(h-1)/2) (SPEC 3). */
+ * x = L + j + floor(w(h-1)/2) (hi3-batching(7), RoPE). */
 static int rope_positions(struct rowbuf *rb, hi3_error *err)
 {
 	hi3_cond_row *r = rb->row;
@@ -748,7 +748,7 @@ static int rope_positions(struct rowbuf *rb, hi3_error *err)
 	return 0;
 }
 
-/* Stop tokens by bot_task (SPEC 4): with image_size "auto" the <img_ratio_*>
+/* Stop tokens by bot_task (hi3-batching(7)): with image_size "auto" the <img_ratio_*>
  * tokens end an automatic answer, with a given size <boi> does. */
 static int stop_tokens(const hi3_template *t, const hi3_requests *rq, int i, hi3_cond_row *row, hi3_error *err)
 {

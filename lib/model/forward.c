@@ -1,5 +1,5 @@
 /*
- * forward.c -- the HunyuanImage-3.0 decoder, top to bottom as SPEC section 3
+ * forward.c -- the HunyuanImage-3.0 decoder, top to bottom as hi3-batching(7), MODEL
  * reads, written against the backend ops table (backend.h).
  *
  * Per token:  x = wte[id]

@@ -1,12 +1,12 @@
 /*
  * decode.c -- decode over a KV file made by prefill: the batching contract
- * of SPEC section 5, with one code path for every B.
+ * of hi3-batching(7), with one code path for every B.
  *
  * Each step samples every unfinished row from its current logits,
  * then feeds the new tokens of the rows that go on, one per row, at index
- * p = n_i + g (5.3, 5.4): K/V are written at slot p and the query attends
+ * p = n_i + g (rules 3, 4): K/V are written at slot p and the query attends
  * slots [0, p]. A row that samples a stop token or reaches max_new stops:
- * it is not fed, written or computed again (5.7).
+ * it is not fed, written or computed again (rule 7).
  */
 #include <math.h>
 #include <signal.h>

@@ -1,11 +1,11 @@
 /*
  * prefill.c -- the prompt batch into a new KV file: the batching contract
- * of SPEC section 5, with one code path for every B.
+ * of hi3-batching(7), with one code path for every B.
  *
  * The B x L prompt batch runs in one (or a few, by rows) forward calls in
  * self-attention mode: query column t attends key columns j <= t and its
- * image block; K/V go to cache slot position_ids[i, t] (5.1, 5.2); each
- * row's first logits come from column n_i - 1 (5.5). The file is built
+ * image block; K/V go to cache slot position_ids[i, t] (rules 1, 2); each
+ * row's first logits come from column n_i - 1 (rule 5). The file is built
  * under a temporary name and renamed into place when complete.
  */
 #include <stdio.h>

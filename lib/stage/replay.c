@@ -1,5 +1,5 @@
 /*
- * replay.c -- teacher-forced log-probs of a rollout (SPEC sections 5, 6, 7).
+ * replay.c -- teacher-forced log-probs of a rollout (hi3-batching(7), SAMPLING).
  *
  * For row i, one causal forward over its true prompt (its first n_i
  * columns, no padding) followed by its response tokens; the log-prob of

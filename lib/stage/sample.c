@@ -1,5 +1,5 @@
 /*
- * sample.c -- batch-invariant sampling (SPEC section 6).
+ * sample.c -- batch-invariant sampling (hi3-batching(7), SAMPLING).
  *
  * The random draw for a row at step s depends only on (seed, s): it is the
  * first output word pair of Philox-4x32-10 with key = seed and counter =

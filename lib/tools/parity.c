@@ -1,5 +1,5 @@
 /*
- * parity.c -- prove a batch equals its rows run alone (SPEC 5.8, 5.9).
+ * parity.c -- prove a batch equals its rows run alone (hi3-batching(7), rules 8, 9).
  *
  * For a set of requests, the whole pipeline (prefill, then decode) runs on
  * each batched construction -- the batch encoded at once, the rows encoded

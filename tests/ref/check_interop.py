@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """check_interop.py -- safetensors interoperability between hi3 and Python's
-`safetensors` package (issue 2, SPEC 7), run by `make check-ref`.
+`safetensors` package (issue 2, hi3-files(5)), run by `make check-ref`.
 
   HI3=bin/hi3 python3 tests/ref/check_interop.py --out tests/fixtures \
       --hi3-written FILE [--stage FILE]...

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """hi3ref -- an independent PyTorch reference of the HunyuanImage-3.0 decoder
-forward pass (SPEC section 3), for golden fixtures and speed comparisons.
+forward pass (hi3-batching(7), MODEL), for golden fixtures and speed comparisons.
 
-Written from SPEC section 3 and the facts of the upstream model source, not
+Written from hi3-batching(7), MODEL, and the facts of the upstream model source, not
 from hi3's C code. Everything is computed in fp32; bf16 checkpoints are
 widened to fp32 on load (as hi3's CPU backend does).
 
@@ -294,7 +294,7 @@ class Model:
     # -------------------------------------------------- prefill and decode
 
     def prefill(self, cache, ids, lengths, rope=None, blocks=None):
-        """SPEC 5 prefill of right-padded rows ids (B, L) with real lengths
+        """Prefill (hi3-batching(7), rules 1, 2, 5) of right-padded rows ids (B, L) with real lengths
         (B): position ids are the column indices (pads extend each row's own
         indices), K/V are written to slot = position id, query p attends
         slots <= p (and its image block); no query admits a slot >= L.
@@ -309,7 +309,7 @@ class Model:
         return out["logits"][torch.arange(B), last]
 
     def decode(self, cache, tok, p):
-        """SPEC 5 decode step: token tok (B) of each row at sequence index p
+        """Decode step (hi3-batching(7), rules 3, 4): token tok (B) of each row at sequence index p
         (B), text RoPE (p, p), K/V written to slot p, attending slots [0, p].
         Returns the logits (B, V)."""
         B = tok.shape[0]

@@ -63,7 +63,7 @@ def special_ids(model_dir):
 
 
 def image_rope(L, h, w):
-    """SPEC 3: token (r, c) of an h x w image starting at index L has
+    """hi3-batching(7), RoPE: token (r, c) of an h x w image starting at index L has
     y = trunc(L + (w h - h) / 2 + r), x = trunc(L + (w h - w) / 2 + c).
     Upstream builds the same grid as an fp32 linspace from beta to beta + n
     (n + 1 points, the last dropped) cast to long; check that they agree."""
@@ -73,7 +73,8 @@ def image_rope(L, h, w):
     gy = torch.linspace(by, by + h, h + 1, dtype=torch.float32)[:h]
     gx = torch.linspace(bx, bx + w, w + 1, dtype=torch.float32)[:w]
     grid = torch.stack(torch.meshgrid(gy, gx, indexing="ij")).reshape(2, -1).long()
-    assert [tuple(p) for p in grid.t().tolist()] == spec, "SPEC image RoPE rule disagrees with the fp32 grid"
+    assert [tuple(p) for p in grid.t().tolist()] == spec, \
+        "the image RoPE rule of hi3-batching(7) disagrees with the fp32 grid"
     return spec
 
 

@@ -49,7 +49,7 @@ DEEPSEEK_SPLITS = [r"[\r\n]", r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳ�
                    r"ℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲"
                    r"𑢠-𑣟𞤀-𞥃]+", r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}+"]
 
-# The special tokens of SPEC section 4 (as hi3 init-model names them).
+# The special tokens of hi3-batching(7), SEQUENCE TEMPLATE (as hi3 init-model names them).
 SPECIALS = (["<|startoftext|>", "<|endoftext|>", "<pad>", "<boi>", "<eoi>", "<img>", "<cfg>", "<joint_img_sep>",
              "<timestep>", "<guidance>", "<answer>", "</answer>", "<think>", "</think>", "<recaption>",
              "</recaption>"] + ["<img_size_%d>" % s for s in (256, 512, 768, 1024, 1280, 1536, 2048)]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference of the HunyuanImage-3.0 sequence template (SPEC 4), for the
+"""Reference of the HunyuanImage-3.0 sequence template (hi3-batching(7)), for the
 fixtures of tests/test-template.
 
 Written from the facts of upstream tokenizer_wrapper.py (apply_chat_template
@@ -305,7 +305,7 @@ def rope_2d(n, runs):
 # ---------------------------------------------------------------- batches
 
 def conditions(tpl, reqs, template_name, seed_base=0):
-    """The padded batch of SPEC 5.1 / 7 as a dict of arrays + metadata."""
+    """The padded batch of hi3-batching(7), rule 1, and hi3-files(5) as a dict of arrays + metadata."""
     cfg_factor = 2 if reqs[0].get("mode") == "gen_image" else 1
     rows = []
     for g in range(cfg_factor):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write tests/fixtures/tools/python.safetensors with the `safetensors`
 package (as any PyTorch user would) and python.expect: what numpy says
-about each tensor, for tests/tools-inspect.sh to hold `hi3 inspect` to.
+about each tensor, for tests/t3000-inspect.sh to hold `hi3 inspect` to.
 
     python3 tests/ref/tools_fixture.py tests/fixtures/tools
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# tools-inspect.sh -- hi3 inspect: summary, --json, values, slices, PNG
+# t3000-inspect.sh -- hi3 inspect: summary, --json, values, slices, PNG
 # pictures, checkpoints, bad input.
 . "$SRCDIR/tests/lib.sh"
 TT="$BUILDDIR/tests/test-tools"

@@ -1,5 +1,5 @@
 #!/bin/sh
-# tokenize-concat.sh -- hi3 tokenize-concat: requests to conditions, --batch
+# t1200-tokenize-concat.sh -- hi3 tokenize-concat: requests to conditions, --batch
 # against --per-row, the pad-position ablation, --concat, and bad input.
 . "$SRCDIR/tests/lib.sh"
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# tools-diff.sh -- hi3 diff: locations, tolerances, --valid-only, --row,
+# t3100-diff.sh -- hi3 diff: locations, tolerances, --valid-only, --row,
 # segments, JSON, bad input.
 . "$SRCDIR/tests/lib.sh"
 TT="$BUILDDIR/tests/test-tools"

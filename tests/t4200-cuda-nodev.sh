@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cuda-nodev.sh -- `hi3 --backend cuda` on a machine without a GPU or
+# t4200-cuda-nodev.sh -- `hi3 --backend cuda` on a machine without a GPU or
 # driver: exit 1, a message naming the cause, no output file touched.
 # Skipped where a GPU is present.
 . "$SRCDIR/tests/lib.sh"

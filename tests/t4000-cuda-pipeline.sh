@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cuda-pipeline.sh -- the pipeline with --backend cuda gives what the CPU
+# t4000-cuda-pipeline.sh -- the pipeline with --backend cuda gives what the CPU
 # gives: prefill, decode (greedy and sampled, in one call or split), parity.
 # In make check the CUDA backend runs on the CPU emulation of tests/cuda-emu
 # (tests/hi3-cuda-emu is hi3 linked with it); make check-cuda runs this
