@@ -1,8 +1,10 @@
 /*
  * test-vae.c -- the VAE (model/vae.c) against upstream's own
  * AutoencoderKLConv3D (tests/ref/vae_ref.py; fixtures in
- * tests/fixtures/vae/vae-tiny.safetensors): decoder images and encoder
- * mean/logvar at two sizes within 1e-5 relative, fp32; the weights are
+ * tests/fixtures/vae: vae-tiny, and vae-nomatch for the constructor's other
+ * branches: unmatched resample channels, so ResnetBlocks with a
+ * nin_shortcut, factors 8 and 2, a shift_factor): decoder images and
+ * encoder mean/logvar at two sizes within 1e-5 relative, fp32; the weights are
  * regenerated here by tests/vae-model.c's generator and checked against
  * the fixture's checksum. Then what must hold beyond the fixtures: a
  * batch gives each image's bits alone (CPU), the latent of a posterior,
@@ -199,15 +201,11 @@ static void test_missing(const hi3_vae_config *c)
 	free(dir), free(dir2), free(dir3);
 }
 
-int main(void)
+/* The tests of one fixture file NAME (tests/fixtures/vae/NAME.safetensors);
+ * the others only on the first (tiny) and the CPU. */
+static void run_fixture(const char *srcdir, const char *name, const char *backend, int more)
 {
-	const char *srcdir = getenv("SRCDIR") ? getenv("SRCDIR") : ".";
-#if defined(HI3_CUDA_EMU) || defined(HI3_VAE_TEST_CUDA)
-	const char *backend = "cuda";
-#else
-	const char *backend = "cpu";
-#endif
-	char *path = hi3i_asprintf("%s/tests/fixtures/vae/vae-tiny.safetensors", srcdir), *cfgtext, *dir;
+	char *path = hi3i_asprintf("%s/tests/fixtures/vae/%s.safetensors", srcdir, name), *cfgtext = NULL, *dir;
 	hi3_model_opts mo = {.backend = backend, .threads = 2, .batch_invariant = 1};
 	hi3_error err = {0};
 	hi3_vae_config c;
@@ -216,35 +214,49 @@ int main(void)
 	double sum = 0, want;
 	int64_t seed;
 
-	if (!(root = testdir_new("test-vae")) || !path || hi3_st_open(&fx, path, HI3_ST_READ, &err)) {
-		printf("Bail out! %s\n", err.msg);
-		return 1;
-	}
-	cfgtext = hi3i_asprintf("{\"vae\": %s}", hi3_st_meta(fx, "vae"));
-	dir = hi3i_asprintf("%s/tiny", root);
-	if (!cfgtext || !dir || hi3_vae_config_parse(&c, cfgtext, path, &err) ||
-	    hi3i_parse_i64(hi3_st_meta(fx, "seed"), 0, INT64_MAX, &seed) || hi3i_parse_f64(hi3_st_meta(fx, "checksum"), &want)) {
-		printf("Bail out! %s: bad metadata %s\n", path, err.msg);
-		return 1;
+	dir = hi3i_asprintf("%s/%s", root, name);
+	if (!path || !dir || hi3_st_open(&fx, path, HI3_ST_READ, &err) ||
+	    !(cfgtext = hi3i_asprintf("{\"vae\": %s}", hi3_st_meta(fx, "vae"))) ||
+	    hi3_vae_config_parse(&c, cfgtext, path, &err) || hi3i_parse_i64(hi3_st_meta(fx, "seed"), 0, INT64_MAX, &seed) ||
+	    hi3i_parse_f64(hi3_st_meta(fx, "checksum"), &want)) {
+		printf("Bail out! %s: %s\n", path ? path : name, err.msg);
+		exit(1);
 	}
 	diag("fixtures: %s (upstream %s, torch %s)", path, hi3_st_meta(fx, "upstream"), hi3_st_meta(fx, "torch"));
 	ok(vae_model_write(dir, &c, HI3_VAE_DECODER | HI3_VAE_ENCODER, (uint64_t)seed, HI3_F32, &sum, &err) == 0,
-	   "the tiny VAE's weights %s", err.msg);
-	ok(fabs(sum - want) <= 1e-9 * fabs(want), "weights: checksum %.12g equals upstream's %.12g (the same generator)",
-	   sum, want);
+	   "%s: the weights %s", name, err.msg);
+	ok(fabs(sum - want) <= 1e-9 * fabs(want), "%s: weights' checksum %.12g equals upstream's %.12g (the same "
+	   "generator, the same tensors)", name, sum, want);
 	if (hi3_vae_open_dir(&v, dir, &mo, HI3_VAE_DECODER | HI3_VAE_ENCODER, &err)) {
-		ok(0, "open the tiny VAE on %s: %s", backend, err.msg);
-		return done_testing();
-	}
-	test_fixtures(v, fx, backend);
-	if (!strcmp(backend, "cpu")) {
-		test_batch(v, fx);
-		test_latent_and_pixels(v);
-		test_missing(&c);
+		ok(0, "open %s on %s: %s", name, backend, err.msg);
+	} else {
+		char label[64];
+		snprintf(label, sizeof(label), "%s %s", name, backend);
+		test_fixtures(v, fx, label);
+		if (more) {
+			test_batch(v, fx);
+			test_latent_and_pixels(v);
+			test_missing(&c);
+		}
 	}
 	hi3_vae_close(v);
 	hi3_st_close(fx);
-	testdir_done(root);
 	free(path), free(cfgtext), free(dir);
+}
+
+int main(void)
+{
+	const char *srcdir = getenv("SRCDIR") ? getenv("SRCDIR") : ".";
+#if defined(HI3_CUDA_EMU) || defined(HI3_VAE_TEST_CUDA)
+	const char *backend = "cuda";
+#else
+	const char *backend = "cpu";
+#endif
+
+	if (!(root = testdir_new("test-vae")))
+		return 1;
+	run_fixture(srcdir, "vae-tiny", backend, !strcmp(backend, "cpu"));
+	run_fixture(srcdir, "vae-nomatch", backend, 0);
+	testdir_done(root);
 	return done_testing();
 }

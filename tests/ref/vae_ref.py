@@ -4,9 +4,10 @@ instantiated small, with the weights of tests/vae-model.h's counter-based
 generator, in fp32 on the CPU.
 
   vae_ref.py fixtures --out tests/fixtures/vae [--upstream FILE]
-      writes vae-tiny.safetensors: decoder inputs/outputs and encoder
-      inputs/outputs at two sizes, with the config, seed and the weights'
-      checksum in the metadata (tests/test-vae.c regenerates the weights).
+      writes vae-tiny.safetensors and vae-nomatch.safetensors (the
+      resamples' channels not matched, a shift_factor): decoder and encoder
+      inputs and outputs at two sizes, with the config, seed and the
+      weights' checksum in the metadata (tests/test-vae.c regenerates the weights).
   vae_ref.py bench --model DIR --sizes 2x2,4x4 [--repeat N] [--encode]
       times upstream's decode (or, --encode, encode) on the weights of DIR
       (a model directory written by tests/bench-vae), one JSON line per
@@ -47,8 +48,25 @@ TINY = {
     "scaling_factor": 0.562679178327931,
     "shift_factor": None,
 }
+# The other branches of upstream's constructor: channels not matched at
+# the resamples (ResnetBlocks with a nin_shortcut), 4 levels at factors 8
+# and 2, and a shift_factor.
+NOMATCH = {
+    "block_out_channels": [32, 64, 96, 96],
+    "in_channels": 3,
+    "out_channels": 3,
+    "latent_channels": 16,
+    "layers_per_block": 1,
+    "ffactor_spatial": 8,
+    "ffactor_temporal": 2,
+    "downsample_match_channel": False,
+    "upsample_match_channel": False,
+    "scaling_factor": 0.75,
+    "shift_factor": 0.25,
+}
+FIXTURES = {"vae-tiny": TINY, "vae-nomatch": NOMATCH}
 SEED = 7
-SIZES = [(2, 3), (4, 4)]          # latent (h, w): images 32 x 48 and 64 x 64
+SIZES = [(2, 3), (4, 4)]          # latent (h, w): images 32 x 48 and 64 x 64 (tiny)
 
 MASK = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -167,7 +185,11 @@ def test_image(rng, H, W):
 
 def cmd_fixtures(a):
     mod = load_upstream(a.upstream)
-    cfg = TINY
+    for name, cfg in FIXTURES.items():
+        write_fixture(a, mod, name, cfg)
+
+
+def write_fixture(a, mod, name, cfg):
     vae = build(mod, cfg)
     names = set_weights(vae, lambda n, s: gen(n, s, SEED))
     rng = np.random.default_rng(12)
@@ -199,8 +221,8 @@ def cmd_fixtures(a):
         "torch": torch.__version__,
     }
     os.makedirs(a.out, exist_ok=True)
-    save_file(out, os.path.join(a.out, "vae-tiny.safetensors"), metadata=meta)
-    print(f"vae_ref: wrote {a.out}/vae-tiny.safetensors ({len(names)} weight tensors, checksum {meta['checksum']})")
+    save_file(out, os.path.join(a.out, name + ".safetensors"), metadata=meta)
+    print(f"vae_ref: wrote {a.out}/{name}.safetensors ({len(names)} weight tensors, checksum {meta['checksum']})")
 
 
 def cmd_bench(a):
