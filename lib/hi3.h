@@ -849,6 +849,69 @@ typedef struct hi3_image_vit {
 int hi3_image_vit_view(hi3_image_vit **out, const hi3_image *im, const hi3_image_vit_opts *o, hi3_error *err);
 void hi3_image_vit_free(hi3_image_vit *v);
 
+/* -------------------------------------------------------------------- VAE */
+
+/* The image autoencoder (upstream AutoencoderKLConv3D, tensors vae.*): a
+ * 3-D decoder from latents to pixels and a 3-D encoder from pixels to the
+ * posterior of the latents. Its config is the "vae" block of config.json.
+ * Latents (B, latent_channels, h, w); images (B, channels, H, W) with H =
+ * h ffactor_spatial; pixel values about [-1, 1]. Every call runs fp32 on
+ * the model's backend, one image at a time (on the CPU backend an image
+ * gives the same bits alone or in a batch). */
+#define HI3_VAE_MAX_LEVELS 8
+
+typedef struct hi3_vae_config {
+	int in_channels, out_channels;      /* 3, 3 */
+	int latent_channels;                /* 32 */
+	int n_levels;                       /* entries of block_out_channels */
+	int block_out_channels[HI3_VAE_MAX_LEVELS];   /* encoder order: [128, 256, 512, 1024, 1024] */
+	int layers_per_block;               /* encoder: per level; decoder: one more */
+	int ffactor_spatial, ffactor_temporal;   /* 16, 4 */
+	int downsample_match_channel, upsample_match_channel;
+	double scaling_factor;              /* latent = (z - shift) scaling */
+	double shift_factor;                /* 0 unless has_shift */
+	int has_shift;
+} hi3_vae_config;
+
+enum hi3_vae_parts { HI3_VAE_DECODER = 1, HI3_VAE_ENCODER = 2 };
+
+typedef struct hi3_vae hi3_vae;
+
+/* The "vae" block of a config.json text (name for messages). */
+int hi3_vae_config_parse(hi3_vae_config *c, const char *config_json, const char *name, hi3_error *err);
+/* The VAE of an open model: its config's vae block, its vae.* tensors
+ * through its backend (m must outlive the VAE). A model without them is an
+ * input error naming the missing tensor or block. parts: enum
+ * hi3_vae_parts, or'd. */
+int hi3_vae_open(hi3_vae **out, hi3_model *m, int parts, hi3_error *err);
+/* The same from a model directory alone (config.json with a vae block,
+ * the checkpoint), on a backend of its own; opts as hi3_model_open's. */
+int hi3_vae_open_dir(hi3_vae **out, const char *dir, const hi3_model_opts *opts, int parts, hi3_error *err);
+void hi3_vae_close(hi3_vae *v);
+const hi3_vae_config *hi3_vae_get_config(const hi3_vae *v);
+
+/* images (B, out_channels, h f, w f) = the decoder's last frame of each
+ * latent (B, latent_channels, h, w) as the diffusion makes it: z =
+ * latent / scaling_factor (+ shift_factor) gets a time axis of 1 frame,
+ * which the decoder grows to ffactor_temporal. */
+int hi3_vae_decode(hi3_vae *v, const float *latents, int B, int h, int w, float *images, hi3_error *err);
+/* The posterior of images (B, in_channels, H, W) in [-1, 1], H and W
+ * multiples of ffactor_spatial, each repeated over ffactor_temporal
+ * frames: mean and logvar (B, latent_channels, H / f, W / f), logvar
+ * clamped to [-30, 20]. */
+int hi3_vae_encode(hi3_vae *v, const float *images, int B, int H, int W, float *mean, float *logvar,
+                   hi3_error *err);
+/* The model's latents of a posterior, n elements: (s - shift_factor)
+ * scaling_factor with s = mean (noise NULL: the posterior mean, the
+ * default), or the sample s = mean + exp(logvar / 2) noise with noise
+ * drawn by the caller (N(0, 1), e.g. from the row's counter-based
+ * generator). */
+void hi3_vae_latent(const hi3_vae *v, const float *mean, const float *logvar, const float *noise, size_t n,
+                    float *latents);
+/* rgb (H, W, 3) = round(clamp(x / 2 + 0.5, 0, 1) 255) of image (3, H, W),
+ * in fp32 with ties to even (as diffusers' VaeImageProcessor in numpy). */
+void hi3_vae_to_rgb8(const float *image, int H, int W, uint8_t *rgb);
+
 /* ------------------------------------------------------------------ tools */
 
 /* Statistics of a tensor of any dtype: min, max and mean over the finite
@@ -863,6 +926,16 @@ int hi3_tensor_stats(const hi3_tensor *t, int threads, hi3_stats *s, hi3_error *
 /* Write an 8-bit RGB image (height rows of width * 3 bytes) as a PNG,
  * atomically; "-" writes standard output. */
 int hi3_png_write_rgb(const char *path, int width, int height, const uint8_t *rgb, hi3_error *err);
+/* The same with key/value text chunks (the prompt, seed and sampler
+ * settings of a generated image, as stable-diffusion.cpp writes them):
+ * tEXt, or iTXt (UTF-8) for a value beyond printable ASCII. A key must be
+ * a PNG keyword (1 to 79 printable ASCII characters, no leading, trailing
+ * or doubled spaces): anything else is a usage error, nothing written. */
+typedef struct hi3_png_text {
+	const char *key, *value;
+} hi3_png_text;
+int hi3_png_write_rgb_text(const char *path, int width, int height, const uint8_t *rgb, const hi3_png_text *text,
+                           int n_text, hi3_error *err);
 
 /* hi3 inspect (see hi3-inspect(1)). path is a safetensors file or a
  * checkpoint directory (model.safetensors or model.safetensors.index.json). */

@@ -11,21 +11,7 @@
 #include <omp.h>
 #include <string.h>
 #include <unistd.h>
-#include "backend/backend.h"
-#include "backend/gemm.h"
-
-/* Fork threads for an elementwise op only when it has this much work:
- * below it the fork/join costs more than it saves (decode at small B). */
-#define PAR(work) ((work) >= ((size_t)1 << 16))
-
-struct hi3_wt {
-	int kind;
-	int N, K;                 /* matrix (N, K); vector n = N; rows (N = V, K = H) */
-	hi3_packed packed;        /* batch-invariant matmul */
-	float *f32;               /* vectors; OpenBLAS matrices; NULL for rows */
-	const void *raw;          /* rows: the mapped tensor */
-	hi3_dtype raw_dtype;
-};
+#include "backend/cpu.h"
 
 static void *cpu_alloc(hi3_backend *be, size_t n)
 {
@@ -67,6 +53,8 @@ static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_er
 	w->kind = kind;
 	w->N = (int)t->shape[0];
 	w->K = t->ndim > 1 ? (int)t->shape[1] : 1;
+	if (kind == HI3_WT_MATRIX && w->N > 0)    /* a conv weight [Cout, C, k...]: (Cout, C k...) */
+		w->K = (int)(hi3_tensor_numel(t) / w->N);
 	if (kind == HI3_WT_ROWS) {
 		w->raw = t->data;
 		w->raw_dtype = t->dtype;
@@ -574,6 +562,17 @@ static const hi3_backend_ops cpu_ops = {
 	.swiglu = cpu_swiglu,
 	.gather = cpu_gather,
 	.scatter_add = cpu_scatter_add,
+	.im2col = hi3i_cpu_im2col,
+	.bias_add = hi3i_cpu_bias_add,
+	.groupnorm = hi3i_cpu_groupnorm,
+	.layernorm = hi3i_cpu_layernorm,
+	.act = hi3i_cpu_act,
+	.scale_shift = hi3i_cpu_scale_shift,
+	.add_repeat = hi3i_cpu_add_repeat,
+	.add_group_mean = hi3i_cpu_add_group_mean,
+	.depth_to_space = hi3i_cpu_depth_to_space,
+	.space_to_depth = hi3i_cpu_space_to_depth,
+	.attention_dense = hi3i_cpu_attention_dense,
 };
 
 int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_error *err)

@@ -67,6 +67,39 @@ void hi3i_pack_release(hi3_packed *pw)
 	memset(pw, 0, sizeof(*pw));
 }
 
+size_t hi3i_pack_floats(int N, int K)
+{
+	return (size_t)((N + HI3_PANEL - 1) / HI3_PANEL) * (size_t)K * HI3_PANEL;
+}
+
+void hi3i_pack_view(hi3_packed *pw, float *buf, const float *src, int N, int K, int64_t sn, int64_t sk)
+{
+	const int np = (N + HI3_PANEL - 1) / HI3_PANEL;
+
+	pw->N = N;
+	pw->K = K;
+	pw->dtype = HI3_F32;
+	pw->p = buf;
+#pragma omp parallel for schedule(static) if ((int64_t)N * K >= 1 << 16)
+	for (int p = 0; p < np; p++) {
+		float *dst = buf + (size_t)p * (size_t)K * HI3_PANEL;
+		/* read along the source's contiguous axis */
+		if (sk == 1) {
+			for (int j = 0; j < HI3_PANEL; j++) {
+				int n = p * HI3_PANEL + j;
+				for (int k = 0; k < K; k++)
+					dst[(size_t)k * HI3_PANEL + j] = n < N ? src[(int64_t)n * sn + k] : 0.0f;
+			}
+		} else {
+			for (int k = 0; k < K; k++)
+				for (int j = 0; j < HI3_PANEL; j++) {
+					int n = p * HI3_PANEL + j;
+					dst[(size_t)k * HI3_PANEL + j] = n < N ? src[(int64_t)n * sn + (int64_t)k * sk] : 0.0f;
+				}
+		}
+	}
+}
+
 static inline float panel_at(const hi3_packed *w, int p, int k, int j)
 {
 	size_t i = ((size_t)p * (size_t)w->K + (size_t)k) * HI3_PANEL + (size_t)j;

@@ -23,6 +23,13 @@ typedef struct hi3_packed {
 /* Pack a (N, K) F32, BF16 or F16 tensor; F16 is stored as F32. */
 int hi3i_pack(hi3_packed *pw, const void *data, hi3_dtype dt, int N, int K, hi3_error *err);
 void hi3i_pack_release(hi3_packed *pw);
+/* Floats a packed (N, K) f32 matrix takes. */
+size_t hi3i_pack_floats(int N, int K);
+/* Pack a strided f32 view, element (n, k) = src[n sn + k sk], into buf
+ * (hi3i_pack_floats(N, K), 64-byte aligned), which pw then borrows: for
+ * products of two activations (attention scores and values) through the
+ * same batch-invariant kernel. No allocation; pw needs no release. */
+void hi3i_pack_view(hi3_packed *pw, float *buf, const float *src, int N, int K, int64_t sn, int64_t sk);
 void hi3i_gemm(float *y, const float *x, const hi3_packed *w, int M);
 /* n independent products y[i] (M[i], N_i) = x[i] . W_i^T in one parallel
  * region (their panels split across threads): the same bits as n calls of
