@@ -1042,31 +1042,40 @@ static int stops_base(const hi3_template *t, const hi3_requests *rq, int i, int 
 	return 0;
 }
 
-/* The Instruct code's text stage (modeling_hunyuan_image_3.py): auto and
- * image end at the end of sequence, img_ratio at a ratio token (or <boi>
- * with a given size) chosen greedily among the ratio tokens. think,
- * recaption and think_recaption follow generate_image: think_recaption
+/* The Instruct code (modeling_hunyuan_image_3.py). auto and image end at
+ * the end of sequence (image has no stop tokens upstream: a KeyError), and
+ * so does a gen_image row (it is not decoded). img_ratio ends at a ratio
+ * token, chosen greedily among the 37 after <img_size_B> (generate_image
+ * predicts the ratio whatever image_size says). think, recaption and
+ * think_recaption follow generate_image's text stage: think_recaption
  * forces <recaption> after </think>; with image_size "auto" (or absent) the
  * end of the CoT (</think>, or </recaption> with recaption) forces
  * [<answer>] <boi> <img_size_B>, the ratio token after it is the greedy
- * choice among the 37, and it ends the row; with a given size the row ends
- * at </recaption> (recaption, think_recaption) or at </think> or
- * </recaption> (think). */
+ * choice, and it ends the row; with a given size the row ends at
+ * </recaption> (recaption, think_recaption) or at </think> or </recaption>
+ * (think). A row that continues a given cot is prepare_model_inputs' (the
+ * CoT stage never has one): it ends at </think> or </recaption> (think,
+ * think_recaption) or </recaption> (recaption), without rules. */
 static int stops_instruct(const hi3_template *t, const hi3_requests *rq, int i, int task, hi3_cond_row *row,
                           hi3_error *err)
 {
 	const struct hi3i_request *r = &rq->r[i];
 	int64_t ratios[MAX_RESO], end_think, end_rec, rec, boi, size, ans, seq[3];
-	int need_ratio = r->size_kind == 0, n = 0;
+	int need_ratio = r->size_kind == 0 || task == HI3I_BOT_IMG_RATIO, n = 0;
 	char size_name[32];
 
 	snprintf(size_name, sizeof(size_name), "<img_size_%d>", t->base_size);
-	if (task == HI3I_BOT_AUTO || task == HI3I_BOT_IMAGE)
+	if (task == HI3I_BOT_AUTO || task == HI3I_BOT_IMAGE || r->mode == HI3I_GEN_IMAGE)
 		return add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err);
 	if (special(t, rq, i, "</think>", &end_think, err) || special(t, rq, i, "</recaption>", &end_rec, err) ||
 	    special(t, rq, i, "<recaption>", &rec, err) || special(t, rq, i, "<boi>", &boi, err) ||
 	    special(t, rq, i, size_name, &size, err) || ratio_ids(t, rq, i, ratios, err))
 		return -1;
+	if (r->cot && task != HI3I_BOT_IMG_RATIO) {
+		if (task != HI3I_BOT_RECAPTION && add_list(&row->stop_tokens, &row->n_stop, end_think, err))
+			return -1;
+		return add_list(&row->stop_tokens, &row->n_stop, end_rec, err);
+	}
 	if (task == HI3I_BOT_THINK_RECAPTION && add_rule(&row->forced_after, &row->n_forced, end_think, &rec, 1, err))
 		return -1;
 	if (need_ratio) {
@@ -1089,16 +1098,9 @@ static int stops_instruct(const hi3_template *t, const hi3_requests *rq, int i, 
 				return -1;
 		return 0;
 	}
-	switch (task) {
-	case HI3I_BOT_IMG_RATIO:
-		return add_list(&row->stop_tokens, &row->n_stop, boi, err);
-	case HI3I_BOT_THINK:
-		if (add_list(&row->stop_tokens, &row->n_stop, end_think, err))
-			return -1;
-		/* fall through */
-	default:
-		return add_list(&row->stop_tokens, &row->n_stop, end_rec, err);
-	}
+	if (task == HI3I_BOT_THINK && add_list(&row->stop_tokens, &row->n_stop, end_think, err))
+		return -1;
+	return add_list(&row->stop_tokens, &row->n_stop, end_rec, err);
 }
 
 static int stop_tokens(const hi3_template *t, const hi3_requests *rq, int i, hi3_cond_row *row, hi3_error *err)
