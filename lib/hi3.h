@@ -289,7 +289,7 @@ typedef struct hi3_gen_defaults {
 	double temperature;           /* 1.0 */
 	int top_k;                    /* 50 */
 	double top_p;                 /* 1.0 */
-	int64_t max_length;           /* 20 */
+	int64_t max_length;           /* -1 when absent (not GenerationConfig's 20: a bound only when given) */
 	int64_t max_new_tokens;       /* -1 when absent */
 	int n_eos;
 	int64_t eos_token_id[HI3_MAX_EOS];

@@ -452,15 +452,17 @@ fail:
 	return -1;
 }
 
-/* Check a row against --max-length and the vocabulary. */
-static int check_encoded(const hi3_requests *rq, int i, const hi3_cond_row *row, int64_t max_length, int64_t V,
-                         hi3_error *err)
+/* Check a row against the length bound (--max-length, else the model's
+ * generation_config.json max_length, as upstream's preprocess_inputs) and
+ * the vocabulary. */
+static int check_encoded(const hi3_requests *rq, int i, const hi3_cond_row *row, int64_t max_length,
+                         const char *bound, int64_t V, hi3_error *err)
 {
 	const struct hi3i_request *r = &rq->r[i];
 
 	if (max_length > 0 && row->n > max_length)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: the row has %lld tokens, more than --max-length %lld",
-		                     rq->name, r->line, (long long)row->n, (long long)max_length);
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: the row has %lld tokens, more than %s %lld", rq->name,
+		                     r->line, (long long)row->n, bound, (long long)max_length);
 	if (V <= 0)
 		return 0;
 	for (int64_t t = 0; t < row->n; t++)
@@ -483,6 +485,9 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 	hi3_cond **parts = NULL;
 	struct build_meta bm = {0};
 	const hi3_tok *tok = hi3_template_tok(t);
+	const hi3_gen_defaults *gen = hi3_template_gen_defaults(t);
+	int64_t max_length = o->max_length > 0 ? o->max_length : gen->max_length;
+	const char *bound = o->max_length > 0 ? "--max-length" : "generation_config.json's max_length";
 	int rc = -1;
 
 	*out = NULL;
@@ -509,7 +514,7 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 		for (int i = 0; i < R; i++) {
 			hi3_cond_row *row = &rows[g * R + i];
 			if (hi3_template_encode(t, rq, i, g > 0, row, err) != 0 ||
-			    check_encoded(rq, i, row, o->max_length, hi3i_template_vocab(t), err) != 0)
+			    check_encoded(rq, i, row, max_length, bound, hi3i_template_vocab(t), err) != 0)
 				goto out;
 			row->seed = rq->r[i].has_seed ? rq->r[i].seed : o->seed_base + i;
 		}

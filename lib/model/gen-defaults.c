@@ -104,7 +104,7 @@ int hi3_gen_defaults_load(hi3_gen_defaults *g, const char *dir, hi3_error *err)
 	g->temperature = 1.0;
 	g->top_k = 50;
 	g->top_p = 1.0;
-	g->max_length = 20;
+	g->max_length = -1;
 	g->max_new_tokens = -1;
 	g->pad_token_id = -1;
 	g->diff_infer_steps = 50;
