@@ -8,6 +8,10 @@
  * are upstream's stage transitions and ratio slice. The resolution buckets
  * and where sizes land are upstream's too.
  *
+ * The release presets hold exactly the tensors (names and shapes) of
+ * upstream's HunyuanImage3ForCausalMM built with their config.json
+ * (tensors-PRESET.txt), in bf16 (the router float32) and three shards.
+ *
  * Sets: the tiny-instruct and tiny-distil presets (made here with
  * hi3_init_model; the fixture names the tokenizer's hash), and the released
  * config.json made Instruct with a tokenizer at the release's special-token
@@ -197,6 +201,56 @@ static void run_case(const hi3_template *t, const char *set, json_t *c)
 	free(line);
 }
 
+/* The preset's checkpoint against upstream's module tree. */
+static void check_tensors(const char *src, const char *preset, const char *dir)
+{
+	char *path = hi3i_asprintf("%s/tests/fixtures/upstream/tensors-%s.txt", src, preset), line[512];
+	FILE *f = fopen(path, "r");
+	hi3_ckpt *ck = NULL;
+	hi3_error err = {0};
+	int n = 0, good = 1, dtypes = 1;
+
+	if (!ok(f && hi3_ckpt_open(&ck, dir, &err) == 0, "%s: the checkpoint and %s open %s", preset, path, err.msg))
+		goto out;
+	while (fgets(line, sizeof(line), f)) {
+		char *tab = strchr(line, '\t'), sh[128];
+		const hi3_tensor *t;
+		if (!tab)
+			continue;
+		*tab = 0;
+		tab[strcspn(tab + 1, "\n") + 1] = 0;
+		n++;
+		if (!(t = hi3_ckpt_find(ck, line))) {
+			diag("%s: no tensor '%s'", preset, line);
+			good = 0;
+			continue;
+		}
+		sh[0] = 0;
+		for (int d = 0; d < t->ndim; d++)
+			snprintf(sh + strlen(sh), sizeof(sh) - strlen(sh), "%s%lld", d ? "," : "", (long long)t->shape[d]);
+		if (strcmp(sh, tab + 1)) {
+			diag("%s: tensor '%s' is (%s), upstream (%s)", preset, line, sh, tab + 1);
+			good = 0;
+		}
+		dtypes &= t->dtype == (strstr(line, ".mlp.gate.wg.") ? HI3_F32 : HI3_BF16);
+	}
+	ok(good && n == hi3_ckpt_count(ck), "%s: its %d tensors are upstream's %d, names and shapes", preset,
+	   hi3_ckpt_count(ck), n);
+	ok(dtypes, "%s: bf16, the router float32", preset);
+	{
+		char *shard = hi3i_asprintf("%s/model-00003-of-00003.safetensors", dir);
+		const char *f0 = hi3_ckpt_file_of(ck, "model.wte.weight"), *f2 = hi3_ckpt_file_of(ck, "vae.decoder.conv_out.weight");
+		ok(f0 && f2 && strstr(f0, "model-00001-of-00003.safetensors") && !strcmp(f2, shard),
+		   "%s: three shards named by model.safetensors.index.json (%s, %s)", preset, f0, f2);
+		free(shard);
+	}
+out:
+	if (f)
+		fclose(f);
+	hi3_ckpt_close(ck);
+	free(path);
+}
+
 static void run_set(const char *src, const char *set, const char *model_dir, const char *tok_path)
 {
 	char *path = hi3i_asprintf("%s/tests/fixtures/upstream/%s.json", src, set);
@@ -242,16 +296,19 @@ int main(void)
 {
 	const char *src = getenv("SRCDIR") ? getenv("SRCDIR") : ".";
 	char root[] = "/tmp/hi3-test-upstream.XXXXXX";
-	static const char *const presets[] = {"tiny-instruct", "tiny-distil"};
+	static const char *const presets[] = {"tiny-release", "tiny-instruct", "tiny-distil"};
 
 	if (!mkdtemp(root))
 		return 1;
-	for (int p = 0; p < 2; p++) {
+	for (int p = 0; p < 3; p++) {
 		char *dir = hi3i_asprintf("%s/%s", root, presets[p]);
 		hi3_init_opts io = {.preset = presets[p]};
 		hi3_error err = {0};
-		if (ok(hi3_init_model(dir, &io, &err) == 0, "%s: init-model %s", presets[p], err.msg))
-			run_set(src, presets[p], dir, NULL);
+		if (ok(hi3_init_model(dir, &io, &err) == 0, "%s: init-model %s", presets[p], err.msg)) {
+			check_tensors(src, presets[p], dir);
+			if (p > 0)
+				run_set(src, presets[p], dir, NULL);
+		}
 		free(dir);
 	}
 	{

@@ -32,6 +32,8 @@ cache) are replaced by ones that record their arguments. So each case gives:
 Case sets (--out tests/fixtures/upstream):
   tiny-instruct, tiny-distil   the presets of `hi3 init-model` (made here with
                                $HI3), their own files
+  tensors-PRESET.txt           the names and shapes of upstream's model class
+                               built with each preset's config.json
   released-instruct            tests/fixtures/released/instruct: the released
                                config.json made Instruct, and a tokenizer.json
                                with the release's special-token ids (written
@@ -424,6 +426,20 @@ def run_set(mods, name, model_dir, tok_path, moved, big_system, out_dir):
     print("%s: %d cases, %d buckets" % (name, len(cases), len(fixture["buckets"])))
 
 
+def tensors(mods, model_dir, out_path):
+    """The names and shapes of upstream's HunyuanImage3ForCausalMM built with
+    the model's config.json (on the meta device: no weights)."""
+    M, _, _, _, Config = mods
+    import torch
+    config = Config(**load(os.path.join(model_dir, "config.json")))
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = M.HunyuanImage3ForCausalMM(config)
+    with open(out_path, "w") as f:
+        for name, t in sorted(model.state_dict().items()):
+            f.write("%s\t%s\n" % (name, ",".join(str(d) for d in t.shape)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, help="tests/fixtures/upstream")
@@ -440,6 +456,8 @@ def main():
                            check=True)
         release_tokenizer(os.path.join(tmp, "tiny-release", "tokenizer.json"),
                           os.path.join(args.released, "tokenizer.json"))
+        for preset in ("tiny-release", "tiny-instruct", "tiny-distil"):
+            tensors(mods, os.path.join(tmp, preset), os.path.join(args.out, "tensors-%s.txt" % preset))
         for preset in ("tiny-instruct", "tiny-distil"):
             d = os.path.join(tmp, preset)
             run_set(mods, preset, d, os.path.join(d, "tokenizer.json"), True, False, args.out)
