@@ -665,9 +665,20 @@ static int check_shapes(hi3_config *c, const struct src *s)
 
 /* ------------------------------------------------------------- parsing */
 
-/* The token ids and the position bound, all a template needs. */
+/* The token ids and the position bound, all a template needs; a partial
+ * read still checks the per-layer lists against num_hidden_layers. */
 static int parse_ids(hi3_config *c, json_t *root, struct src *s, int partial)
 {
+	static const char *const layered[] = {"num_experts", "moe_topk", "moe_intermediate_size", "num_shared_expert"};
+	int scratch[HI3_MAX_LAYERS];
+
+	if (partial && json_is_integer(json_object_get(root, "num_hidden_layers"))) {
+		if (get_int(root, s, "num_hidden_layers", -1, 1, HI3_MAX_LAYERS, &c->num_hidden_layers))
+			return -1;
+		for (size_t i = 0; i < HI3_ARRAY_SIZE(layered); i++)
+			if (get_layers(root, s, layered[i], 1, 0, c->num_hidden_layers, scratch))
+				return -1;
+	}
 	return get_int(root, s, "vocab_size", partial ? 0 : -1, partial ? 0 : 1, 1 << 24, &c->vocab_size) ||
 	       get_int(root, s, "max_position_embeddings", partial ? 0 : 2048, partial ? 0 : 1, INT32_MAX,
 	               &c->max_position_embeddings) ||
