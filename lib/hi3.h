@@ -300,8 +300,9 @@ typedef struct hi3_gen_defaults {
 	char moe_impl[16];            /* "" when absent */
 } hi3_gen_defaults;
 
-/* Read DIR/generation_config.json (absent: the defaults, present = 0). A
- * field of the wrong type is an input error naming the file and field. */
+/* Read DIR/generation_config.json (absent, or dir NULL: the defaults,
+ * present = 0). A field of the wrong type is an input error naming the file
+ * and field. */
 int hi3_gen_defaults_load(hi3_gen_defaults *g, const char *dir, hi3_error *err);
 /* The sampler generation_config asks for: greedy unless do_sample, then
  * temperature, top_k (0: off) and top_p. */

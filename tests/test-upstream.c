@@ -1,6 +1,8 @@
-/* test-upstream.c -- the sequence template against upstream's own Instruct
- * code (tests/ref/upstream_template.py ran hunyuan_image_3/ of
- * suryatmodulus/HunyuanImage-3.0 at 1201fe8 on these requests): for every
+/* test-upstream.c -- the sequence template against upstream's own code
+ * (tests/ref/upstream_template.py ran hunyuan_image_3/ of
+ * suryatmodulus/HunyuanImage-3.0 at 1201fe8, the Instruct code, and of
+ * Tencent-Hunyuan/HunyuanImage-3.0 at 1d011c8, the base code, on these
+ * requests): for every
  * case of tests/fixtures/upstream/SET.json, the rows hi3 encodes have
  * exactly upstream's token ids (cond and uncond rows), 2-D RoPE positions,
  * full-attention blocks, <timestep> positions and image masks; the stop
@@ -12,9 +14,10 @@
  * upstream's HunyuanImage3ForCausalMM built with their config.json
  * (tensors-PRESET.txt), in bf16 (the router float32) and three shards.
  *
- * Sets: the tiny-instruct and tiny-distil presets (made here with
- * hi3_init_model; the fixture names the tokenizer's hash), and the released
- * config.json made Instruct with a tokenizer at the release's special-token
+ * Sets: the tiny-release, tiny-instruct and tiny-distil presets (made here
+ * with hi3_init_model; the fixture names the tokenizer's hash); the released
+ * files (config.json, generation_config.json verbatim) and the released
+ * config.json made Instruct, with a tokenizer at the release's special-token
  * ids (<img_ratio_33> = 130103). */
 #include <jansson.h>
 #include <string.h>
@@ -306,8 +309,7 @@ int main(void)
 		hi3_error err = {0};
 		if (ok(hi3_init_model(dir, &io, &err) == 0, "%s: init-model %s", presets[p], err.msg)) {
 			check_tensors(src, presets[p], dir);
-			if (p > 0)
-				run_set(src, presets[p], dir, NULL);
+			run_set(src, presets[p], dir, NULL);
 		}
 		free(dir);
 	}
@@ -315,6 +317,9 @@ int main(void)
 		char *dir = hi3i_asprintf("%s/tests/fixtures/released/instruct", src);
 		char *tok = hi3i_asprintf("%s/tests/fixtures/released/tokenizer.json", src);
 		run_set(src, "released-instruct", dir, tok);
+		free(dir);
+		dir = hi3i_asprintf("%s/tests/fixtures/released", src);
+		run_set(src, "released-base", dir, tok);
 		free(dir);
 		free(tok);
 	}

@@ -322,7 +322,7 @@ int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error 
 	t->attn = ATTN_JOINT_FULL;
 	t->cond_vae_vit = 1;
 	snprintf(t->variant_why, sizeof(t->variant_why), "no model directory");
-	if (hi3_gen_defaults_load(&t->gen, "/nonexistent/dir", err) != 0)   /* the defaults */
+	if (hi3_gen_defaults_load(&t->gen, NULL, err) != 0)   /* the defaults */
 		goto fail;
 	if (o->model_dir) {
 		if (read_config(t, o->model_dir, err) != 0 ||

@@ -91,7 +91,7 @@ static int eos(json_t *o, const char *path, hi3_gen_defaults *g, hi3_error *err)
 
 int hi3_gen_defaults_load(hi3_gen_defaults *g, const char *dir, hi3_error *err)
 {
-	char *path = hi3i_asprintf("%s/generation_config.json", dir);
+	char *path = dir ? hi3i_asprintf("%s/generation_config.json", dir) : NULL;
 	int64_t top_k = 50, steps = 50;
 	json_error_t je;
 	json_t *o = NULL;
@@ -110,6 +110,8 @@ int hi3_gen_defaults_load(hi3_gen_defaults *g, const char *dir, hi3_error *err)
 	g->diff_infer_steps = 50;
 	g->diff_guidance_scale = 5.0;
 	g->flow_shift = 3.0;
+	if (!dir)
+		return 0;
 	if (!path)
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 	if (!(f = fopen(path, "r"))) {

@@ -29,11 +29,20 @@ cache) are replaced by ones that record their arguments. So each case gives:
   greedy_among    the ratio-slice logits processor (trigger, the ids it
                   keeps, greedy)
 
+The base model runs the code before the Instruct release (the mirror
+Tencent-Hunyuan/HunyuanImage-3.0 at 1d011c8: tokenizer_wrapper.py, hunyuan.py,
+image_processor.py), extracted the same way: its prepare_model_inputs gives
+the base sets (text and gen_image requests; its prompt path has no cond
+images).
+
 Case sets (--out tests/fixtures/upstream):
   tiny-instruct, tiny-distil   the presets of `hi3 init-model` (made here with
                                $HI3), their own files
   tensors-PRESET.txt           the names and shapes of upstream's model class
                                built with each preset's config.json
+  tiny-release, released-base  the base code on the tiny-release preset and on
+                               tests/fixtures/released (the released files
+                               verbatim, the release-id tokenizer)
   released-instruct            tests/fixtures/released/instruct: the released
                                config.json made Instruct, and a tokenizer.json
                                with the release's special-token ids (written
@@ -54,15 +63,21 @@ import types
 
 MIRROR = "/work/.mirror/suryatmodulus+HunyuanImage-3.0/repo"
 COMMIT = "1201fe8"
+# the base model's code: Tencent-Hunyuan/HunyuanImage-3.0 before the Instruct
+# release (tokenizer_wrapper.py, hunyuan.py)
+BASE_MIRROR = "/work/.mirror/Tencent-Hunyuan+HunyuanImage-3.0/repo"
+BASE_COMMIT = "1d011c8"
+BASE_FILES = ["tokenizer_wrapper", "configuration_hunyuan", "hunyuan", "image_processor", "system_prompt",
+              "autoencoder_kl_3d", "hunyuan_image_3_pipeline", "siglip2"]
 FILES = ["tokenization_hunyuan_image_3", "configuration_hunyuan_image_3", "modeling_hunyuan_image_3",
          "image_processor", "system_prompt", "autoencoder_kl_3d", "hunyuan_image_3_pipeline", "siglip2",
          "cache_utils"]
 
 
-def extract(mirror, commit, dest):
-    pkg = os.path.join(dest, "hunyuan_image_3")
+def extract(mirror, commit, dest, files=FILES, package="hunyuan_image_3"):
+    pkg = os.path.join(dest, package)
     os.makedirs(pkg)
-    for f in FILES:
+    for f in files:
         src = subprocess.run(["git", "-C", mirror, "show", "%s:hunyuan_image_3/%s.py" % (commit, f)],
                              check=True, capture_output=True).stdout
         with open(os.path.join(pkg, f + ".py"), "wb") as fh:
@@ -92,6 +107,16 @@ def import_upstream(dest):
     import hunyuan_image_3.system_prompt as SP
     from hunyuan_image_3.configuration_hunyuan_image_3 import HunyuanImage3Config
     return M, T, IP, SP, HunyuanImage3Config
+
+
+def import_base():
+    """The base code, as the package hunyuan_image_3_base (extracted beside)."""
+    import hunyuan_image_3_base.hunyuan as M
+    import hunyuan_image_3_base.tokenizer_wrapper as TW
+    import hunyuan_image_3_base.image_processor as IP
+    import hunyuan_image_3_base.system_prompt as SP
+    from hunyuan_image_3_base.configuration_hunyuan import HunyuanImage3Config
+    return M, TW, IP, SP, HunyuanImage3Config
 
 
 def rope_runs(pos):
@@ -326,6 +351,123 @@ class Upstream:
         return [[r.h, r.w] for r in g.data]
 
 
+class BaseUpstream(Upstream):
+    """The base model's code: TokenizerWrapper and hunyuan.py's
+    prepare_model_inputs (its prompt path has no cond images, a TODO
+    upstream)."""
+
+    def __init__(self, mods, model_dir, tokenizer_path):
+        M, TW, IP, SP, Config = mods
+        import torch
+        from transformers import GenerationConfig, PreTrainedTokenizerFast
+        self.M, self.SP, self.torch = M, SP, torch
+        cfg = load(os.path.join(model_dir, "config.json"))
+        gen = load(os.path.join(model_dir, "generation_config.json"))
+        tcfg = load(os.path.join(model_dir, "tokenizer_config.json"))
+        self.config = Config(**cfg)
+        self.config._attn_implementation = "sdpa"
+        self.gen = GenerationConfig(**gen)
+        tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_path, bos_token=tcfg["bos_token"],
+                                      eos_token=tcfg["eos_token"], pad_token=tcfg["pad_token"])
+        self.tkw = TW.TokenizerWrapper(tok)
+        self.ip = IP.HunyuanImage3ImageProcessor(self.config)
+        seen = {}
+        outer_tkw = self.tkw
+
+        class Recording:
+            """The wrapper, keeping what apply_chat_template gave."""
+            def __getattr__(self, name):
+                return getattr(outer_tkw, name)
+
+            def apply_chat_template(self, *a, **k):
+                out = outer_tkw.apply_chat_template(*a, **k)
+                seen["out"] = out
+                return out
+
+        class Fake(M.HunyuanImage3ForCausalMM):
+            device = torch.device("cpu")
+            dtype = torch.float32
+
+            def __init__(self):
+                pass
+
+        fake = Fake.__new__(Fake)
+        for k, v in (("config", self.config), ("generation_config", self.gen), ("_tkwrapper", Recording()),
+                     ("image_processor", self.ip)):
+            object.__setattr__(fake, k, v)
+        self.fake, self.seen = fake, seen
+        M.HunyuanStaticCache = lambda **k: None
+
+    def case(self, req):
+        mode = req.get("mode", "gen_text")
+        bot_task = req.get("bot_task", self.gen.bot_task)
+        image_size = req.get("image_size", "auto")
+        if isinstance(image_size, int) or (isinstance(image_size, str) and image_size.isdigit()):
+            image_size = "<img_ratio_%d>" % int(image_size)
+        name, custom = self.system(req, bot_task)
+        sp = self.SP.get_system_prompt(name, bot_task, custom)     # the base code does not strip it
+        mi = self.fake.prepare_model_inputs(prompt=req["prompt"], cot_text=req.get("cot"), system_prompt=sp,
+                                            image_size=image_size, mode=mode, bot_task=bot_task)
+        out = self.seen["out"]["output"]
+        rope_info = self.fake.build_batch_rope_image_info(out, self.seen["out"]["sections"])
+        return {"stops": self.ids_list(mi["eos_token_id"]) if mode == "gen_text" else None,
+                "forced_after": [], "greedy_among": [], "rows": self.base_rows(out, rope_info)}
+
+    def base_rows(self, out, rope_info):
+        rows = self.rows_of(out, rope_info)
+        # the base code's full-attention blocks are its image slices (the
+        # attention mask of _prepare_attention_mask_for_generation)
+        for i, row in enumerate(rows):
+            row["blocks"] = [[s.start, s.stop] for s in out.all_image_slices[i]]
+        return rows
+
+    def rows_of(self, out, rope_info):
+        # TokenizerWrapper's outputs under the Instruct code's names
+        class View(dict):
+            pass
+        v = View(out)
+        v.tokens = out.tokens
+        v.gen_image_mask = out.gen_image_mask
+        v.vae_image_mask = out.get("cond_vae_image_mask")
+        v.vit_image_mask = out.get("cond_vit_image_mask")
+        saved, self.ip.prepare_full_attn_slices = getattr(self.ip, "prepare_full_attn_slices", None), \
+            lambda o, i: []
+        try:
+            return Upstream.rows_of(self, v, rope_info)
+        finally:
+            if saved is None:
+                del self.ip.prepare_full_attn_slices
+            else:
+                self.ip.prepare_full_attn_slices = saved
+
+    def buckets(self):
+        return [[r.h, r.w] for r in self.ip.reso_group.data]
+
+
+def base_requests():
+    return [
+        ("auto", {"prompt": "A cat on a mat.", "bot_task": "auto", "system": "None"}),
+        ("auto-size", {"prompt": "A cat on a mat.", "bot_task": "auto", "image_size": "1024x768"}),
+        ("auto-sys-text", {"prompt": "Two dogs by the sea.", "bot_task": "auto",
+                           "system": "  You are a painter of the sea.\n"}),
+        ("image", {"prompt": "a red boat", "bot_task": "image", "system": "en_vanilla"}),
+        ("image-dynamic", {"prompt": "a red boat", "bot_task": "image", "system": "dynamic"}),
+        ("img_ratio", {"prompt": "A tall lighthouse at dusk.", "bot_task": "img_ratio", "system": "None"}),
+        ("think", {"prompt": "A cat in a hat.", "bot_task": "think", "system": "None"}),
+        ("recaption", {"prompt": "the moon over hills", "bot_task": "recaption", "system": "en_recaption"}),
+        ("think-cot", {"prompt": "A bird.", "bot_task": "think", "system": "None",
+                       "cot": "<think>It flies.</think>"}),
+        ("default-task", {"prompt": "A fox in the snow, 1990s film photo."}),
+        ("gen_image-16:9", {"prompt": "A road.", "mode": "gen_image", "image_size": "16:9", "system": "None"}),
+        ("gen_image-ratio5", {"prompt": "A tree.", "mode": "gen_image", "image_size": "<img_ratio_5>",
+                              "system": "None"}),
+        ("gen_image-cot", {"prompt": "A ship.", "mode": "gen_image", "image_size": "512x512", "system": "None",
+                           "cot": "<think>Sails up.</think><recaption>A tall ship, sails up.</recaption>"}),
+        ("gen_image-plain-cot", {"prompt": "A ship.", "mode": "gen_image", "image_size": "384x640",
+                                 "system": "None", "cot": "A tall ship at sea."}),
+    ]
+
+
 # -------------------------------------------------------------------- requests
 
 def requests(big_system):
@@ -403,10 +545,10 @@ def fnv(path):
     return "%016x" % h
 
 
-def run_set(mods, name, model_dir, tok_path, moved, big_system, out_dir):
-    up = Upstream(mods, model_dir, tok_path, moved)
+def run_set(mods, name, model_dir, tok_path, moved, big_system, out_dir, base=False):
+    up = BaseUpstream(mods, model_dir, tok_path) if base else Upstream(mods, model_dir, tok_path, moved)
     cases = []
-    for case_name, req in requests(big_system):
+    for case_name, req in (base_requests() if base else requests(big_system)):
         res = up.case(copy.deepcopy(req))
         res["name"] = case_name
         res["request"] = req
@@ -416,10 +558,12 @@ def run_set(mods, name, model_dir, tok_path, moved, big_system, out_dir):
               [300, 100], [100, 300], [768, 1020]]
     fixture = {
         "set": name,
-        "upstream": "%s@%s hunyuan_image_3/" % ("suryatmodulus/HunyuanImage-3.0", COMMIT),
+        "upstream": ("Tencent-Hunyuan/HunyuanImage-3.0@%s" % BASE_COMMIT if base else
+                     "suryatmodulus/HunyuanImage-3.0@%s" % COMMIT) + " hunyuan_image_3/",
         "tokenizer_hash": fnv(tok_path),
         "buckets": up.buckets(),
-        "bucket_of": [[h, w, int(up.ip.vae_reso_group.get_base_size_and_ratio_index(w, h)[1])] for h, w in probes],
+        "bucket_of": [[h, w, int((up.ip.reso_group if base else up.ip.vae_reso_group)
+                                 .get_base_size_and_ratio_index(w, h)[1])] for h, w in probes],
         "cases": cases,
     }
     write_json(os.path.join(out_dir, name + ".json"), fixture)
@@ -445,12 +589,15 @@ def main():
     ap.add_argument("--out", required=True, help="tests/fixtures/upstream")
     ap.add_argument("--released", required=True, help="tests/fixtures/released")
     ap.add_argument("--mirror", default=MIRROR)
+    ap.add_argument("--base-mirror", default=BASE_MIRROR)
     args = ap.parse_args()
     hi3 = os.environ.get("HI3", "hi3")
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         extract(args.mirror, COMMIT, os.path.join(tmp, "up"))
+        extract(args.base_mirror, BASE_COMMIT, os.path.join(tmp, "up"), BASE_FILES, "hunyuan_image_3_base")
         mods = import_upstream(os.path.join(tmp, "up"))
+        base_mods = import_base()
         for preset in ("tiny-release", "tiny-instruct", "tiny-distil"):
             subprocess.run([hi3, "-q", "init-model", "--preset", preset, "-o", os.path.join(tmp, preset)],
                            check=True)
@@ -464,6 +611,11 @@ def main():
         d = os.path.join(args.released, "instruct")
         run_set(mods, "released-instruct", d, os.path.join(args.released, "tokenizer.json"), False, True,
                 args.out)
+        # the base code: the tiny-release preset, and the released files themselves
+        d = os.path.join(tmp, "tiny-release")
+        run_set(base_mods, "tiny-release", d, os.path.join(d, "tokenizer.json"), True, False, args.out, base=True)
+        run_set(base_mods, "released-base", args.released, os.path.join(args.released, "tokenizer.json"), False,
+                False, args.out, base=True)
 
 
 if __name__ == "__main__":
