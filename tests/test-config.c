@@ -8,6 +8,7 @@
 #include <string.h>
 #include "core/internal.h"
 #include "tap.h"
+#include "testdir.h"
 
 static json_t *released;          /* the released config.json */
 static const char *src;
@@ -235,7 +236,7 @@ static void test_variants(void)
 static void test_generation(void)
 {
 	char *dir = hi3i_asprintf("%s/tests/fixtures/released", src);
-	char tmp[] = "/tmp/hi3-test-config.XXXXXX";
+	char *tmp = testdir_new("config");
 	hi3_gen_defaults g;
 	hi3_sampler s;
 	hi3_error err = {0};
@@ -248,7 +249,10 @@ static void test_generation(void)
 	hi3_gen_defaults_sampler(&g, &s);
 	ok(!s.greedy && s.temperature == 0.6 && s.top_k == 1024 && s.top_p == 0.95,
 	   "its sampler: do_sample, temperature 0.6, top_k 1024, top_p 0.95");
-	ok(mkdtemp(tmp) != NULL, "scratch directory");
+	if (!ok(tmp != NULL, "scratch directory")) {
+		free(dir);
+		return;
+	}
 	ok(hi3_gen_defaults_load(&g, tmp, &err) == 0 && !g.present && !strcmp(g.bot_task, "auto") && !g.do_sample &&
 	   g.top_k == 50 && g.max_length == -1, "no generation_config.json: GenerationConfig's defaults, greedy");
 	{
@@ -262,7 +266,7 @@ static void test_generation(void)
 		remove(p);
 		free(p);
 	}
-	remove(tmp);
+	testdir_done(tmp);
 	free(dir);
 }
 

@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include "cond/cond-internal.h"
 #include "tap.h"
+#include "testdir.h"
 
 /* Expand [id, count] runs. */
 static int64_t *unrun(json_t *runs, int64_t *n)
@@ -298,10 +299,10 @@ out:
 int main(void)
 {
 	const char *src = getenv("SRCDIR") ? getenv("SRCDIR") : ".";
-	char root[] = "/tmp/hi3-test-upstream.XXXXXX";
+	char *root = testdir_new("upstream");
 	static const char *const presets[] = {"tiny-release", "tiny-instruct", "tiny-distil"};
 
-	if (!mkdtemp(root))
+	if (!root)
 		return 1;
 	for (int p = 0; p < 3; p++) {
 		char *dir = hi3i_asprintf("%s/%s", root, presets[p]);
@@ -323,11 +324,6 @@ int main(void)
 		free(dir);
 		free(tok);
 	}
-	{
-		char *cmd = hi3i_asprintf("rm -rf '%s'", root);
-		if (system(cmd) != 0)
-			diag("could not remove %s", root);
-		free(cmd);
-	}
+	testdir_done(root);
 	return done_testing();
 }

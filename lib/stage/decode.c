@@ -94,9 +94,10 @@ static void rule_step(struct rule_state *st, const int64_t *list, int n, int64_t
 	if (!list)
 		return;
 	if (st->rec >= 0) {
-		if (++st->pos >= list[st->rec + 1])
-			st->rec = -1;
-		return;
+		/* a forced token out; the last one may itself be a trigger */
+		if (++st->pos < list[st->rec + 1])
+			return;
+		st->rec = -1;
 	}
 	k = find_rule(list, n, tok, &r);
 	if (k >= 0 && r < 64 && !(st->fired & (1ULL << r))) {
