@@ -146,17 +146,21 @@ def load(path):
 class Upstream:
     """The model's input preparation without the network, for one model dir."""
 
-    def __init__(self, mods, model_dir, tokenizer_path, moved_layout):
-        M, T, IP, SP, Config = mods
-        import torch
+    def load_model(self, mods, model_dir):
+        """The model directory's config (upstream's class), generation
+        config and tokenizer_config."""
         from transformers import GenerationConfig
-        self.M, self.SP, self.torch = M, SP, torch
-        cfg = load(os.path.join(model_dir, "config.json"))
+        self.M, self.SP = mods[0], mods[3]
         gen = load(os.path.join(model_dir, "generation_config.json"))
-        tcfg = load(os.path.join(model_dir, "tokenizer_config.json"))
-        self.config = Config(**cfg)
+        self.config = mods[4](**load(os.path.join(model_dir, "config.json")))
         self.config._attn_implementation = "sdpa"
         self.gen = GenerationConfig(**gen)
+        return gen, load(os.path.join(model_dir, "tokenizer_config.json"))
+
+    def __init__(self, mods, model_dir, tokenizer_path, moved_layout):
+        M, T, IP = mods[0], mods[1], mods[2]
+        import torch
+        gen, tcfg = self.load_model(mods, model_dir)
         tok = T.HunyuanImage3TokenizerFast(
             tokenizer_file=tokenizer_path, bos_token=tcfg["bos_token"], eos_token=tcfg["eos_token"],
             pad_token=tcfg["pad_token"], model_version=self.config.model_version,
@@ -357,16 +361,10 @@ class BaseUpstream(Upstream):
     upstream)."""
 
     def __init__(self, mods, model_dir, tokenizer_path):
-        M, TW, IP, SP, Config = mods
+        M, TW, IP = mods[0], mods[1], mods[2]
         import torch
-        from transformers import GenerationConfig, PreTrainedTokenizerFast
-        self.M, self.SP, self.torch = M, SP, torch
-        cfg = load(os.path.join(model_dir, "config.json"))
-        gen = load(os.path.join(model_dir, "generation_config.json"))
-        tcfg = load(os.path.join(model_dir, "tokenizer_config.json"))
-        self.config = Config(**cfg)
-        self.config._attn_implementation = "sdpa"
-        self.gen = GenerationConfig(**gen)
+        from transformers import PreTrainedTokenizerFast
+        _, tcfg = self.load_model(mods, model_dir)
         tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_path, bos_token=tcfg["bos_token"],
                                       eos_token=tcfg["eos_token"], pad_token=tcfg["pad_token"])
         self.tkw = TW.TokenizerWrapper(tok)
