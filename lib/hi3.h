@@ -162,6 +162,44 @@ const char *hi3_ckpt_file_of(const hi3_ckpt *ck, const char *name);
 
 #define HI3_MAX_LAYERS 256
 #define HI3_MAX_EXPERTS 32767   /* per layer: expert ids are I16 in routing records */
+#define HI3_MAX_CONFIG_WARNINGS 4
+
+/* The config.json blocks of the image modules (kept for image generation and
+ * image input; present is 0 when the block is absent or null). */
+#define HI3_VAE_MAX_LEVELS 8
+
+typedef struct hi3_vae_config {  /* AutoencoderKLConv3D ("vae") */
+	int present;
+	int n_levels;                 /* entries of block_out_channels */
+	int block_out_channels[HI3_VAE_MAX_LEVELS];   /* encoder order: [128, 256, 512, 1024, 1024] */
+	int in_channels, out_channels, latent_channels, layers_per_block;
+	int ffactor_spatial, ffactor_temporal, sample_size, sample_tsize;
+	int downsample_match_channel, upsample_match_channel;
+	double scaling_factor;
+	int has_shift_factor;
+	double shift_factor;          /* latent = (z - shift) scaling; 0 unless has_shift_factor */
+} hi3_vae_config;
+
+typedef struct hi3_vit_config {  /* SigLIP2 ("vit") */
+	int present;
+	int hidden_size, intermediate_size, num_attention_heads, num_hidden_layers;
+	int num_channels, num_patches, patch_size;
+	double layer_norm_eps;
+	char hidden_act[32];
+} hi3_vit_config;
+
+typedef struct hi3_vit_processor_config {
+	int present;
+	int patch_size, max_num_patches, resample;
+	int do_normalize, do_rescale, do_resize;
+	double rescale_factor, image_mean[3], image_std[3];
+} hi3_vit_processor_config;
+
+typedef struct hi3_vit_aligner_config {
+	int present;
+	char projector_type[32];
+	int input_dim, n_embed, depth;
+} hi3_vit_aligner_config;
 
 typedef struct hi3_config {
 	int vocab_size;
@@ -177,8 +215,9 @@ typedef struct hi3_config {
 	int use_mixed_mlp_moe;
 	int moe_layer_num_skipped;
 	int norm_topk_prob;
-	double routed_scaling_factor;
+	double routed_scaling_factor; /* JSON false reads as 0, true as 1 (as Python) */
 	int tie_word_embeddings;
+	int max_position_embeddings;  /* positions 0 .. this - 1 (upstream default 2048) */
 	/* per layer (the config may give an int or a list) */
 	int num_experts[HI3_MAX_LAYERS];
 	int moe_topk[HI3_MAX_LAYERS];
@@ -186,14 +225,48 @@ typedef struct hi3_config {
 	int num_shared_expert[HI3_MAX_LAYERS];
 	int64_t pad_token_id, bos_token_id, eos_token_id;  /* -1 when absent */
 	char hidden_act[16];
+	char moe_impl[16];            /* "eager" (default); hi3 computes eager routing */
+	/* the variant (hi3_variant_of) */
+	char model_version[64];       /* "" when absent */
+	int cfg_distilled, use_meanflow;
+	/* image generation and image input, as upstream reads them (defaults of
+	 * upstream's configuration class where config.json has no value) */
+	char rope_type[16];           /* "2d" or "default" (1-D for images too) */
+	int image_base_size;          /* 1024 */
+	int vae_downsample_factor[2]; /* (h, w), (16, 16) */
+	int vit_downsample_factor[2];
+	int patch_size;               /* 1 */
+	int patch_embed_hidden_dim;   /* 1024 */
+	char img_proj_type[16];       /* "unet" */
+	char cond_token_attn_type[16];/* full (default), full_causal, causal, joint_full */
+	char cond_image_type[16];     /* vae, vit, vae_vit (default) */
+	char vae_type[64], vae_dtype[16], vae_autocast_dtype[16], vit_type[64];
+	hi3_vae_config vae;
+	hi3_vit_config vit;
+	hi3_vit_processor_config vit_processor;
+	hi3_vit_aligner_config vit_aligner;
+	/* values that parse but change the result in a way worth saying */
+	int n_warnings;
+	char warnings[HI3_MAX_CONFIG_WARNINGS][320];
 	char *json;                   /* the config.json text as read */
 } hi3_config;
 
+/* Read config.json as upstream's configuration class does: every field of
+ * the released config with the JSON types it has there (a boolean in a
+ * numeric field is 0 or 1, as in Python); fields that would change the math
+ * in a way hi3 does not implement (attention_bias, use_cla, moe_drop_tokens,
+ * ...) are refused naming the field; a wrong type or a per-layer list of the
+ * wrong length is an input error naming the file and the field. */
 int hi3_config_load(hi3_config *cfg, const char *path, hi3_error *err);
 int hi3_config_parse(hi3_config *cfg, const char *json_text, const char *name,
                      hi3_error *err);
 void hi3_config_release(hi3_config *cfg);
 int hi3_config_is_moe_layer(const hi3_config *cfg, int layer);
+/* What hi3 does with a config.json field: "model" (the text forward),
+ * "image" (kept for image generation and input), "variant", "checked"
+ * (refused when set to a value that changes the math), "ignored"; NULL for a
+ * field upstream does not know (ignored too). */
+const char *hi3_config_field_role(const char *name);
 /* Check that every tensor the config implies is present with the right
  * shape, and that the config is one hi3 can run. */
 int hi3_config_validate(const hi3_config *cfg, const hi3_ckpt *ck, hi3_error *err);
@@ -201,19 +274,70 @@ int hi3_config_validate(const hi3_config *cfg, const hi3_ckpt *ck, hi3_error *er
  * names, shapes and dtypes. */
 int hi3_fingerprint(const hi3_config *cfg, const hi3_ckpt *ck, char out[17]);
 
+/* ------------------------------------------------- generation defaults */
+
+/* generation_config.json, with the defaults of transformers' GenerationConfig
+ * where it has no value. Decode samples with them when no sampling option is
+ * given; tokenize-concat takes the template, bot_task, system prompt and
+ * max_length from them; diffusion takes steps, guidance and shift. */
+#define HI3_MAX_EOS 8
+typedef struct hi3_gen_defaults {
+	int present;                  /* generation_config.json was read */
+	char sequence_template[16];   /* "" when absent */
+	char bot_task[24];            /* "auto" when absent */
+	char use_system_prompt[32];   /* "None" when absent */
+	int drop_think;
+	int do_sample;                /* 0 */
+	double temperature;           /* 1.0 */
+	int top_k;                    /* 50 */
+	double top_p;                 /* 1.0 */
+	int64_t max_length;           /* -1 when absent (not GenerationConfig's 20: a bound only when given) */
+	int64_t max_new_tokens;       /* -1 when absent */
+	int n_eos;
+	int64_t eos_token_id[HI3_MAX_EOS];
+	int64_t pad_token_id;         /* -1 when absent */
+	int diff_infer_steps;         /* 50 */
+	double diff_guidance_scale;   /* 5.0 */
+	double flow_shift;            /* 3.0 */
+	char moe_impl[16];            /* "" when absent */
+} hi3_gen_defaults;
+
+/* Read DIR/generation_config.json (absent, or dir NULL: the defaults,
+ * present = 0). A field of the wrong type is an input error naming the file
+ * and field. */
+int hi3_gen_defaults_load(hi3_gen_defaults *g, const char *dir, hi3_error *err);
+/* The sampler generation_config asks for: greedy unless do_sample, then
+ * temperature, top_k (0: off) and top_p. */
+struct hi3_sampler;
+void hi3_gen_defaults_sampler(const hi3_gen_defaults *g, struct hi3_sampler *s);
+
+/* The released checkpoints: base (HunyuanImage-3.0), Instruct, and
+ * Instruct-Distil (cfg_distilled / use_meanflow). */
+enum hi3_variant { HI3_VARIANT_BASE, HI3_VARIANT_INSTRUCT, HI3_VARIANT_DISTIL };
+/* The variant of a checkpoint: Distil when cfg_distilled or use_meanflow;
+ * else Instruct when model_version names one ("HunyuanImage-3.0-Instruct*"),
+ * or when config.json has no model_version and generation_config's
+ * sequence_template is "instruct"; else base. why (may be NULL) gets a
+ * sentence saying which fields decided. g may be NULL. */
+int hi3_variant_of(const hi3_config *c, const hi3_gen_defaults *g, char *why, size_t why_len);
+const char *hi3_variant_name(int variant);   /* "base", "instruct", "instruct-distil" */
+
 /* -------------------------------------------------------------- init-model */
 
 typedef struct hi3_init_opts {
-	const char *preset;      /* "tiny", "tiny-moe", "small" */
+	const char *preset;      /* "tiny", "tiny-moe", "small", "tiny-release", "tiny-instruct", "tiny-distil" */
 	uint64_t seed;
 	hi3_dtype dtype;         /* HI3_F32 or HI3_BF16 */
+	int dtype_given;         /* 0: the preset's (f32; the release presets bf16) */
 	const char *overrides;   /* JSON object merged into the preset config, or NULL */
 } hi3_init_opts;
 
 /* Names of the presets, NULL-terminated. */
 const char *const *hi3_init_presets(void);
-/* Write config.json, model.safetensors, generation_config.json and
- * tokenizer.json into dir (created if missing). */
+/* Write config.json, the weights (model.safetensors; the release presets:
+ * model-0000N-of-0000M.safetensors shards and model.safetensors.index.json),
+ * generation_config.json, tokenizer.json and tokenizer_config.json into dir
+ * (created if missing). */
 int hi3_init_model(const char *dir, const hi3_init_opts *opts, hi3_error *err);
 
 /* ------------------------------------------------------------------ model */
@@ -233,6 +357,7 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
                    hi3_error *err);
 void hi3_model_close(hi3_model *m);
 const hi3_config *hi3_model_config(const hi3_model *m);
+const hi3_gen_defaults *hi3_model_gen_defaults(const hi3_model *m);
 const char *hi3_model_fingerprint(const hi3_model *m);
 const char *hi3_model_dir(const hi3_model *m);
 const char *hi3_model_backend(const hi3_model *m);
@@ -624,8 +749,18 @@ typedef struct hi3_cond {
 	const uint8_t *cond_vit_mask;   /* (B, L) or NULL */
 	const uint8_t *cond_vae_mask;   /* (B, L) or NULL */
 	const int64_t *timestep_index;  /* (B, K) or NULL */
+	/* decoding rules of the Instruct code's text stage (-1 padded lists of
+	 * records; NULL when no row has any):
+	 *   forced_after (B, NF): T, k, id_1 .. id_k: once the row produces T,
+	 *     its next k tokens are id_1 .. id_k (stage transitions);
+	 *   greedy_among (B, NG): T, k, id_1 .. id_k: the token after T is the
+	 *     most likely of id_1 .. id_k (the ratio token after <img_size_B>).
+	 * A row's last prompt token counts as produced. */
+	const int64_t *forced_after;
+	const int64_t *greedy_among;
+	int NF, NG;
 	const char *mode;               /* "gen_text" or "gen_image" */
-	const char *bot_task;           /* auto, image, think, recaption, img_ratio, or mixed */
+	const char *bot_task;           /* auto, image, think, recaption, img_ratio, think_recaption, or mixed */
 	const char *template_name;      /* pretrain, instruct, or none (pre-tokenized) */
 	const char *tokenizer_hash;     /* "" when no tokenizer was used */
 	const char *model_fingerprint;  /* "" when no model was named */
@@ -698,6 +833,14 @@ int64_t hi3_template_pad_id(const hi3_template *t);     /* -1 when unknown */
 const char *hi3_template_name(const hi3_template *t);  /* "pretrain" or "instruct" */
 const hi3_tok *hi3_template_tok(const hi3_template *t); /* NULL when not loaded */
 const char *hi3_template_fingerprint(const hi3_template *t); /* the model's, or "" */
+/* The model's variant (enum hi3_variant; base without a model) and why. */
+int hi3_template_variant(const hi3_template *t);
+const char *hi3_template_variant_why(const hi3_template *t);
+/* generation_config.json (the defaults without a model). */
+const hi3_gen_defaults *hi3_template_gen_defaults(const hi3_template *t);
+/* The resolution buckets (H, W) by ratio index; returns their count (up to
+ * max are copied). */
+int hi3_template_buckets(const hi3_template *t, int (*out)[2], int max);
 
 /* One encoded row, before padding: what the template gives for a request. */
 typedef struct hi3_cond_row {
@@ -713,6 +856,9 @@ typedef struct hi3_cond_row {
 	int64_t *timestep_index;        /* (n_ts) positions of <timestep> tokens */
 	int n_stop;
 	int64_t *stop_tokens;           /* (n_stop) */
+	int n_forced, n_greedy;
+	int64_t *forced_after;          /* (n_forced) records, see hi3_cond */
+	int64_t *greedy_among;          /* (n_greedy) records */
 	int64_t seed;
 } hi3_cond_row;
 
@@ -858,20 +1004,6 @@ void hi3_image_vit_free(hi3_image_vit *v);
  * h ffactor_spatial; pixel values about [-1, 1]. Every call runs fp32 on
  * the model's backend, one image at a time (on the CPU backend an image
  * gives the same bits alone or in a batch). */
-#define HI3_VAE_MAX_LEVELS 8
-
-typedef struct hi3_vae_config {
-	int in_channels, out_channels;      /* 3, 3 */
-	int latent_channels;                /* 32 */
-	int n_levels;                       /* entries of block_out_channels */
-	int block_out_channels[HI3_VAE_MAX_LEVELS];   /* encoder order: [128, 256, 512, 1024, 1024] */
-	int layers_per_block;               /* encoder: per level; decoder: one more */
-	int ffactor_spatial, ffactor_temporal;   /* 16, 4 */
-	int downsample_match_channel, upsample_match_channel;
-	double scaling_factor;              /* latent = (z - shift) scaling */
-	double shift_factor;                /* 0 unless has_shift */
-	int has_shift;
-} hi3_vae_config;
 
 enum hi3_vae_parts { HI3_VAE_DECODER = 1, HI3_VAE_ENCODER = 2 };
 

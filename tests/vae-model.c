@@ -14,7 +14,7 @@ char *vae_model_config_json(const hi3_vae_config *c)
 
 	for (int i = 0; i < c->n_levels; i++)
 		n += (size_t)snprintf(boc + n, sizeof(boc) - n, "%s%d", i ? ", " : "", c->block_out_channels[i]);
-	if (c->has_shift)
+	if (c->has_shift_factor)
 		snprintf(sh, sizeof(sh), "%.17g", c->shift_factor);
 	return hi3i_asprintf("{\"vae\": {\"_class_name\": \"AutoencoderKLConv3D\", \"block_out_channels\": [%s], "
 	                     "\"in_channels\": %d, \"out_channels\": %d, \"latent_channels\": %d, \"layers_per_block\": %d, "

@@ -23,32 +23,9 @@
 
 int hi3_image_buckets(int base, int (*hw)[2], int max)
 {
-	/* HunyuanImage3ImageProcessor's extra_resolutions, (H, W) */
-	static const int extra[4][2] = {{1024, 768}, {1280, 720}, {768, 1024}, {720, 1280}};
-	const int align = 16;
-	int n;
-
-	/* ResolutionGroup asserts base % align == 0 and align <= step */
-	if (base < 16 * align || base % align || (n = hi3i_buckets(base, hw, max)) < 1)
-		return -1;
-	for (int i = 0; i < n; i++) {
-		hw[i][0] = hw[i][0] / align * align;
-		hw[i][1] = hw[i][1] / align * align;
-	}
-	for (int e = 0; e < 4; e++) {
-		double r = (double)extra[e][0] / extra[e][1];
-		int known = 0;
-		for (int i = 0; i < n && !known; i++)
-			known = (double)hw[i][0] / hw[i][1] == r;
-		if (known)
-			continue;
-		if (n == max)
-			return -1;
-		hw[n][0] = extra[e][0];
-		hw[n][1] = extra[e][1];
-		n++;
-	}
-	return n;
+	/* the Instruct code's ResolutionGroup (align 16, the extra resolutions),
+	 * as the template builds it (template.c) */
+	return hi3i_buckets_variant(HI3_VARIANT_INSTRUCT, base, hw, max);
 }
 
 int hi3_image_bucket_of(const int (*hw)[2], int n, int64_t h, int64_t w)

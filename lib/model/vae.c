@@ -90,24 +90,6 @@ struct hi3_vae {
 
 /* ------------------------------------------------------------ config */
 
-static int cfg_int(json_t *o, const char *name, const char *key, int def, int lo, int hi, int *out, hi3_error *err)
-{
-	json_t *v = json_object_get(o, key);
-
-	*out = def;
-	if (!v || json_is_null(v))
-		return 0;
-	if (json_is_boolean(v) && lo == 0 && hi == 1) {
-		*out = json_is_true(v);
-		return 0;
-	}
-	if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: vae.%s: expected %s from %d to %d", name, key,
-		                     lo == 0 && hi == 1 ? "a boolean or an integer" : "an integer", lo, hi);
-	*out = (int)json_integer_value(v);
-	return 0;
-}
-
 static int is_pow2(int x)
 {
 	return x > 0 && !(x & (x - 1));
@@ -124,71 +106,38 @@ static int ilog2(int x)
 	return n;
 }
 
+/* What the VAE code needs of a parsed vae block beyond its types. */
+static int vae_config_check(const hi3_vae_config *c, const char *name, hi3_error *err)
+{
+	if (!c->present)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: no 'vae' block (this model has no image autoencoder)", name);
+	if (c->n_levels < 1)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: vae.block_out_channels: expected a list of 1 to %d integers",
+		                     name, HI3_VAE_MAX_LEVELS);
+	for (int i = 0; i < c->n_levels; i++)
+		if (c->block_out_channels[i] % GN_GROUPS)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: vae.block_out_channels[%d]: expected a positive "
+			                     "multiple of %d (GroupNorm's groups)", name, i, GN_GROUPS);
+	if (c->scaling_factor == 0.0)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: vae.scaling_factor: expected a non-zero number", name);
+	if (!is_pow2(c->ffactor_spatial) || !is_pow2(c->ffactor_temporal) || c->ffactor_temporal > c->ffactor_spatial ||
+	    ilog2(c->ffactor_spatial) > c->n_levels - 1)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: vae: ffactor_spatial %d and ffactor_temporal %d must be powers "
+		                     "of two, temporal <= spatial, with log2(spatial) below the %d levels", name,
+		                     c->ffactor_spatial, c->ffactor_temporal, c->n_levels);
+	return 0;
+}
+
 int hi3_vae_config_parse(hi3_vae_config *c, const char *config_json, const char *name, hi3_error *err)
 {
 	json_error_t je;
-	json_t *root = json_loads(config_json ? config_json : "", 0, &je), *v, *e;
-	size_t i;
-	int rc = -1;
+	json_t *root = json_loads(config_json ? config_json : "", 0, &je);
+	int rc;
 
 	memset(c, 0, sizeof(*c));
 	if (!root)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: %s", name, je.line, je.text);
-	v = json_object_get(root, "vae");
-	if (!json_is_object(v)) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: no 'vae' block (this model has no image autoencoder)", name);
-		goto out;
-	}
-	if (cfg_int(v, name, "in_channels", 3, 1, 64, &c->in_channels, err) ||
-	    cfg_int(v, name, "out_channels", 3, 1, 64, &c->out_channels, err) ||
-	    cfg_int(v, name, "latent_channels", 32, 1, 4096, &c->latent_channels, err) ||
-	    cfg_int(v, name, "layers_per_block", 2, 1, 64, &c->layers_per_block, err) ||
-	    cfg_int(v, name, "ffactor_spatial", 16, 1, 1 << 10, &c->ffactor_spatial, err) ||
-	    cfg_int(v, name, "ffactor_temporal", 4, 1, 1 << 10, &c->ffactor_temporal, err) ||
-	    cfg_int(v, name, "downsample_match_channel", 1, 0, 1, &c->downsample_match_channel, err) ||
-	    cfg_int(v, name, "upsample_match_channel", 1, 0, 1, &c->upsample_match_channel, err))
-		goto out;
-	e = json_object_get(v, "block_out_channels");
-	if (!json_is_array(e) || json_array_size(e) < 1 || json_array_size(e) > HI3_VAE_MAX_LEVELS) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: vae.block_out_channels: expected a list of 1 to %d integers", name,
-		              HI3_VAE_MAX_LEVELS);
-		goto out;
-	}
-	c->n_levels = (int)json_array_size(e);
-	for (i = 0; i < json_array_size(e); i++) {
-		json_t *x = json_array_get(e, i);
-		if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > 1 << 16 ||
-		    json_integer_value(x) % GN_GROUPS) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: vae.block_out_channels[%zu]: expected a positive multiple of %d "
-			              "(GroupNorm's groups)", name, i, GN_GROUPS);
-			goto out;
-		}
-		c->block_out_channels[i] = (int)json_integer_value(x);
-	}
-	e = json_object_get(v, "scaling_factor");
-	if (!json_is_number(e) || json_number_value(e) == 0.0) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: vae.scaling_factor: expected a non-zero number", name);
-		goto out;
-	}
-	c->scaling_factor = json_number_value(e);
-	e = json_object_get(v, "shift_factor");
-	if (e && !json_is_null(e)) {
-		if (!json_is_number(e)) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: vae.shift_factor: expected a number or null", name);
-			goto out;
-		}
-		c->shift_factor = json_number_value(e);
-		c->has_shift = 1;
-	}
-	if (!is_pow2(c->ffactor_spatial) || !is_pow2(c->ffactor_temporal) || c->ffactor_temporal > c->ffactor_spatial ||
-	    ilog2(c->ffactor_spatial) > c->n_levels - 1) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: vae: ffactor_spatial %d and ffactor_temporal %d must be powers of two, "
-		              "temporal <= spatial, with log2(spatial) below the %d levels", name, c->ffactor_spatial,
-		              c->ffactor_temporal, c->n_levels);
-		goto out;
-	}
-	rc = 0;
-out:
+	rc = hi3i_config_vae_block(c, root, name, err) || vae_config_check(c, name, err) ? -1 : 0;
 	json_decref(root);
 	return rc;
 }
@@ -475,7 +424,8 @@ int hi3_vae_open(hi3_vae **out, hi3_model *m, int parts, hi3_error *err)
 	*out = NULL;
 	if (!name)
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	rc = hi3_vae_config_parse(&c, m->cfg.json, name, err);
+	c = m->cfg.vae;
+	rc = vae_config_check(&c, name, err);
 	free(name);
 	if (rc)
 		return -1;
@@ -796,7 +746,7 @@ int hi3_vae_decode(hi3_vae *v, const float *latents, int B, int h, int w, float 
 		for (size_t p = 0; p < hw; p++)
 			for (int ch = 0; ch < Cz; ch++) {
 				float s = x[(size_t)ch * hw + p] / (float)c->scaling_factor;
-				z[p * Cz + ch] = c->has_shift ? s + (float)c->shift_factor : s;
+				z[p * Cz + ch] = c->has_shift_factor ? s + (float)c->shift_factor : s;
 			}
 		if (decode_one(v, z, h, w, images + (size_t)bi * c->out_channels * HW, host, err))
 			goto out;
@@ -888,7 +838,7 @@ void hi3_vae_latent(const hi3_vae *v, const float *mean, const float *logvar, co
 
 	for (size_t i = 0; i < n; i++) {
 		float s = noise ? mean[i] + expf(0.5f * logvar[i]) * noise[i] : mean[i];
-		latents[i] = v->cfg.has_shift ? (s - sh) * sf : s * sf;
+		latents[i] = v->cfg.has_shift_factor ? (s - sh) * sf : s * sf;
 	}
 }
 
