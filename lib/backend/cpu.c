@@ -19,12 +19,7 @@
 #include <omp.h>
 #include <string.h>
 #include <unistd.h>
-#include "backend/backend.h"
-#include "backend/gemm.h"
-
-/* Fork threads for an elementwise op only when it has this much work:
- * below it the fork/join costs more than it saves (decode at small B). */
-#define PAR(work) ((work) >= ((size_t)1 << 16))
+#include "backend/cpu.h"
 
 /* OpenBLAS with BF16/F16 weights: rows widened per block, about this many bytes of f32. */
 #define SGEMM_BLOCK_BYTES ((size_t)1 << 20)
@@ -32,16 +27,6 @@
 struct cpu {
 	float *wide;              /* cpu_sgemm's widened rows */
 	size_t wide_cap;          /* floats */
-};
-
-struct hi3_wt {
-	int kind;
-	int N, K;                 /* matrix (N, K); vector n = N; rows (N = V, K = H) */
-	const hi3_tensor *t;      /* the mapped tensor, as stored */
-	hi3_wmat mat;             /* matrices: t in place */
-	float *f32;               /* vectors: converted */
-	int used;                 /* first use reported (be->first_use) */
-	uint8_t *seen;            /* rows: a bit per row gathered so far */
 };
 
 static void *cpu_alloc(hi3_backend *be, size_t n)
@@ -96,10 +81,20 @@ static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_er
 
 	if (!w)
 		return NULL;
+	if (kind & HI3_WT_TRANSIENT) {
+		kind &= ~HI3_WT_TRANSIENT;
+		w->copy = *t;
+		if (!(w->copy.data = hi3i_aligned_alloc(t->nbytes ? t->nbytes : 1, err)))
+			goto fail;
+		memcpy((void *)w->copy.data, t->data, t->nbytes);
+		t = &w->copy;
+	}
 	w->kind = kind;
 	w->t = t;
 	w->N = (int)t->shape[0];
 	w->K = t->ndim > 1 ? (int)t->shape[1] : 1;
+	if (kind == HI3_WT_MATRIX && w->N > 0)    /* a conv weight [Cout, C, k...]: (Cout, C k...) */
+		w->K = (int)(hi3_tensor_numel(t) / w->N);
 	if (kind == HI3_WT_ROWS) {
 		if (!(w->seen = hi3i_calloc((size_t)w->N / 8 + 1, 1, err)))
 			goto fail;
@@ -117,6 +112,7 @@ static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_er
 	return w;
 fail:
 	free(w->seen);
+	free((void *)w->copy.data);
 	free(w);
 	return NULL;
 }
@@ -128,6 +124,7 @@ static void cpu_weight_free(hi3_backend *be, hi3_wt *w)
 		return;
 	free(w->f32);
 	free(w->seen);
+	free((void *)w->copy.data);
 	free(w);
 }
 
@@ -655,6 +652,17 @@ static const hi3_backend_ops cpu_ops = {
 	.swiglu = cpu_swiglu,
 	.gather = cpu_gather,
 	.scatter_add = cpu_scatter_add,
+	.im2col = hi3i_cpu_im2col,
+	.bias_add = hi3i_cpu_bias_add,
+	.groupnorm = hi3i_cpu_groupnorm,
+	.layernorm = hi3i_cpu_layernorm,
+	.act = hi3i_cpu_act,
+	.scale_shift = hi3i_cpu_scale_shift,
+	.add_repeat = hi3i_cpu_add_repeat,
+	.add_group_mean = hi3i_cpu_add_group_mean,
+	.depth_to_space = hi3i_cpu_depth_to_space,
+	.space_to_depth = hi3i_cpu_space_to_depth,
+	.attention_dense = hi3i_cpu_attention_dense,
 };
 
 int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_error *err)

@@ -45,6 +45,7 @@ struct hi3_model {
 	hi3_config cfg;
 	hi3_ckpt *ck;
 	char fingerprint[17];
+	hi3_gen_defaults gen;       /* generation_config.json */
 	hi3_backend *be;
 	hi3_wt *wte, *lm_head, *ln_f;
 	struct hi3_layer_w *layers;

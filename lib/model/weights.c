@@ -145,8 +145,10 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
 	}
-	if (hi3_config_load(&m->cfg, cfg_path, err) != 0)
+	if (hi3_config_load(&m->cfg, cfg_path, err) != 0 || hi3_gen_defaults_load(&m->gen, dir, err) != 0)
 		goto out;
+	for (int i = 0; i < m->cfg.n_warnings; i++)
+		hi3_log(HI3_LOG_WARN, "%s: %s", cfg_path, m->cfg.warnings[i]);
 	if (hi3_ckpt_open(&m->ck, dir, err) != 0)
 		goto out;
 	if (hi3_config_validate(&m->cfg, m->ck, err) != 0)
@@ -245,6 +247,7 @@ void hi3_model_close(hi3_model *m)
 }
 
 const hi3_config *hi3_model_config(const hi3_model *m) { return &m->cfg; }
+const hi3_gen_defaults *hi3_model_gen_defaults(const hi3_model *m) { return &m->gen; }
 const char *hi3_model_fingerprint(const hi3_model *m) { return m->fingerprint; }
 const char *hi3_model_dir(const hi3_model *m) { return m->dir; }
 const char *hi3_model_backend(const hi3_model *m) { return m->be->name; }

@@ -52,4 +52,11 @@ uint8_t *hi3i_upscale(const uint8_t *rgb, int rows, int cols, int scale, hi3_err
  * clamped to [1, 16]. */
 int hi3i_auto_scale(int64_t rows, int64_t cols);
 
+/* A checkpoint directory's model for hi3 inspect (inspect-model.c): the
+ * variant and why, config.json's fields by role, warnings, generation
+ * defaults, buckets; {"error": ...} when config.json is refused; NULL
+ * without config.json. hi3i_inspect_model_text prints it. */
+json_t *hi3i_inspect_model(const char *dir);
+void hi3i_inspect_model_text(FILE *f, json_t *m);
+
 #endif
