@@ -9,12 +9,19 @@
 #include "cli.h"
 
 struct cli_globals cli = {.backend = "cpu", .batch_invariant = 1};
+static hi3_log_fn log_fn;     /* NULL: libhi3's own printer */
+
+void cli_log_to(hi3_log_fn fn)
+{
+	log_fn = fn;
+	hi3_set_log(log_fn, NULL, cli.quiet ? HI3_LOG_WARN : cli.verbose ? HI3_LOG_DEBUG : HI3_LOG_INFO);
+}
 
 static int set_quiet(const struct cli_option *opt, const char *arg)
 {
 	cli.quiet = 1;
 	cli.verbose = 0;
-	hi3_set_log(NULL, NULL, HI3_LOG_WARN);
+	hi3_set_log(log_fn, NULL, HI3_LOG_WARN);
 	return 0;
 }
 
@@ -22,7 +29,7 @@ static int set_verbose(const struct cli_option *opt, const char *arg)
 {
 	cli.verbose = 1;
 	cli.quiet = 0;
-	hi3_set_log(NULL, NULL, HI3_LOG_DEBUG);
+	hi3_set_log(log_fn, NULL, HI3_LOG_DEBUG);
 	return 0;
 }
 

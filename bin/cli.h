@@ -88,6 +88,9 @@ extern const struct cli_choice cli_decode_mask_choices[], cli_placement_choices[
 /* Refuse a seed base whose last row's seed, base + n - 1, would not fit. */
 int cli_check_seed_base(int64_t base, int n);
 
+/* Library messages to fn (NULL: libhi3's printer), at the level -q/-v chose;
+ * -q and -v given later keep fn. */
+void cli_log_to(hi3_log_fn fn);
 /* What every message starts with: "hi3 CMD: ", "hi3 run: line N: CMD: ". */
 void cli_message_prefix(FILE *f);
 /* Print a usage error naming the command; returns exit status 2. */

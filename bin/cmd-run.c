@@ -140,11 +140,6 @@ static void run_log(int level, const char *msg, void *ctx)
 	fprintf(stderr, "%s%s\n", tag[level], msg);
 }
 
-static void set_log_level(const struct cli_globals *g)
-{
-	hi3_set_log(run_log, NULL, g->quiet ? HI3_LOG_WARN : g->verbose ? HI3_LOG_DEBUG : HI3_LOG_INFO);
-}
-
 int cmd_run(int argc, char **argv)
 {
 	struct cli_option options[] = {OPT_INCLUDE(cli_global_options), OPT_END()};
@@ -169,7 +164,7 @@ int cmd_run(int argc, char **argv)
 	saved = cli;
 	cli.keep_model = 1;
 	saved.keep_model = 1;
-	set_log_level(&saved);
+	cli_log_to(run_log);
 	while (getline(&line, &cap, f) != -1) {
 		const struct cli_command *c;
 		const char *bad = NULL;
@@ -191,6 +186,7 @@ int cmd_run(int argc, char **argv)
 			if (rc)
 				break;
 			cli = saved;
+			cli_log_to(run_log);
 			continue;
 		}
 		if (n == 0) {
@@ -210,7 +206,7 @@ int cmd_run(int argc, char **argv)
 		rc = c->run(n, w.v);
 		fflush(stdout);
 		cli = saved;
-		set_log_level(&saved);
+		cli_log_to(run_log);
 		if (rc != 0)
 			break;
 	}
@@ -222,7 +218,7 @@ int cmd_run(int argc, char **argv)
 		fclose(f);
 	cli_release_model();
 	cli.keep_model = 0;
-	hi3_set_log(NULL, NULL, saved.quiet ? HI3_LOG_WARN : saved.verbose ? HI3_LOG_DEBUG : HI3_LOG_INFO);
+	cli_log_to(NULL);
 	free(line);
 	free(w.v);
 	return rc;

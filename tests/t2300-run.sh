@@ -54,6 +54,7 @@ test_expect_success 'a line gives its own global options, for that line only' '
 	printf "%s\n" "-v prefill f/c.st -o k2.st --max-new 12" "prefill f/c.st -o k3.st --max-new 12" |
 		hi3 -q -m m run 2>err &&
 	test_grep "^hi3 run: line 1: prefill: .* prompt tokens in" err &&
+	test_grep "^hi3 run: line 1: prefill: m: opened in" err &&
 	! grep "line 2" err && cmp k2.st k3.st
 '
 
