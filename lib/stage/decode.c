@@ -362,6 +362,9 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 		stats->finished += kv.finished[i];
 	if (write_segment(&kv, c, m, o, !comm || comm->rank == 0 ? seg_path : NULL, &stats->total_tokens, err) != 0)
 		goto out;
+	/* the segment is in place for every rank when the call returns */
+	if (comm && hi3_comm_barrier(comm, err) != 0)
+		goto out;
 	rc = 0;
 out:
 	stats->seconds = hi3i_now() - t0;
