@@ -11,6 +11,7 @@
  * rank's block is downloaded, all-gathered, placed, and the whole matrix
  * uploaded; with the CPU backend these are copies in memory.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "model/model.h"
@@ -69,8 +70,22 @@ int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err)
 	s->cap_views = c->num_hidden_layers * (4 + 2 * max_e) + 4;
 	if (!(s->views = hi3i_calloc((size_t)s->cap_views, sizeof(*s->views), err)))
 		return -1;
-	/* the same model on every rank, or stop before anything is computed */
-	return hi3_comm_check_same(comm, "model fingerprint", m->fingerprint, err);
+	/* the same model on every rank, or stop before anything is computed:
+	 * the fingerprint (config, tensor names, shapes, dtypes), then a hash
+	 * of the first bytes of every tensor, which tells two checkpoints of
+	 * one shape apart (another seed, another fine-tune) for a few pages read */
+	if (hi3_comm_check_same(comm, "model fingerprint", m->fingerprint, err) != 0)
+		return -1;
+	{
+		uint64_t h = HI3_HASH_INIT;
+		char hex[17];
+		for (int i = 0; i < hi3_ckpt_count(m->ck); i++) {
+			const hi3_tensor *t = hi3_ckpt_at(m->ck, i);
+			h = hi3i_hash(h, t->data, t->nbytes < 256 ? t->nbytes : 256);
+		}
+		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)h);
+		return hi3_comm_check_same(comm, "weights sample hash", hex, err);
+	}
 }
 
 void hi3i_shard_release(hi3_model *m)
