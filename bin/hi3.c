@@ -27,6 +27,7 @@ static const struct cli_command commands[] = {
 	CMD("parity", parity, "prove a batch equals its rows run alone, or show where not"),
 	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
 	CMD("diff", diff, "compare two safetensors files tensor by tensor"),
+	CMD("plan", plan, "per-rank memory of a parallel layout from config.json, and whether it fits"),
 	CMD("bench", bench, "measure bandwidth, GEMMs, prefill and decode side by side"),
 };
 

@@ -413,6 +413,38 @@ typedef struct hi3_par {
 /* "tp=T,ep=E" (either part may be left out: 1) into p->tp, p->ep. */
 int hi3_par_parse(hi3_par *p, const char *spec, hi3_error *err);
 
+/*
+ * Planning a layout from config.json alone (lib/tools/plan.c, hi3-plan(1)):
+ * the bytes one rank holds, the largest over the ranks of the layout.
+ * Weights are the transformer's (what hi3_model_open maps and uses);
+ * activations are the forward's scratch for a prefill chunk of tokens
+ * (min(batch * max_len, chunk_tokens)) plus a layout's gather buffers.
+ */
+typedef struct hi3_plan_opts {
+	int tp, ep;               /* the layout: tp * ep ranks */
+	int batch;                /* B rows */
+	int64_t max_len;          /* C cache slots per row (prompt + new tokens) */
+	hi3_dtype dtype;          /* weights (the MoE router stays f32) */
+	hi3_dtype kv_dtype;       /* the cache */
+	int64_t chunk_tokens;     /* tokens per prefill forward (0: 8192, prefill's default) */
+	uint64_t mem;             /* bytes a rank may use; 0: unknown */
+} hi3_plan_opts;
+
+typedef struct hi3_plan {
+	uint64_t weights, weights_split, weights_replicated;  /* per rank */
+	uint64_t kv, activations, total;
+	uint64_t weights_all;     /* the whole checkpoint's transformer weights, one copy */
+	int fits;                 /* total <= mem (1 when mem is 0) */
+} hi3_plan;
+
+/* 0, or -1 with err: a layout whose kv heads or experts do not divide
+ * (HI3_ERR_USAGE, naming which). */
+int hi3_plan_compute(const hi3_config *c, const hi3_plan_opts *o, hi3_plan *p, hi3_error *err);
+/* "141G", "512GiB", "1.5T", "80000000000" (suffixes K M G T binary) into bytes. */
+int hi3_parse_bytes(const char *s, uint64_t *out);
+/* b as "150.81 GiB", "3.52 MiB", "512 B" (binary units) into buf (32 bytes); returns buf. */
+const char *hi3_format_bytes(uint64_t b, char *buf);
+
 typedef struct hi3_model_opts {
 	const char *backend;     /* "cpu" (default) or "cuda" */
 	int threads;             /* 0: OpenMP default */

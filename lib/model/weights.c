@@ -13,7 +13,9 @@
  */
 #include "config.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "model/model.h"
 
 #define NAME(...) (snprintf(nm, sizeof(nm), __VA_ARGS__), nm)
@@ -152,6 +154,46 @@ void hi3i_model_forward_done(hi3_model *m)
 	        m->mapped / 1e6);
 }
 
+/*
+ * Refuse, before a weight is read, a layout whose weights cannot fit in a
+ * rank's memory: HI3_MEM_LIMIT (bytes, or 141G ...) when set, else the
+ * device's free memory (cuda) or the host's physical memory (cpu: the
+ * checkpoint is mapped, so memory in use by the page cache counts as free).
+ * The counts are hi3_plan_compute's (hi3 plan shows the whole plan).
+ */
+static int check_fits(hi3_model *m, hi3_error *err)
+{
+	hi3_plan_opts po = {.tp = m->sh.tp, .ep = m->sh.ep, .batch = 1, .max_len = 1,
+	                    .dtype = hi3_model_weight_dtype(m), .kv_dtype = HI3_F32};
+	hi3_plan p;
+	uint64_t limit = 0;
+	const char *env = getenv("HI3_MEM_LIMIT");
+	const char *what;
+
+	if (po.dtype != HI3_F32 && po.dtype != HI3_BF16 && po.dtype != HI3_F16)
+		return 0;
+	if (hi3_plan_compute(&m->cfg, &po, &p, err) != 0)
+		return -1;
+	if (env && *env) {
+		if (hi3_parse_bytes(env, &limit) != 0)
+			return hi3_error_set(err, HI3_ERR_USAGE, "HI3_MEM_LIMIT: '%s' is not a size (e.g. 141G)", env);
+		what = "HI3_MEM_LIMIT";
+	} else if (!strcmp(m->be->name, "cpu")) {
+		limit = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+		what = "the host's memory";
+	} else {
+		limit = m->be->ops->mem_free(m->be);
+		what = "the device's free memory";
+	}
+	if (limit && p.weights > limit) {
+		char a[32], b[32];
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: a rank of tp=%d,ep=%d holds %s of weights, more than %s "
+		                     "(%s); choose a layout that fits with 'hi3 plan' (hi3-parallel(7))", m->dir, m->sh.tp,
+		                     m->sh.ep, hi3_format_bytes(p.weights, a), what, hi3_format_bytes(limit, b));
+	}
+	return 0;
+}
+
 int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts, hi3_error *err)
 {
 	hi3_model *m = hi3i_calloc(1, sizeof(*m), err);
@@ -197,7 +239,7 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 		goto out;
 	m->be->first_use = on_first_use;
 	m->be->first_use_ctx = m;
-	if (hi3i_shard_init(m, opts->par, err) != 0)
+	if (hi3i_shard_init(m, opts->par, err) != 0 || check_fits(m, err) != 0)
 		goto out;
 	m->dims.H = m->cfg.hidden_size;
 	/* a rank's heads: its kv heads and their query heads */
