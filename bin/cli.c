@@ -106,6 +106,12 @@ int cli_usage_error(const char *fmt, ...)
 
 int cli_fail(const hi3_error *err)
 {
+	/* a rank that fails before its model opened still joins the others,
+	 * so that its message names it and cli_parallel_end ends them all */
+	if (cli.parallel && par_state == 0) {
+		hi3_error ignored = {0};
+		cli_parallel(&ignored);
+	}
 	if (par_state == 1 && par.comm->size > 1)
 		fprintf(stderr, "hi3 %s: rank %d of %d: error: %s\n", cli.cmd ? cli.cmd : "", par.comm->rank,
 		        par.comm->size, err->msg[0] ? err->msg : "failed");
