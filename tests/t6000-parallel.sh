@@ -20,6 +20,12 @@ run() { np=$1 layout=$2; shift 2; mpirun -np "$np" "$MPI_BIN" -q -t 1 --parallel
 REQ_SEED=6000
 SAMPLE="--temperature 0.9 --top-k 40"
 
+test_expect_success 'the MPI communicator: every collective on 3 ranks (tests/test-comm.c)' '
+	mpirun -np 3 "$BUILDDIR/tests/test-comm-mpi" >comm.tap &&
+	cat comm.tap && test_grep -q "^ok .* 3 ranks: alltoallv" comm.tap && ! grep -q "^not ok" comm.tap &&
+	test "$(grep -c "^ok .* 3 ranks:" comm.tap)" -ge 10
+'
+
 test_expect_success 'models: tiny-moe, and a wider MoE (8 experts top-3, 4 kv heads, a dense layer, odd vocab)' '
 	make_model tiny-moe tm &&
 	make_model tiny-moe tw --set num_experts=8 --set moe_topk=3 --set num_attention_heads=8 \
