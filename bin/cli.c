@@ -201,6 +201,9 @@ int cli_parallel_end(int rc)
 	par_state = 0;
 	if (rc != 0 && par.comm->size > 1)
 		par.comm->ops->abort(par.comm, rc, NULL);
+	if (!cli.quiet)
+		fprintf(stderr, "hi3 %s: rank %d of %d: %.3f s in collectives, %.1f MiB received\n", cli.cmd ? cli.cmd : "",
+		        par.comm->rank, par.comm->size, par.comm->seconds, (double)par.comm->bytes / 1048576.0);
 	par.comm->ops->destroy(par.comm);
 	par.comm = NULL;
 	return rc;
