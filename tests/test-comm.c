@@ -5,6 +5,10 @@
  * t6000-parallel.sh, every MPI collective on 3 or more ranks: each rank
  * checks what it received against what every rank must have sent, and
  * rank 0 prints one TAP line per check, "ok" only when every rank passed.
+ * Built as test-comm-nccl (-DHI3_NCCL, with CUDA and NCCL), the same
+ * checks run through the NCCL communicator on buffers of CUDA managed
+ * memory (scripts/gpu-check.sh); the checks that take host buffers (the
+ * rank-order all-reduce, check_same, agree) stay with MPI there.
  */
 #include <math.h>
 #include <string.h>
@@ -13,6 +17,38 @@
 #ifdef HI3_MPI
 #include "par/comm-mpi.h"
 #endif
+#ifdef HI3_NCCL
+#include <cuda_runtime.h>
+#endif
+
+/* buffers the communicator under test can read: host, or CUDA managed memory for NCCL */
+static void *tb(hi3_comm *c, size_t n)
+{
+	void *p = NULL;
+#ifdef HI3_NCCL
+	if (c->device) {
+		if (cudaMallocManaged(&p, n, cudaMemAttachGlobal) != cudaSuccess)
+			return NULL;
+		memset(p, 0, n);
+		return p;
+	}
+#endif
+	(void)c;
+	p = calloc(1, n);
+	return p;
+}
+
+static void tfree(hi3_comm *c, void *p)
+{
+#ifdef HI3_NCCL
+	if (c->device) {
+		cudaFree(p);
+		return;
+	}
+#endif
+	(void)c;
+	free(p);
+}
 
 #define MAX_CHECKS 64
 static int n_checks, passed[MAX_CHECKS];
@@ -32,17 +68,23 @@ static float val(int r, size_t i)
 	return (float)(r * 1000 + (int)i) * 0.25f + 0.125f;
 }
 
-static void collectives(hi3_comm *c)
+static void collectives(hi3_comm *c, hi3_comm *host)
 {
 	const int R = c->size, me = c->rank;
 	hi3_error err = {0};
-	float send[8], all[8 * 64], *recv;
+	float *send = tb(c, 8 * sizeof(float)), *all = tb(c, 8 * 64 * sizeof(float)), *recv = NULL;
+	float *s2 = tb(c, 64 * 64 * sizeof(float)), *r2 = tb(c, 64 * 64 * sizeof(float));
+	char *buf = tb(c, 32);
 	size_t counts[64], displs[64], sc[64], sd[64], rc[64], rd[64], tot = 0;
 	int good;
 
+	if (!send || !all || !s2 || !r2 || !buf || R > 64) {
+		check(0, "test buffers");
+		goto out;
+	}
 	for (int i = 0; i < 8; i++)
 		send[i] = val(me, (size_t)i);
-	good = hi3_comm_allgather(c, send, sizeof(send), all, &err) == 0;
+	good = hi3_comm_allgather(c, send, 8 * sizeof(float), all, &err) == 0;
 	for (int r = 0; r < R && good; r++)
 		for (int i = 0; i < 8; i++)
 			good &= all[r * 8 + i] == val(r, (size_t)i);
@@ -54,17 +96,15 @@ static void collectives(hi3_comm *c)
 		displs[r] = tot;
 		tot += counts[r];
 	}
-	recv = calloc(tot / sizeof(float) + 1, sizeof(float));
+	recv = tb(c, tot + sizeof(float));
 	good = recv && hi3_comm_allgatherv(c, send, counts[me], recv, counts, displs, &err) == 0;
 	for (int r = 0; r < R && good; r++)
 		for (int i = 0; i <= r; i++)
 			good &= recv[displs[r] / sizeof(float) + (size_t)i] == val(r, (size_t)i);
 	check(good, "allgatherv: blocks of other sizes at their displacements");
-	free(recv);
 
 	/* rank me sends (q + 1) floats to rank q, values val(me, 10 q + i) */
 	{
-		float s2[64 * 64], r2[64 * 64];
 		size_t so = 0, ro = 0;
 		for (int q = 0; q < R; q++) {
 			sc[q] = sizeof(float) * (size_t)(q + 1);
@@ -84,31 +124,28 @@ static void collectives(hi3_comm *c)
 	}
 
 	{
-		char buf[32];
-		snprintf(buf, sizeof(buf), "from rank %d", me);
-		good = hi3_comm_bcast(c, buf, sizeof(buf), R - 1, &err) == 0;
-		{
-			char want[32];
-			snprintf(want, sizeof(want), "from rank %d", R - 1);
-			good &= !strcmp(buf, want);
-		}
+		char want[32];
+		snprintf(buf, 32, "from rank %d", me);
+		snprintf(want, sizeof(want), "from rank %d", R - 1);
+		good = hi3_comm_bcast(c, buf, 32, R - 1, &err) == 0 && !strcmp(buf, want);
 		check(good, "bcast from the last rank");
 	}
 	check(hi3_comm_barrier(c, &err) == 0, "barrier");
+	if (err.status)
+		diag("rank %d: %s", me, err.msg);
 
 	/* the canonical sum: terms of very different sizes, so the order shows
 	 * in the bits; every rank must get ((x0 + x1) + x2) + ... exactly */
 	{
 		float x[4], want[4];
-		for (int i = 0; i < 4; i++) {
+		for (int i = 0; i < 4; i++)
 			x[i] = (me % 2 ? 1e8f : 1.0f) * (0.1f + (float)i) + (float)me * 0.3f;
-			want[i] = 0;
-		}
 		for (int r = 0; r < R; r++)
-			for (int i = 0; i < 4; i++)
-				want[i] = r == 0 ? (0.1f + (float)i) + 0.0f
-				                 : want[i] + ((r % 2 ? 1e8f : 1.0f) * (0.1f + (float)i) + (float)r * 0.3f);
-		good = hi3_comm_allreduce_sum_f32(c, x, 4, &err) == 0;
+			for (int i = 0; i < 4; i++) {
+				float t = (r % 2 ? 1e8f : 1.0f) * (0.1f + (float)i) + (float)r * 0.3f;
+				want[i] = r == 0 ? t : want[i] + t;
+			}
+		good = hi3_comm_allreduce_sum_f32(host, x, 4, &err) == 0;
 		for (int i = 0; i < 4 && good; i++)
 			good &= memcmp(&x[i], &want[i], sizeof(float)) == 0;
 		check(good, "allreduce_sum_f32: the sum in rank order, bit for bit");
@@ -116,9 +153,9 @@ static void collectives(hi3_comm *c)
 
 	{
 		hi3_error e1 = {0}, e2 = {0};
-		check(hi3_comm_check_same(c, "model", "abc", &e1) == 0, "check_same: equal strings pass");
+		check(hi3_comm_check_same(host, "model", "abc", &e1) == 0, "check_same: equal strings pass");
 		if (R > 1) {
-			int rc2 = hi3_comm_check_same(c, "model", me == R - 1 ? "xyz" : "abc", &e2);
+			int rc2 = hi3_comm_check_same(host, "model", me == R - 1 ? "xyz" : "abc", &e2);
 			char want[64];
 			snprintf(want, sizeof(want), "rank %d runs model xyz", R - 1);
 			check(rc2 != 0 && e2.status == HI3_ERR_INPUT && strstr(e2.msg, want), "check_same: names the rank "
@@ -127,9 +164,10 @@ static void collectives(hi3_comm *c)
 	}
 	{
 		hi3_error mine = {0}, out = {0};
+		int a;
 		if (R > 1 && me == 1)
 			hi3_error_set(&mine, HI3_ERR_INPUT, "bad input here");
-		int a = hi3_comm_agree(c, &mine, &out);
+		a = hi3_comm_agree(host, &mine, &out);
 		if (R > 1)
 			check(a != 0 && out.status == HI3_ERR_INPUT && strstr(out.msg, "rank 1 of") &&
 			      strstr(out.msg, "bad input here"), "agree: every rank gets rank 1's error");
@@ -137,10 +175,18 @@ static void collectives(hi3_comm *c)
 			check(a == 0, "agree: no error, no failure");
 	}
 	check(c->seconds >= 0 && c->bytes > 0, "the calls are timed and counted");
+out:
+	tfree(c, send);
+	tfree(c, all);
+	tfree(c, recv);
+	tfree(c, s2);
+	tfree(c, r2);
+	tfree(c, buf);
 }
 
 static void report(hi3_comm *c)
 {
+	/* the results are host memory: gathered over the host communicator */
 	int all[MAX_CHECKS * 64] = {0}, n = n_checks;
 	hi3_error err = {0};
 
@@ -162,7 +208,7 @@ int main(int argc, char **argv)
 {
 	hi3_par p;
 	hi3_error err = {0};
-	hi3_comm *c = hi3_comm_single();
+	hi3_comm *c = hi3_comm_single(), *host;
 	int lead;
 
 #ifdef HI3_MPI
@@ -174,6 +220,14 @@ int main(int argc, char **argv)
 	(void)argc;
 	(void)argv;
 #endif
+	host = c;
+#ifdef HI3_NCCL
+	if (hi3_comm_nccl_open(&c, host, &err) != 0) {
+		ok(0, "rank %d: NCCL: %s", host->rank, err.msg);
+		host->ops->destroy(host);
+		return done_testing();
+	}
+#endif
 	if (c->rank == 0) {
 		ok(hi3_par_parse(&p, "tp=2,ep=4", &err) == 0 && p.tp == 2 && p.ep == 4, "parse tp=2,ep=4");
 		ok(hi3_par_parse(&p, "ep=3", &err) == 0 && p.tp == 1 && p.ep == 3, "parse ep=3 (tp defaults to 1)");
@@ -184,9 +238,11 @@ int main(int argc, char **argv)
 		ok(hi3_par_parse(&p, "", &err) != 0, "refuse an empty layout");
 	}
 	lead = c->rank == 0;
-	collectives(c);
-	report(c);
-	c->ops->destroy(c);
+	collectives(c, host);
+	report(host);
+	if (c != host)
+		c->ops->destroy(c);
+	host->ops->destroy(host);
 	/* rank 0 reports for all ranks */
 	return lead ? done_testing() : 0;
 }
