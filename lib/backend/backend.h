@@ -32,6 +32,10 @@ enum hi3_wt_kind {
 	                  * dims is (shape[0], the product of the rest) */
 	HI3_WT_VECTOR,   /* (n): norm weights, kept as f32 */
 	HI3_WT_ROWS,     /* (V, H): embedding rows, gathered by embed */
+	/* or-ed into a kind: the tensor and its data are valid only during the
+	 * weight() call (a layout made for it, e.g. a permuted conv weight), so
+	 * the backend keeps a copy instead of the pointer */
+	HI3_WT_TRANSIENT = 0x100,
 };
 
 /* Where attention reads keys or values: element (row, head, slot, 0..d-1)

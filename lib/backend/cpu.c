@@ -81,6 +81,14 @@ static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_er
 
 	if (!w)
 		return NULL;
+	if (kind & HI3_WT_TRANSIENT) {
+		kind &= ~HI3_WT_TRANSIENT;
+		w->copy = *t;
+		if (!(w->copy.data = hi3i_aligned_alloc(t->nbytes ? t->nbytes : 1, err)))
+			goto fail;
+		memcpy((void *)w->copy.data, t->data, t->nbytes);
+		t = &w->copy;
+	}
 	w->kind = kind;
 	w->t = t;
 	w->N = (int)t->shape[0];
@@ -104,6 +112,7 @@ static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_er
 	return w;
 fail:
 	free(w->seen);
+	free((void *)w->copy.data);
 	free(w);
 	return NULL;
 }
@@ -115,6 +124,7 @@ static void cpu_weight_free(hi3_backend *be, hi3_wt *w)
 		return;
 	free(w->f32);
 	free(w->seen);
+	free((void *)w->copy.data);
 	free(w);
 }
 

@@ -20,6 +20,7 @@ struct hi3_wt {
 	float *f32;               /* vectors: converted */
 	int used;                 /* first use reported (be->first_use) */
 	uint8_t *seen;            /* rows: a bit per row gathered so far */
+	hi3_tensor copy;          /* HI3_WT_TRANSIENT: t is &copy, its data owned */
 };
 
 /* cpu-image.c (backend.h documents each op) */
