@@ -66,6 +66,10 @@ test_expect_success 'wider MoE, tp=4 (uneven vocabulary split): bitwise one proc
 	layout tw 4 tp=4
 '
 
+test_expect_success 'wider MoE, ep=4 (2 of the 8 experts per rank): bitwise one process' '
+	layout tw 4 ep=4
+'
+
 test_expect_success 'replay under tp=2,ep=2 writes the replay file of one process' '
 	run 4 tp=2,ep=2 -m tw replay tw.cond tw.seg -o tw4.rep >rep.json &&
 	cmp tw.rep tw4.rep && test_grep -q "\"tokens\"" rep.json
