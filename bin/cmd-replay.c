@@ -32,6 +32,7 @@ int cmd_replay(int argc, char **argv)
 	hi3_cond *c = NULL;
 	hi3_segment *s = NULL;
 	hi3_error err = {0};
+	struct cli_trace trace = {0};
 	char *report = NULL;
 	size_t len = 0;
 	int rc, weights_given = 0, record = 0;
@@ -49,6 +50,7 @@ int cmd_replay(int argc, char **argv)
 		OPT_RECORD_ROUTING(&record, "MoE: store the replay's experts and weights of every response and prompt "
 		                   "token in REPLAY"),
 		OPT_OUTPUT(&out, "REPLAY", "the replay file to write (atomically)"),
+		OPT_TRACE(&trace),
 		OPT_END(),
 	};
 
@@ -57,13 +59,14 @@ int cmd_replay(int argc, char **argv)
 	if (weights_given && !o.routing_recorded)
 		return cli_usage_error("--routing-weights needs --routing=recorded");
 	if (hi3_cond_open(&c, argv[0], &err) != 0 || hi3_segment_open(&s, argv[1], &err) != 0 ||
-	    cli_open_model(&m, &err) != 0) {
+	    cli_open_model(&m, &err) != 0 || cli_trace_open(&trace, m, &o.trace, &err) != 0) {
 		rc = cli_fail(&err);
 		goto out;
 	}
 	rc = hi3_replay_to_file(m, c, s, argv[1], &o, record, out, &rep, &err);
 	cli_progress_end();
-	if (rc != 0 || hi3_replay_report_json(&rep, &report, &len, &err) != 0) {
+	if (rc != 0 || cli_trace_write(&trace, o.trace, &err) != 0 ||
+	    hi3_replay_report_json(&rep, &report, &len, &err) != 0) {
 		rc = cli_fail(&err);
 		goto out;
 	}
@@ -75,6 +78,7 @@ int cmd_replay(int argc, char **argv)
 out:
 	free(report);
 	hi3_replay_report_release(&rep);
+	hi3_trace_free(o.trace);
 	hi3_model_close(m);
 	hi3_segment_close(s);
 	hi3_cond_close(c);

@@ -12,6 +12,8 @@
  *                                   PATH (keys, array indices or KEY=VALUE joined by '/')
  *   test-tools pnginfo FILE         check the signature and IHDR, decode; print "WIDTH HEIGHT"
  *   test-tools pngpix FILE X Y      print the pixel "R G B"
+ *   test-tools argmax FILE TENSOR R print the index of the largest value of row R of a 2-D F32
+ *                                   tensor (ties to the lowest)
  *
  * Values are a hash of what a row *is* (its identity), not where it sits in
  * the batch, so a batched file and a B = 1 file agree on a row's valid
@@ -258,6 +260,8 @@ static int poke(const char *path, const char *name, const char *idx, const char 
 	case HI3_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
 	case HI3_BF16: { uint16_t h = hi3_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
 	case HI3_I64: { int64_t i = (int64_t)v; memcpy(p, &i, 8); break; }
+	case HI3_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
+	case HI3_I16: { int16_t i = (int16_t)v; memcpy(p, &i, 2); break; }
 	case HI3_U8: *p = (uint8_t)v; break;
 	default:
 		hi3_st_close(st);
@@ -375,6 +379,22 @@ static int tool(int argc, char **argv)
 		rc = poke(argv[2], argv[3], argv[4], argv[5], &err);
 	} else if (!strcmp(argv[1], "json")) {
 		return json_cmd(argc > 2 ? argv[2] : NULL);
+	} else if (!strcmp(argv[1], "argmax") && argc == 5) {
+		hi3_st *st = NULL;
+		const hi3_tensor *t;
+		int64_t r = atoll(argv[4]);
+		rc = hi3_st_open(&st, argv[2], HI3_ST_READ, &err) ||
+		     hi3_st_get(st, argv[3], HI3_F32, 2, (int64_t[]){-1, -1}, &t, &err);
+		if (!rc && (r < 0 || r >= t->shape[0]))
+			rc = hi3_error_set(&err, HI3_ERR_USAGE, "row %lld of %lld", (long long)r, (long long)t->shape[0]);
+		if (!rc) {
+			const float *v = (const float *)t->data + r * t->shape[1];
+			int64_t best = 0;
+			for (int64_t i = 1; i < t->shape[1]; i++)
+				best = v[i] > v[best] ? i : best;
+			printf("%lld\n", (long long)best);
+		}
+		hi3_st_close(st);
 	} else if ((!strcmp(argv[1], "pnginfo") && argc == 3) || (!strcmp(argv[1], "pngpix") && argc == 5)) {
 		int w, h;
 		uint8_t *px = png_read(argv[2], &w, &h);

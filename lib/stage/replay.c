@@ -17,6 +17,7 @@
 #include <string.h>
 #include "format/conditions.h"
 #include "format/kv.h"
+#include "format/trace.h"
 
 static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
                         hi3_error *err)
@@ -60,13 +61,13 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
  * padded to the longest; fills lp (T) at the rows' segment offsets, and
  * the free-routing choices of response tokens into route (T, NM, K). */
 static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, int r0,
-                       int r1, int forced, int record, float *lp, int16_t *route, hi3_error *err)
+                       int r1, int forced, int record, hi3_trace *trace, float *lp, int16_t *route, hi3_error *err)
 {
 	const int V = hi3_model_config(m)->vocab_size, NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m);
 	const int NMK = NM * K, nb = r1 - r0;
 	int64_t Tmax = 0, n_log = 0;
-	int64_t *ids = NULL;
-	int32_t *rope = NULL, *hi = NULL, *at = NULL, *blocks = NULL;
+	int64_t *ids = NULL, *tpos = NULL;    /* tpos (nb, Tmax): traced positions, -1 on pads */
+	int32_t *rope = NULL, *hi = NULL, *at = NULL, *blocks = NULL, *trow = NULL;
 	int16_t *rids = NULL, *force = NULL;
 	float *rw = NULL, *logits = NULL, *force_w = NULL;
 	int rc = -1;
@@ -76,7 +77,7 @@ static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 		Tmax = HI3_MAX(Tmax, c->real_pos[i] + len);
 		n_log += len;
 	}
-	if (n_log == 0 && !(record && o->rec_prompt_ids))
+	if (n_log == 0 && !(record && o->rec_prompt_ids) && !trace)
 		return 0;
 	ids = hi3i_malloc(sizeof(int64_t) * (size_t)(nb * Tmax), err);
 	rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)(nb * Tmax), err);
@@ -92,8 +93,12 @@ static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 			force_w = hi3i_malloc(sizeof(float) * (size_t)(nb * Tmax) * NMK, err);
 		}
 	}
+	if (trace) {
+		tpos = hi3i_malloc(sizeof(int64_t) * (size_t)(nb * Tmax), err);
+		trow = hi3i_malloc(sizeof(int32_t) * (size_t)nb, err);
+	}
 	if (!ids || !rope || !hi || !at || !blocks || !logits || (NMK && (!rids || !rw)) ||
-	    (forced && NMK && (!force || !force_w)))
+	    (forced && NMK && (!force || !force_w)) || (trace && (!tpos || !trow)))
 		goto out;
 	n_log = 0;
 	for (int r = 0; r < nb; r++) {
@@ -110,6 +115,8 @@ static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 				rope[2 * x] = rope[2 * x + 1] = (int32_t)t;
 			}
 			hi[x] = (int32_t)t;
+			if (tpos)
+				tpos[x] = t < n + len ? t : -1;
 			if (force) {
 				/* the recorded experts of response token j (fed at
 				 * index n + j); the prompt routes freely */
@@ -120,6 +127,8 @@ static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 				}
 			}
 		}
+		if (trow)
+			trow[r] = i;
 		memcpy(blocks + (size_t)r * c->S * 2, c->image_blocks + (size_t)i * c->S * 2,
 		       sizeof(int32_t) * 2 * (size_t)c->S);
 		for (int64_t j = 0; j < len; j++) {
@@ -134,6 +143,7 @@ static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 			.blocks = blocks, .S = c->S, .n_logits = (int)n_log, .logit_at = at, .logits = logits,
 			.route_ids = rids, .route_w = rw, .force_route = force,
 			.force_route_w = o->weights_recorded ? force_w : NULL,
+			.trace = trace, .trace_row = trow, .trace_pos = tpos,
 		};
 		if (hi3_forward(m, NULL, &b, err) != 0)
 			goto out;
@@ -181,11 +191,13 @@ out:
 	free(rw);
 	free(force);
 	free(force_w);
+	free(tpos);
+	free(trow);
 	return rc;
 }
 
 static int run_pass(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, int forced,
-                    int record, float *lp, int16_t *route, hi3_error *err)
+                    int record, hi3_trace *trace, float *lp, int16_t *route, hi3_error *err)
 {
 	int group = 1;
 
@@ -198,7 +210,7 @@ static int run_pass(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const
 	}
 	for (int r0 = 0; r0 < c->B; r0 += group) {
 		int r1 = HI3_MIN(c->B, r0 + group);
-		if (replay_rows(m, c, s, o, r0, r1, forced, record, lp, route, err) != 0)
+		if (replay_rows(m, c, s, o, r0, r1, forced, record, trace, lp, route, err) != 0)
 			return -1;
 		if (o->progress)
 			o->progress(o->progress_ctx, r1, c->B);
@@ -247,6 +259,11 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	memset(rep, 0, sizeof(*rep));
 	if (check_inputs(m, c, s, o, err) != 0)
 		return -1;
+	if (o->trace && (hi3i_trace_stage_meta(o->trace, "replay", c, err) ||
+	                 hi3_trace_set_meta(o->trace, "mode", o->batched ? "batched" : "per-row", err) ||
+	                 hi3_trace_set_meta(o->trace, "routing", o->routing_recorded ? (o->weights_recorded ?
+	                                    "recorded+weights" : "recorded") : "free", err)))
+		return -1;
 	rep->B = s->B;
 	rep->rows = hi3i_calloc((size_t)s->B, sizeof(*rep->rows), err);
 	if (!rep->rows)
@@ -259,10 +276,10 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	if (o->routing_recorded) {
 		/* the free pass first, for the gap without routing replay */
 		lp_free = hi3i_malloc(sizeof(float) * (size_t)(s->T + 1), err);
-		if (!lp_free || run_pass(m, c, s, o, 0, 0, lp_free, route, err) != 0 ||
-		    run_pass(m, c, s, o, 1, 1, logprobs, NULL, err) != 0)
+		if (!lp_free || run_pass(m, c, s, o, 0, 0, NULL, lp_free, route, err) != 0 ||
+		    run_pass(m, c, s, o, 1, 1, o->trace, logprobs, NULL, err) != 0)
 			goto out;
-	} else if (run_pass(m, c, s, o, 0, 1, logprobs, route, err) != 0) {
+	} else if (run_pass(m, c, s, o, 0, 1, o->trace, logprobs, route, err) != 0) {
 		goto out;
 	}
 	for (int i = 0; i < s->B; i++) {
