@@ -47,6 +47,9 @@ int cmd_replay(int argc, char **argv)
 		           "expert weights from the router (default) or use the recorded ones",
 		           .given = &weights_given),
 		OPT_DOUBLE(0, "threshold", &threshold, 0.0, 1e30, "X", "exit 1 when the max |gap| exceeds X"),
+		OPT_DOUBLE(0, "is-cap", &o.is_cap, 1.0, 1e30, "C", "the importance-ratio cap of the mismatch metrics: "
+		           "the shares of ratios above C and below 1/C, and the clamp of std and ESS (default 2, as TIS "
+		           "uses)", .flags = CLI_OPT_LO_OPEN),
 		OPT_RECORD_ROUTING(&record, "MoE: store the replay's experts and weights of every response and prompt "
 		                   "token in REPLAY"),
 		OPT_OUTPUT(&out, "REPLAY", "the replay file to write (atomically)"),

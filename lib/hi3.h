@@ -519,6 +519,10 @@ int hi3_segment_write(const hi3_segment *s, const char *path, hi3_error *err);
 typedef struct hi3_replay_file {
 	int64_t T;
 	const float *logprobs;        /* (T) aligned with the segment */
+	/* per token, to join with routing, traces and the conditions (NULL: absent) */
+	const float *dlogp;           /* (T) replay - rollout log-prob */
+	const int32_t *rows;          /* (T) the token's row */
+	const int64_t *positions;     /* (T) its position in the row: n_i + j for response token j */
 	int n_moe, k;                 /* routing, when route_ids is not NULL */
 	const int16_t *route_ids;     /* (T, n_moe, k) response tokens, or NULL */
 	const float *route_w;         /* (T, n_moe, k) */
@@ -543,6 +547,7 @@ typedef struct hi3_replay_opts {
 	int max_tokens;           /* token budget of a batched forward (0: 8192) */
 	int routing_recorded;     /* force the segment's recorded experts */
 	int weights_recorded;     /* ... and their recorded weights */
+	double is_cap;            /* C of the importance-ratio metrics (0: 2, as TIS uses) */
 	/* optional outputs (caller allocated; n_moe * k entries per token):
 	 * the routing of the pass that gave the log-probs */
 	int16_t *rec_ids;         /* (T, n_moe, k) response tokens, or NULL */
@@ -555,6 +560,44 @@ typedef struct hi3_replay_opts {
 	void *progress_ctx;
 } hi3_replay_opts;
 
+/* The mismatch metrics RL trainers log for a rollout scored again
+ * (hi3-replay(1), MISMATCH METRICS), named as verl's rollout correction
+ * names them (rollout_corr/...). Per token t the log ratio is
+ * r_t = replay_t - rollout_t (log-probs, natural log); a row's sequence
+ * log ratio is S = sum of its r_t. Rows without tokens are left out. */
+typedef struct hi3_mismatch_is {
+	/* the importance weights w at one level: token (w_t = exp(r_t)) or
+	 * sequence (every token of a row weighted exp(S)); exp of a log ratio
+	 * clamped to [-20, 20]; C the cap */
+	double mean, std, min, max;           /* std: of w clamped to [1/C, C] */
+	double fraction_high, fraction_low;   /* share of w > C, of w < 1/C */
+	double eff_sample_size;               /* 1 / mean((w'/mean w')^2), w' clamped to [1/C, C] */
+	double seq_mean, seq_std, seq_min, seq_max, seq_max_deviation;  /* of each row's mean weight */
+	double seq_fraction_high, seq_fraction_low;
+} hi3_mismatch_is;
+
+typedef struct hi3_mismatch {
+	int64_t tokens;
+	int rows;                     /* rows with tokens */
+	double kl;                    /* mean of -r_t: the direct estimator of KL(rollout || replay) */
+	double k3_kl;                 /* mean of exp(r_t) - r_t - 1 */
+	double chi2_token, chi2_seq;  /* mean of exp(2 r_t) - 1; mean over rows of exp(2 S) - 1 */
+	double training_ppl, training_log_ppl;   /* over rows: exp(-mean replay_t), -mean replay_t */
+	double rollout_ppl, rollout_log_ppl;
+	double log_ppl_diff, log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min;  /* over rows of
+	                               * mean rollout_t - mean replay_t */
+	double ppl_ratio;             /* mean over rows of exp(log_ppl_diff) */
+	double log_ratio_sum;         /* sum of r_t over every token (a row: its S) */
+	double cap;                   /* C */
+	hi3_mismatch_is token, sequence;
+} hi3_mismatch;
+
+/* The metrics of rows (B of them; row i is [cu[i], cu[i+1]) of the two
+ * log-prob arrays) with cap C > 1: over all rows into *all, and each row
+ * alone into rows (B entries) when not NULL. */
+int hi3_mismatch_compute(const float *replay, const float *rollout, const int64_t *cu, int B, double cap,
+                         hi3_mismatch *all, hi3_mismatch *rows, hi3_error *err);
+
 typedef struct hi3_replay_row {
 	int64_t tokens;           /* 0: empty response, nothing to compare */
 	double mean_abs, max_abs; /* |replay - rollout| log-prob */
@@ -562,6 +605,7 @@ typedef struct hi3_replay_row {
 	int64_t worst;            /* index within the row of the largest gap */
 	double mean_abs_free, max_abs_free;        /* without routing replay */
 	int64_t routing_flips, routing_tokens;
+	hi3_mismatch mismatch;    /* the trainers' metrics of this row */
 } hi3_replay_row;
 
 typedef struct hi3_replay_report {
@@ -576,6 +620,7 @@ typedef struct hi3_replay_report {
 	int batched, routing_recorded;
 	int have_routes;          /* the segment recorded routing and the model is MoE */
 	int64_t worst_row, worst_token; /* the worst token as (row, index within it); -1 when no tokens */
+	hi3_mismatch mismatch;    /* the trainers' metrics over every row */
 } hi3_replay_report;
 
 /* Teacher-forced log-probs of the segment's tokens into logprobs (T). */

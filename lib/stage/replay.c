@@ -253,10 +253,13 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	const int NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m), NMK = NM * K;
 	int16_t *route = NULL;
 	float *lp_free = NULL;
-	double t0 = hi3i_now();
+	hi3_mismatch *mm = NULL;
+	double t0 = hi3i_now(), cap = o->is_cap > 0 ? o->is_cap : 2.0;
 	int rc = -1;
 
 	memset(rep, 0, sizeof(*rep));
+	if (!(cap > 1.0) || !isfinite(cap))
+		return hi3_error_set(err, HI3_ERR_USAGE, "replay: the importance-ratio cap must be above 1, not %g", cap);
 	if (check_inputs(m, c, s, o, err) != 0)
 		return -1;
 	if (o->trace && (hi3i_trace_stage_meta(o->trace, "replay", c, err) ||
@@ -282,9 +285,13 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	} else if (run_pass(m, c, s, o, 0, 1, o->trace, logprobs, route, err) != 0) {
 		goto out;
 	}
+	if (!(mm = hi3i_calloc((size_t)s->B, sizeof(*mm), err)) ||
+	    hi3_mismatch_compute(logprobs, s->logprobs, s->cu_seqlens, s->B, cap, &rep->mismatch, mm, err) != 0)
+		goto out;
 	for (int i = 0; i < s->B; i++) {
 		hi3_replay_row *r = &rep->rows[i];
 		row_stats(s, logprobs, i, r);
+		r->mismatch = mm[i];
 		if (lp_free) {
 			hi3_replay_row f;
 			row_stats(s, lp_free, i, &f);
@@ -348,6 +355,7 @@ out:
 	rep->seconds = hi3i_now() - t0;
 	free(route);
 	free(lp_free);
+	free(mm);
 	return rc;
 }
 
@@ -364,8 +372,9 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 	const size_t NMK = (size_t)hi3_model_n_moe_layers(m) * (size_t)hi3_model_max_topk(m);
 	hi3_replay_opts ro = *o;
 	hi3_replay_file f = {0};
-	int64_t *pcu = NULL, P = 0;
-	float *lp = hi3i_calloc((size_t)s->T + 1, sizeof(float), err);
+	int64_t *pcu = NULL, P = 0, *pos = NULL;
+	int32_t *rows = NULL;
+	float *lp = hi3i_calloc((size_t)s->T + 1, sizeof(float), err), *dlp = NULL;
 	int rc = -1, record = record_routing && NMK > 0;
 
 	memset(rep, 0, sizeof(*rep));
@@ -387,8 +396,21 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 	}
 	if (hi3_replay(m, c, s, &ro, lp, rep, err) != 0)
 		goto out;
+	/* per token: the gap, and where the token sits */
+	dlp = hi3i_malloc(sizeof(float) * ((size_t)s->T + 1), err);
+	rows = hi3i_malloc(sizeof(int32_t) * ((size_t)s->T + 1), err);
+	pos = hi3i_malloc(sizeof(int64_t) * ((size_t)s->T + 1), err);
+	if (!dlp || !rows || !pos)
+		goto out;
+	for (int i = 0; i < s->B; i++)
+		for (int64_t j = s->cu_seqlens[i]; j < s->cu_seqlens[i + 1]; j++) {
+			dlp[j] = (float)((double)lp[j] - (double)s->logprobs[j]);
+			rows[j] = i;
+			pos[j] = c->real_pos[i] + (j - s->cu_seqlens[i]);
+		}
 	f = (hi3_replay_file){
-		.T = s->T, .logprobs = lp, .n_moe = hi3_model_n_moe_layers(m), .k = hi3_model_max_topk(m),
+		.T = s->T, .logprobs = lp, .dlogp = dlp, .rows = rows, .positions = pos,
+		.n_moe = hi3_model_n_moe_layers(m), .k = hi3_model_max_topk(m),
 		.route_ids = ro.rec_ids, .route_w = ro.rec_w, .B = c->B, .prompt_route_ids = ro.rec_prompt_ids,
 		.prompt_route_w = ro.rec_prompt_w, .prompt_cu_seqlens = pcu,
 		.model_fingerprint = hi3_model_fingerprint(m),
@@ -399,6 +421,9 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 	rc = hi3_replay_file_write(&f, path, err);
 out:
 	free(lp);
+	free(dlp);
+	free(rows);
+	free(pos);
 	free(pcu);
 	if (record) {
 		free(ro.rec_ids);
@@ -412,6 +437,45 @@ out:
 static json_t *jnum(double v)
 {
 	return isfinite(v) ? json_real(v) : json_null();
+}
+
+/* verl's names for the importance ratio at one level (rollout_is = token or sequence). */
+static json_t *is_json(const hi3_mismatch_is *w)
+{
+	return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
+	                 "rollout_is_mean", jnum(w->mean), "rollout_is_std", jnum(w->std), "rollout_is_min",
+	                 jnum(w->min), "rollout_is_max", jnum(w->max), "rollout_is_ratio_fraction_high",
+	                 jnum(w->fraction_high), "rollout_is_ratio_fraction_low", jnum(w->fraction_low),
+	                 "rollout_is_eff_sample_size", jnum(w->eff_sample_size), "rollout_is_seq_mean",
+	                 jnum(w->seq_mean), "rollout_is_seq_std", jnum(w->seq_std), "rollout_is_seq_min",
+	                 jnum(w->seq_min), "rollout_is_seq_max", jnum(w->seq_max), "rollout_is_seq_max_deviation",
+	                 jnum(w->seq_max_deviation), "rollout_is_seq_fraction_high", jnum(w->seq_fraction_high),
+	                 "rollout_is_seq_fraction_low", jnum(w->seq_fraction_low));
+}
+
+/* The trainers' metrics, verl's rollout_corr/ names (hi3-replay(1)). */
+static json_t *mismatch_json(const hi3_mismatch *m)
+{
+	json_t *o = json_object();
+
+	json_object_set_new(o, "is_cap", jnum(m->cap));
+	json_object_set_new(o, "kl", jnum(m->kl));
+	json_object_set_new(o, "k3_kl", jnum(m->k3_kl));
+	json_object_set_new(o, "chi2_token", jnum(m->chi2_token));
+	json_object_set_new(o, "chi2_seq", jnum(m->chi2_seq));
+	json_object_set_new(o, "training_ppl", jnum(m->training_ppl));
+	json_object_set_new(o, "training_log_ppl", jnum(m->training_log_ppl));
+	json_object_set_new(o, "rollout_ppl", jnum(m->rollout_ppl));
+	json_object_set_new(o, "rollout_log_ppl", jnum(m->rollout_log_ppl));
+	json_object_set_new(o, "log_ppl_diff", jnum(m->log_ppl_diff));
+	json_object_set_new(o, "log_ppl_abs_diff", jnum(m->log_ppl_abs_diff));
+	json_object_set_new(o, "log_ppl_diff_max", jnum(m->log_ppl_diff_max));
+	json_object_set_new(o, "log_ppl_diff_min", jnum(m->log_ppl_diff_min));
+	json_object_set_new(o, "ppl_ratio", jnum(m->ppl_ratio));
+	json_object_set_new(o, "log_ratio_sum", jnum(m->log_ratio_sum));
+	json_object_set_new(o, "token", is_json(&m->token));
+	json_object_set_new(o, "sequence", is_json(&m->sequence));
+	return o;
 }
 
 static json_t *row_json(const hi3_replay_row *r, int i, int routed, int have_routes)
@@ -438,6 +502,7 @@ static json_t *row_json(const hi3_replay_row *r, int i, int routed, int have_rou
 		json_object_set_new(o, "routing_flips", json_integer(r->routing_flips));
 		json_object_set_new(o, "routing_tokens", json_integer(r->routing_tokens));
 	}
+	json_object_set_new(o, "mismatch", mismatch_json(&r->mismatch));
 	return o;
 }
 
@@ -448,7 +513,7 @@ int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *le
 		.tokens = rep->tokens, .mean_abs = rep->mean_abs, .max_abs = rep->max_abs,
 		.ratio_mean = rep->ratio_mean, .ratio_min = rep->ratio_min, .ratio_max = rep->ratio_max,
 		.worst = rep->worst_token, .mean_abs_free = rep->mean_abs_free, .max_abs_free = rep->max_abs_free,
-		.routing_flips = rep->routing_flips, .routing_tokens = rep->routing_tokens,
+		.routing_flips = rep->routing_flips, .routing_tokens = rep->routing_tokens, .mismatch = rep->mismatch,
 	};
 
 	for (int i = 0; i < rep->B; i++)
