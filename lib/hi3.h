@@ -503,6 +503,7 @@ typedef struct hi3_segment {
 	const char *sampler;          /* "greedy" or "temperature=T top_k=K top_p=P" */
 	const char *decode_mask;      /* "causal" or "none" */
 	const char *token_placement;  /* "index" or "tail" */
+	const char *routing_weights;  /* "none": route_w not recorded (NaN; an imported rollout) */
 	hi3_st *st;                   /* the backing file; NULL for one built in memory */
 } hi3_segment;
 
@@ -635,6 +636,25 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
                        hi3_error *err);
 /* The report as one JSON object (hi3-replay(1)); *text is malloc'd. */
 int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *len, hi3_error *err);
+
+/* ---------------------------------------------------------- import-rollout */
+
+/* hi3 import-rollout (hi3-import-rollout(1)): another engine's rollout, JSONL
+ * of vLLM's or SGLang's outputs (the fields the page lists), into a
+ * conditions file and a segment file for model m. */
+typedef struct hi3_import_opts {
+	int64_t seed_base;        /* a row without "seed": seed_base + its index */
+} hi3_import_opts;
+
+typedef struct hi3_import_report {
+	int lines, rows;          /* requests read, completions (rows) written */
+	int64_t prompt_tokens, response_tokens;
+	int routed;               /* the rows carry routed experts */
+	char source[16];          /* where the log-probs came from: vllm, sglang, openai, hi3, mixed */
+} hi3_import_report;
+
+int hi3_import_rollout(hi3_model *m, const char *jsonl_path, const hi3_import_opts *o, const char *cond_path,
+                       const char *seg_path, hi3_import_report *rep, hi3_error *err);
 
 /* ----------------------------------------------------------------- parity */
 

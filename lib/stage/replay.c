@@ -44,6 +44,10 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
 		if (!s->route_ids)
 			return hi3_error_set(err, HI3_ERR_INPUT, "%s: --routing=recorded needs recorded routing "
 			                     "(decode with --record-routing)", path);
+		if (o->weights_recorded && s->routing_weights && !strcmp(s->routing_weights, "none"))
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: --routing-weights=recorded: the segment has no routing "
+			                     "weights (routing_weights \"none\": an imported rollout); recompute them from the "
+			                     "router", path);
 		if (s->n_moe != hi3_model_n_moe_layers(m) || s->k != hi3_model_max_topk(m))
 			return hi3_error_set(err, HI3_ERR_INPUT, "%s: recorded routing is (%d MoE layers, top-%d), the "
 			                     "model has (%d, top-%d)", path, s->n_moe, s->k, hi3_model_n_moe_layers(m),
