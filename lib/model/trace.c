@@ -373,7 +373,8 @@ static unsigned char *series_room(hi3_trace *t, struct series *s, int64_t n)
 	size_t need = (size_t)(s->count + n) * s->tok_bytes;
 
 	if (need > s->cap) {
-		size_t c = HI3_MAX(need, s->cap * 2);
+		/* exactly what the first call needs (one call: no copy), then doubling */
+		size_t c = s->cap ? HI3_MAX(need, s->cap * 2) : need;
 		unsigned char *q = realloc(s->data, c);
 		if (!q) {
 			fail(t, "out of memory for traced points");
@@ -412,8 +413,9 @@ static float *download(hi3_trace *t, const float *dev, size_t n, size_t w)
 	return t->h_buf;
 }
 
-/* Gather the kept rows of dev (M, w) (rows idx, n of them) and download them. */
-static float *gather(hi3_trace *t, const float *dev, const int32_t *idx, int n, int w)
+/* Gather the kept rows of dev (M, w) (rows idx, n of them) and download
+ * them into dst (host, n w floats), or into h_buf when dst is NULL. */
+static float *gather_into(hi3_trace *t, float *dst, const float *dev, const int32_t *idx, int n, int w)
 {
 	hi3_backend *be = t->m->be;
 
@@ -424,7 +426,29 @@ static float *gather(hi3_trace *t, const float *dev, const int32_t *idx, int n, 
 		fail_backend(t);
 		return NULL;
 	}
-	return download(t, t->d_buf, (size_t)n, (size_t)w);
+	if (!dst)
+		return download(t, t->d_buf, (size_t)n, (size_t)w);
+	if (be->ops->download(be, dst, t->d_buf, sizeof(float) * (size_t)n * w) != 0) {
+		fail_backend(t);
+		return NULL;
+	}
+	return dst;
+}
+
+static float *gather(hi3_trace *t, const float *dev, const int32_t *idx, int n, int w)
+{
+	return gather_into(t, NULL, dev, idx, n, w);
+}
+
+/* Gather n kept rows of dev (M, w) straight into the series of a point. */
+static void gather_point(hi3_trace *t, int kind, int layer, const int64_t *dims, const float *dev,
+                         const int32_t *idx, int n, int w)
+{
+	struct series *s = series_of(t, kind, layer, 0, dims);
+	float *dst = (float *)(void *)series_room(t, s, t->n_keep);
+
+	if (dst && gather_into(t, dst, dev, idx, n, w))
+		s->count += t->n_keep;
 }
 
 /* q, k and v of the fused qkv rows (n, W): per kv head h, g query heads,
@@ -478,8 +502,7 @@ void hi3i_trace_point(hi3_trace *t, int kind, int layer, const float *dev, int w
 	}
 	if (!hi3i_trace_wants(t, kind))
 		return;
-	if ((h = gather(t, dev, t->d_keep, t->n_keep, w)))
-		append(t, kind, layer, 0, dims, h, t->n_keep);
+	gather_point(t, kind, layer, dims, dev, t->d_keep, t->n_keep, w);
 }
 
 void hi3i_trace_point_kept(hi3_trace *t, int kind, int layer, const float *dev, int w)
@@ -496,7 +519,6 @@ void hi3i_trace_rows(hi3_trace *t, int kind, int layer, const float *dev, int w,
 	hi3_backend *be = t->m->be;
 	const int64_t dims[2] = {k, w};
 	const size_t n = (size_t)t->n_keep * (size_t)k;
-	float *h;
 
 	if (!hi3i_trace_wants(t, kind))
 		return;
@@ -512,8 +534,7 @@ void hi3i_trace_rows(hi3_trace *t, int kind, int layer, const float *dev, int w,
 		fail_backend(t);
 		return;
 	}
-	if ((h = gather(t, dev, t->d_rows, (int)n, w)))
-		append(t, kind, layer, 0, dims, h, t->n_keep);
+	gather_point(t, kind, layer, dims, dev, t->d_rows, (int)n, w);
 }
 
 void hi3i_trace_host(hi3_trace *t, int kind, int layer, const void *host, int w)
