@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "cli.h"
 
@@ -142,7 +143,16 @@ int cli_trace_points(const struct cli_option *opt, const char *arg)
 	return rc;
 }
 
-int cli_trace_open(struct cli_trace *t, hi3_model *m, hi3_trace **out, hi3_error *err)
+int cli_same_file(const char *a, const char *b)
+{
+	struct stat sa, sb;
+
+	if (!strcmp(a, b))
+		return 1;
+	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int cli_trace_open(struct cli_trace *t, hi3_model *m, const char *const *files, hi3_trace **out, hi3_error *err)
 {
 	hi3_trace_opts o = {.rows = t->n_rows ? t->rows : NULL, .n_rows = t->n_rows,
 	                    .ranges = t->n_ranges ? t->ranges : NULL, .n_ranges = t->n_ranges, .kinds = t->kinds};
@@ -153,6 +163,13 @@ int cli_trace_open(struct cli_trace *t, hi3_model *m, hi3_trace **out, hi3_error
 		                                "need --trace FILE") : 0;
 	if (!strcmp(t->path, "-"))
 		return hi3_error_set(err, HI3_ERR_USAGE, "--trace: the trace is a file, not standard output");
+	for (; files && *files; files++)
+		if (strcmp(*files, "-") && cli_same_file(t->path, *files))
+			return strcmp(t->path, *files) ?
+			       hi3_error_set(err, HI3_ERR_USAGE, "--trace: '%s' is '%s', a file this command also reads or "
+			                     "writes", t->path, *files) :
+			       hi3_error_set(err, HI3_ERR_USAGE, "--trace: '%s' is a file this command also reads or writes",
+			                     t->path);
 	return hi3_trace_new(out, m, &o, err);
 }
 

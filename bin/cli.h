@@ -111,7 +111,9 @@ int cli_trace_points(const struct cli_option *opt, const char *arg);
 /* The recorder --trace asks for (*out NULL without --trace; the other trace
  * options without it are a usage error, status 2), and after the stage the
  * trace written to its file. */
-int cli_trace_open(struct cli_trace *t, hi3_model *m, hi3_trace **out, hi3_error *err);
+/* files: the command's other inputs and outputs (NULL-terminated; "-" and
+ * NULL entries skipped), none of which --trace may name. */
+int cli_trace_open(struct cli_trace *t, hi3_model *m, const char *const *files, hi3_trace **out, hi3_error *err);
 int cli_trace_write(const struct cli_trace *t, hi3_trace *tr, hi3_error *err);
 
 /* Refuse a seed base whose last row's seed, base + n - 1, would not fit. */
@@ -119,6 +121,9 @@ int cli_check_seed_base(int64_t base, int n);
 
 /* Print a usage error naming the command; returns exit status 2. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* 1 when paths a and b name one file: the same string, or both exist with
+ * the same device and inode (a link, another spelling of the path). */
+int cli_same_file(const char *a, const char *b);
 /* Print an hi3_error and return its exit status. */
 int cli_fail(const hi3_error *err);
 void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -68,7 +68,7 @@ int cmd_decode(int argc, char **argv)
 		return cli_usage_error("KV is updated in place: it must be a file, not standard input");
 	if (cli_open_cond_model(argv[0], &c, &m, &err) != 0)
 		return cli_fail(&err);
-	rc = cli_trace_open(&trace, m, &o.trace, &err);
+	rc = cli_trace_open(&trace, m, (const char *[]){argv[0], argv[1], out, NULL}, &o.trace, &err);
 	if (rc == 0)
 		rc = hi3_decode(m, c, argv[1], &o, out, &st, &err);
 	cli_progress_end();

@@ -41,6 +41,8 @@ int cmd_import_rollout(int argc, char **argv)
 		return CLI_PARSE_STATUS(argc);
 	if (!strcmp(cond, "-") || !strcmp(seg, "-"))
 		return cli_usage_error("-o and --segment name files (replay reads both)");
+	if (cli_same_file(cond, seg) || cli_same_file(argv[0], cond) || cli_same_file(argv[0], seg))
+		return cli_usage_error("ROLLOUT, -o and --segment must name three different files");
 	if (cli_open_model(&m, &err) != 0 || hi3_import_rollout(m, argv[0], &o, cond, seg, &rep, &err) != 0) {
 		rc = cli_fail(&err);
 		goto out;

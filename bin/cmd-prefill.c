@@ -49,7 +49,7 @@ int cmd_prefill(int argc, char **argv)
 	if (cli_open_cond_model(cond_path, &c, &m, &err) != 0)
 		return cli_fail(&err);
 	t0 = cli_now();
-	rc = cli_trace_open(&trace, m, &o.trace, &err);
+	rc = cli_trace_open(&trace, m, (const char *[]){cond_path, out, NULL}, &o.trace, &err);
 	if (rc == 0)
 		rc = hi3_prefill(m, c, cond_path, &o, out, &err);
 	cli_progress_end();

@@ -12,10 +12,14 @@ static const struct cli_help help = {
 	"SEG (made by 'hi3 decode' from COND): for each row one causal forward over its\n"
 	"true prompt (its first n_i tokens, no padding) and its response; token j is\n"
 	"scored by the logits at index n_i - 1 + j at temperature 1. Writes REPLAY\n"
-	"(format hi3.replay: logprobs aligned with the segment) and prints a JSON report\n"
-	"on standard output: per row and overall the token count, mean and max\n"
-	"|replay - rollout| log-prob, the ratio exp(replay - rollout) mean/min/max and\n"
-	"the worst token. Rows with empty responses are reported as such.\n",
+	"(format hi3.replay: logprobs aligned with the segment, and each token's gap\n"
+	"dlogp with its row and position) and prints a JSON report on standard output:\n"
+	"per row and overall the token count, mean and max |replay - rollout| log-prob,\n"
+	"the ratio exp(replay - rollout) mean/min/max, the worst token, and under\n"
+	"\"mismatch\" the metrics RL trainers log, named as verl names them (k3 KL,\n"
+	"chi2, importance weights at the token and sequence level, effective sample\n"
+	"size, log-ppl difference; hi3-replay(1) defines each). Rows with empty\n"
+	"responses are reported as such.\n",
 	.operands = "COND and SEG", .min_operands = 2, .max_operands = 2,
 };
 
@@ -62,7 +66,8 @@ int cmd_replay(int argc, char **argv)
 	if (weights_given && !o.routing_recorded)
 		return cli_usage_error("--routing-weights needs --routing=recorded");
 	if (hi3_cond_open(&c, argv[0], &err) != 0 || hi3_segment_open(&s, argv[1], &err) != 0 ||
-	    cli_open_model(&m, &err) != 0 || cli_trace_open(&trace, m, &o.trace, &err) != 0) {
+	    cli_open_model(&m, &err) != 0 ||
+	    cli_trace_open(&trace, m, (const char *[]){argv[0], argv[1], out, NULL}, &o.trace, &err) != 0) {
 		rc = cli_fail(&err);
 		goto out;
 	}

@@ -97,4 +97,14 @@ test_expect_success 'bad rollouts: exit 3 naming the file and line, nothing writ
 	test_must_fail 2 hi3 -q -m tm import-rollout "$R/vllm.jsonl" -o x.st 2>err
 '
 
+test_expect_success 'a bad rollout leaves existing outputs as they were; one file for both is refused' '
+	echo old-cond >x.st && echo old-seg >y.st && cp x.st x0 && cp y.st y0 &&
+	printf "%s\n" "{\"prompt_token_ids\": [1], \"token_ids\": [3], \"logprobs\": [-1]}" "{\"prompt_token_ids\": [1" >bad.jsonl &&
+	test_must_fail 3 hi3 -q -m tm import-rollout bad.jsonl -o x.st --segment y.st 2>err &&
+	test_grep "bad.jsonl:2" err && test_cmp x0 x.st && test_cmp y0 y.st &&
+	test_must_fail 2 hi3 -q -m tm import-rollout "$R/vllm.jsonl" -o x.st --segment x.st 2>err &&
+	test_grep "three different files" err && test_cmp x0 x.st &&
+	test_must_fail 2 hi3 -q -m tm import-rollout "$R/vllm.jsonl" -o x.st --segment ./x.st 2>err && test_cmp x0 x.st
+'
+
 test_done

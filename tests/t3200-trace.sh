@@ -207,4 +207,16 @@ test_expect_success 'usage errors and unreadable traces' '
 	test ! -e x.st && test ! -e x.trace
 '
 
+test_expect_success '--trace naming a file the stage reads or writes is refused, the file untouched' '
+	cp k.st kk.st && cp c.st cc.st && ln -s kk.st kl.st &&
+	test_must_fail 2 hi3 -q -m tm prefill --trace kk.st cc.st -o kk.st 2>err &&
+	test_grep "kk.st. is a file this command also reads or writes" err &&
+	test_must_fail 2 hi3 -q -m tm prefill --trace cc.st cc.st -o y.st 2>err && test_grep "cc.st" err &&
+	test_must_fail 2 hi3 -q -m tm decode --trace kl.st cc.st kk.st -o y.st 2>err && test_grep "kl.st. is .kk.st." err &&
+	cmp k.st kk.st && cmp c.st cc.st &&
+	hi3 -q -m tm prefill c.st -o k3.st --max-new 8 && hi3 -q -m tm decode c.st k3.st -o sg.st && cp sg.st sgc.st &&
+	test_must_fail 2 hi3 -q -m tm replay --trace sgc.st c.st sgc.st -o y.st 2>err && test_grep "sgc.st" err &&
+	cmp c.st cc.st && cmp sg.st sgc.st && test ! -e y.st
+'
+
 test_done
