@@ -131,6 +131,11 @@ int cmd_diff(int argc, char **argv)
 		rc = cli_usage_error("--tol and --png need --first");
 		goto out;
 	}
+	if (png && (!strcmp(png, "-") || cli_same_file(png, argv[0]) || cli_same_file(png, argv[1]))) {
+		rc = cli_usage_error("--png: '%s' names %s", png, !strcmp(png, "-") ? "standard output; the PNG is a "
+		                     "file" : "a trace it compares");
+		goto out;
+	}
 	if (first) {
 		rc = run_first(argv[0], argv[1], &o, tol, png, json);
 		goto out;

@@ -183,6 +183,8 @@ test_expect_success 'routing replayed from a record that differs: the experts of
 test_expect_success '--png plots the growth: a PNG with the plot and its legend' '
 	test_must_fail 1 hi3 diff --first --png g.png p.trace bad.trace >/dev/null &&
 	set -- $(T pnginfo g.png) && test "$1" -gt 400 && test "$2" -gt 400 &&
+	cp bad.trace bad2.trace && test_must_fail 2 hi3 diff --first --png bad2.trace p.trace bad2.trace 2>err &&
+	test_grep "names a trace it compares" err && cmp bad.trace bad2.trace &&
 	hi3 diff --first --png g0.png p.trace p.trace >/dev/null && T pnginfo g0.png >/dev/null
 '
 
