@@ -31,7 +31,7 @@ int cmd_decode(int argc, char **argv)
 	struct cli_trace trace = {0};
 	struct cli_option options[] = {
 		OPT_GLOBALS(),
-		OPT_GROUP("sampling (greedy unless --temperature, --top-k or --top-p is given):"),
+		OPT_GROUP("sampling (default: as the model's generation_config.json asks, greedy unless do_sample):"),
 		OPT_FLAG(0, "greedy", &greedy, "argmax decoding, ties to the lowest id"),
 		OPT_SAMPLER(&o.sampler, &sampling),
 		OPT_SEED(0, &o.seed, "seed N for every row instead of its seed in COND", .given = &o.have_seed),
@@ -68,6 +68,12 @@ int cmd_decode(int argc, char **argv)
 		return cli_usage_error("KV is updated in place: it must be a file, not standard input");
 	if (cli_open_cond_model(argv[0], &c, &m, &err) != 0)
 		return cli_fail(&err);
+	if (!greedy && !sampling) {
+		hi3_gen_defaults_sampler(hi3_model_gen_defaults(m), &o.sampler);
+		if (!o.sampler.greedy)
+			cli_info("sampling as generation_config.json asks: temperature %g, top_k %d, top_p %g",
+			         o.sampler.temperature, o.sampler.top_k, o.sampler.top_p);
+	}
 	rc = cli_trace_open(&trace, m, (const char *[]){argv[0], argv[1], out, NULL}, &o.trace, &err);
 	if (rc == 0)
 		rc = hi3_decode(m, c, argv[1], &o, out, &st, &err);

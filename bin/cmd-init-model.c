@@ -48,10 +48,13 @@ int cmd_init_model(int argc, char **argv)
 	int rc;
 	struct cli_option options[] = {
 		OPT_STRING('p', "preset", &o.preset, "NAME", "tiny (2 layers, hidden 128, dense MLP), tiny-moe "
-		           "(4 experts top-2, shared MLP, qk-norm, GQA) or small (~300M parameters)",
+		           "(4 experts top-2, shared MLP, qk-norm, GQA), small (~300M parameters), or the released "
+		           "checkpoints scaled down, every module with upstream's names, bf16, sharded: tiny-release "
+		           "(base), tiny-instruct, tiny-distil (Instruct-Distil)",
 		           .flags = CLI_OPT_REQUIRED),
 		OPT_SEED('s', &o.seed, "random seed (default 0)"),
-		OPT_DTYPE(0, "dtype", &o.dtype, "weight dtype: f32 (default) or bf16; the MoE router stays f32"),
+		OPT_DTYPE(0, "dtype", &o.dtype, "weight dtype: f32 (default; the release presets bf16) or bf16; the MoE "
+		          "router stays f32", .given = &o.dtype_given),
 		OPT_CALLBACK(0, "set", ov, "F=V", set_field, "override config field F with the JSON value V "
 		             "(e.g. --set num_hidden_layers=4 --set num_experts=[4,8])"),
 		OPT_OUTPUT(&out, "DIR", "directory to write (created if missing)"),
@@ -72,7 +75,7 @@ int cmd_init_model(int argc, char **argv)
 	json_decref(ov);
 	if (rc != 0)
 		return cli_fail(&err);
-	cli_info("wrote preset '%s' (seed %llu, %s) to %s", o.preset, (unsigned long long)o.seed,
-	         o.dtype == HI3_BF16 ? "bf16" : "f32", out);
+	cli_info("wrote preset '%s' (seed %llu%s%s) to %s", o.preset, (unsigned long long)o.seed,
+	         o.dtype_given ? ", " : "", o.dtype_given ? (o.dtype == HI3_BF16 ? "bf16" : "f32") : "", out);
 	return 0;
 }

@@ -66,8 +66,9 @@ static int tokenize(const char *input, const char *out, const hi3_template_opts 
 	if (hi3_template_open(&t, &o, &err) != 0 || hi3_cond_build(&c, t, rq, bo, &err) != 0 ||
 	    hi3_cond_write(c, out, &err) != 0)
 		goto out;
-	cli_info("%d requests: %d rows, L = %d (%s, template %s) into %s", hi3_requests_count(rq), c->B, c->L,
-	         bo->per_row ? "per row" : "batch", c->template_name, out);
+	cli_info("%d requests: %d rows, L = %d (%s, template %s, %s model) into %s", hi3_requests_count(rq), c->B,
+	         c->L, bo->per_row ? "per row" : "batch", c->template_name, hi3_variant_name(hi3_template_variant(t)),
+	         out);
 	rc = 0;
 out:
 	hi3_cond_close(c);
@@ -93,7 +94,8 @@ int cmd_tokenize_concat(int argc, char **argv)
 		            .given = &n_mode),
 		OPT_SET_INT(0, "per-row", &bo.per_row, 1, "encode each row alone into its own conditions, then merge",
 		            .given = &n_mode),
-		OPT_INT(0, "max-length", &bo.max_length, 1, INT32_MAX, "N", "refuse a row of more than N tokens",
+		OPT_INT(0, "max-length", &bo.max_length, 1, INT32_MAX, "N", "refuse a row of more than N tokens "
+		        "(default: the model's generation_config.json max_length, when it has one)",
 		        .given = &n_build),
 		OPT_SEED_BASE(&bo.seed_base, .given = &n_build),
 		OPT_INT(0, "pad-id", &to.pad_id, 0, INT64_MAX, "N", "the pad token id (default: from the model)",

@@ -88,22 +88,32 @@ static __device__ __forceinline__ float warp_max(float v)
 	return v;
 }
 
-/* The sum of v over the block, returned to every thread. Every thread of
- * the block must call it. */
-static __device__ __forceinline__ float block_sum(float v)
+struct hi3k_add {
+	__device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct hi3k_max {
+	__device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/* op of v over the block (warps first, then the warps' results in warp
+ * 0), returned to every thread; id is op's identity. Every thread of the
+ * block must call it. */
+template <class Op> static __device__ __forceinline__ float block_reduce(float v, float id, Op op)
 {
 	__shared__ float part[32];
 	__shared__ float total;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
 	float r;
 
-	v = warp_sum(v);
+	for (int o = 16; o > 0; o >>= 1)
+		v = op(v, __shfl_xor_sync(HI3K_FULL, v, o));
 	if (lane == 0)
 		part[warp] = v;
 	__syncthreads();
 	if (warp == 0) {
-		float t = lane < nwarps ? part[lane] : 0.0f;
-		t = warp_sum(t);
+		float t = lane < nwarps ? part[lane] : id;
+		for (int o = 16; o > 0; o >>= 1)
+			t = op(t, __shfl_xor_sync(HI3K_FULL, t, o));
 		if (lane == 0)
 			total = t;
 	}
@@ -113,9 +123,45 @@ static __device__ __forceinline__ float block_sum(float v)
 	return r;
 }
 
+/* The sum of v over the block, to every thread. */
+static __device__ __forceinline__ float block_sum(float v)
+{
+	return block_reduce(v, 0.0f, hi3k_add());
+}
+
+/* The largest v over the block, to every thread. */
+static __device__ __forceinline__ float block_max(float v)
+{
+	return block_reduce(v, -INFINITY, hi3k_max());
+}
+
 static inline unsigned div_up(size_t a, unsigned b)
 {
 	return (unsigned)((a + b - 1) / b);
+}
+
+/* Blocks of 256 threads for a grid-stride loop over n elements: at most
+ * 1024, which fill a GPU (and keep the emulator's fibers few). */
+#define HI3K_GS_BLOCK 256
+static inline unsigned gs_grid(size_t n)
+{
+	unsigned b = div_up(n, HI3K_GS_BLOCK);
+	return b < 1 ? 1 : b > 1024 ? 1024 : b;
+}
+
+#define GRID_STRIDE(i, n) \
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+/* act(x) of enum hi3_act (backend.h): 0 none, 1 silu, 2 gelu (erf), 3 gelu (tanh) */
+static __device__ __forceinline__ float act_f(float x, int act)
+{
+	if (act == 1)
+		return x * (1.0f / (1.0f + expf(-x)));
+	if (act == 2)
+		return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+	if (act == 3)
+		return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+	return x;
 }
 
 #endif

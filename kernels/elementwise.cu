@@ -66,3 +66,53 @@ extern "C" cudaError_t HI3K(to_bf16)(cudaStream_t s, uint16_t *y, const float *x
 		HI3K_LAUNCH(to_bf16_kernel, dim3(ew_grid(n)), dim3(EW_BLOCK), 0, s)(y, x, n);
 	return cudaGetLastError();
 }
+
+/* ------------------------------------------------------------ image ops
+ * (CPU twins: hi3i_cpu_act, hi3i_cpu_bias_add, hi3i_cpu_scale_shift in
+ * lib/backend/cpu-image.c) */
+
+static __global__ void act_kernel(float *y, const float *x, size_t n, int act)
+{
+	GRID_STRIDE(i, n)
+		y[i] = act_f(x[i], act);
+}
+
+extern "C" cudaError_t HI3K(act)(cudaStream_t s, float *y, const float *x, size_t n, int act)
+{
+	if (n)
+		HI3K_LAUNCH(act_kernel, dim3(gs_grid(n)), dim3(HI3K_GS_BLOCK), 0, s)(y, x, n, act);
+	return cudaGetLastError();
+}
+
+static __global__ void bias_add_kernel(float *x, const float *b, int N, size_t n)
+{
+	GRID_STRIDE(i, n)
+		x[i] += b[i % (size_t)N];
+}
+
+extern "C" cudaError_t HI3K(bias_add)(cudaStream_t s, float *x, const float *b, int64_t M, int N)
+{
+	const size_t n = (size_t)M * (size_t)N;
+
+	if (n)
+		HI3K_LAUNCH(bias_add_kernel, dim3(gs_grid(n)), dim3(HI3K_GS_BLOCK), 0, s)(x, b, N, n);
+	return cudaGetLastError();
+}
+
+static __global__ void scale_shift_kernel(float *h, const float *ss, int64_t P, int C, size_t n)
+{
+	GRID_STRIDE(i, n) {
+		const size_t b = i / ((size_t)P * (size_t)C), c = i % (size_t)C;
+		const float *sc = ss + b * 2 * (size_t)C;
+		h[i] = h[i] * (1.0f + sc[c]) + sc[C + c];
+	}
+}
+
+extern "C" cudaError_t HI3K(scale_shift)(cudaStream_t s, float *h, const float *ss, int B, int64_t P, int C)
+{
+	const size_t n = (size_t)B * (size_t)P * (size_t)C;
+
+	if (n)
+		HI3K_LAUNCH(scale_shift_kernel, dim3(gs_grid(n)), dim3(HI3K_GS_BLOCK), 0, s)(h, ss, P, C, n);
+	return cudaGetLastError();
+}

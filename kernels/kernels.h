@@ -98,6 +98,38 @@ cudaError_t HI3K(attention)(cudaStream_t s, float *out, const float *qkv, const 
                             const hi3k_attn_q *q, int n_kv, int g, int d, int M, int self, int nsplit,
                             float *part);
 
+/* Image ops (backend.h; CPU twins in lib/backend/cpu-image.c). Images are
+ * channels-last (B, T, H, W, C), P = T H W. */
+
+/* kernels/conv.cu: col (n, C kt kh kw) = the patches of output positions
+ * p0 .. p0+n-1 of x (B, T, H, W, C), zero padding k/2, stride 1 */
+cudaError_t HI3K(im2col)(cudaStream_t s, float *col, const float *x, int B, int T, int H, int W, int C, int kt, int kh,
+                         int kw, int64_t p0, int n);
+/* x (P, C) += z[p, c / r], z (P, C / r) */
+cudaError_t HI3K(add_repeat)(cudaStream_t s, float *x, const float *z, int64_t P, int C, int r);
+/* x (P, C) += the mean of z (P, C r) over each run of r channels */
+cudaError_t HI3K(add_group_mean)(cudaStream_t s, float *x, const float *z, int64_t P, int C, int r);
+/* hi (B, T rt, 2H, 2W, C) <-> lo (B, T, H, W, rt 4 C): to_hi 1 is
+ * depth_to_space (lo to hi), 0 space_to_depth (hi to lo) */
+cudaError_t HI3K(shuffle)(cudaStream_t s, float *hi, float *lo, int B, int T, int H, int W, int C, int rt, int to_hi);
+/* kernels/norm.cu: y (B, P, C) = act(GroupNorm of G groups), part scratch
+ * of B G ceil(P / chunk) + 2 B G floats; sums over chunks of `chunk`
+ * positions, then the chunks in order */
+cudaError_t HI3K(groupnorm)(cudaStream_t s, float *y, const float *x, const float *w, const float *b, int B, int64_t P,
+                            int C, int G, float eps, int act, int chunk, float *part);
+/* y (M, n) = LayerNorm of each row with w, b (n) */
+cudaError_t HI3K(layernorm)(cudaStream_t s, float *y, const float *x, const float *w, const float *b, int M, int n,
+                            float eps);
+/* kernels/elementwise.cu: y (n) = act(x) (enum hi3_act) */
+cudaError_t HI3K(act)(cudaStream_t s, float *y, const float *x, size_t n, int act);
+/* x (M, N) += b (N) */
+cudaError_t HI3K(bias_add)(cudaStream_t s, float *x, const float *b, int64_t M, int N);
+/* h (B, P, C) = h (1 + ss[b, c]) + ss[b, C + c] */
+cudaError_t HI3K(scale_shift)(cudaStream_t s, float *h, const float *ss, int B, int64_t P, int C);
+/* kernels/softmax.cu: each row of s (n, M) = softmax(scale s) over the
+ * keys with mask[j] != 0 (mask NULL: all); a row with none is zeros */
+cudaError_t HI3K(softmax_rows)(cudaStream_t s, float *sc, int n, int M, float scale, const uint8_t *mask);
+
 /* The most rows the gemv kernel takes; larger batches go to cuBLAS. */
 #define HI3K_GEMV_MAX_M 8
 

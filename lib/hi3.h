@@ -158,11 +158,51 @@ const hi3_tensor *hi3_ckpt_find(const hi3_ckpt *ck, const char *name);
 int hi3_ckpt_count(const hi3_ckpt *ck);
 const hi3_tensor *hi3_ckpt_at(const hi3_ckpt *ck, int i);  /* sorted by name */
 const char *hi3_ckpt_file_of(const hi3_ckpt *ck, const char *name);
+/* The bytes of the checkpoint's files, all mapped; *n_files (may be NULL): how many. */
+size_t hi3_ckpt_file_bytes(const hi3_ckpt *ck, int *n_files);
 
 /* ---------------------------------------------------------------- config */
 
 #define HI3_MAX_LAYERS 256
 #define HI3_MAX_EXPERTS 32767   /* per layer: expert ids are I16 in routing records */
+#define HI3_MAX_CONFIG_WARNINGS 4
+
+/* The config.json blocks of the image modules (kept for image generation and
+ * image input; present is 0 when the block is absent or null). */
+#define HI3_VAE_MAX_LEVELS 8
+
+typedef struct hi3_vae_config {  /* AutoencoderKLConv3D ("vae") */
+	int present;
+	int n_levels;                 /* entries of block_out_channels */
+	int block_out_channels[HI3_VAE_MAX_LEVELS];   /* encoder order: [128, 256, 512, 1024, 1024] */
+	int in_channels, out_channels, latent_channels, layers_per_block;
+	int ffactor_spatial, ffactor_temporal, sample_size, sample_tsize;
+	int downsample_match_channel, upsample_match_channel;
+	double scaling_factor;
+	int has_shift_factor;
+	double shift_factor;          /* latent = (z - shift) scaling; 0 unless has_shift_factor */
+} hi3_vae_config;
+
+typedef struct hi3_vit_config {  /* SigLIP2 ("vit") */
+	int present;
+	int hidden_size, intermediate_size, num_attention_heads, num_hidden_layers;
+	int num_channels, num_patches, patch_size;
+	double layer_norm_eps;
+	char hidden_act[32];
+} hi3_vit_config;
+
+typedef struct hi3_vit_processor_config {
+	int present;
+	int patch_size, max_num_patches, resample;
+	int do_normalize, do_rescale, do_resize;
+	double rescale_factor, image_mean[3], image_std[3];
+} hi3_vit_processor_config;
+
+typedef struct hi3_vit_aligner_config {
+	int present;
+	char projector_type[32];
+	int input_dim, n_embed, depth;
+} hi3_vit_aligner_config;
 
 typedef struct hi3_config {
 	int vocab_size;
@@ -178,8 +218,9 @@ typedef struct hi3_config {
 	int use_mixed_mlp_moe;
 	int moe_layer_num_skipped;
 	int norm_topk_prob;
-	double routed_scaling_factor;
+	double routed_scaling_factor; /* JSON false reads as 0, true as 1 (as Python) */
 	int tie_word_embeddings;
+	int max_position_embeddings;  /* positions 0 .. this - 1 (upstream default 2048) */
 	/* per layer (the config may give an int or a list) */
 	int num_experts[HI3_MAX_LAYERS];
 	int moe_topk[HI3_MAX_LAYERS];
@@ -187,14 +228,48 @@ typedef struct hi3_config {
 	int num_shared_expert[HI3_MAX_LAYERS];
 	int64_t pad_token_id, bos_token_id, eos_token_id;  /* -1 when absent */
 	char hidden_act[16];
+	char moe_impl[16];            /* "eager" (default); hi3 computes eager routing */
+	/* the variant (hi3_variant_of) */
+	char model_version[64];       /* "" when absent */
+	int cfg_distilled, use_meanflow;
+	/* image generation and image input, as upstream reads them (defaults of
+	 * upstream's configuration class where config.json has no value) */
+	char rope_type[16];           /* "2d" or "default" (1-D for images too) */
+	int image_base_size;          /* 1024 */
+	int vae_downsample_factor[2]; /* (h, w), (16, 16) */
+	int vit_downsample_factor[2];
+	int patch_size;               /* 1 */
+	int patch_embed_hidden_dim;   /* 1024 */
+	char img_proj_type[16];       /* "unet" */
+	char cond_token_attn_type[16];/* full (default), full_causal, causal, joint_full */
+	char cond_image_type[16];     /* vae, vit, vae_vit (default) */
+	char vae_type[64], vae_dtype[16], vae_autocast_dtype[16], vit_type[64];
+	hi3_vae_config vae;
+	hi3_vit_config vit;
+	hi3_vit_processor_config vit_processor;
+	hi3_vit_aligner_config vit_aligner;
+	/* values that parse but change the result in a way worth saying */
+	int n_warnings;
+	char warnings[HI3_MAX_CONFIG_WARNINGS][320];
 	char *json;                   /* the config.json text as read */
 } hi3_config;
 
+/* Read config.json as upstream's configuration class does: every field of
+ * the released config with the JSON types it has there (a boolean in a
+ * numeric field is 0 or 1, as in Python); fields that would change the math
+ * in a way hi3 does not implement (attention_bias, use_cla, moe_drop_tokens,
+ * ...) are refused naming the field; a wrong type or a per-layer list of the
+ * wrong length is an input error naming the file and the field. */
 int hi3_config_load(hi3_config *cfg, const char *path, hi3_error *err);
 int hi3_config_parse(hi3_config *cfg, const char *json_text, const char *name,
                      hi3_error *err);
 void hi3_config_release(hi3_config *cfg);
 int hi3_config_is_moe_layer(const hi3_config *cfg, int layer);
+/* What hi3 does with a config.json field: "model" (the text forward),
+ * "image" (kept for image generation and input), "variant", "checked"
+ * (refused when set to a value that changes the math), "ignored"; NULL for a
+ * field upstream does not know (ignored too). */
+const char *hi3_config_field_role(const char *name);
 /* Check that every tensor the config implies is present with the right
  * shape, and that the config is one hi3 can run. */
 int hi3_config_validate(const hi3_config *cfg, const hi3_ckpt *ck, hi3_error *err);
@@ -202,19 +277,70 @@ int hi3_config_validate(const hi3_config *cfg, const hi3_ckpt *ck, hi3_error *er
  * names, shapes and dtypes. */
 int hi3_fingerprint(const hi3_config *cfg, const hi3_ckpt *ck, char out[17]);
 
+/* ------------------------------------------------- generation defaults */
+
+/* generation_config.json, with the defaults of transformers' GenerationConfig
+ * where it has no value. Decode samples with them when no sampling option is
+ * given; tokenize-concat takes the template, bot_task, system prompt and
+ * max_length from them; diffusion takes steps, guidance and shift. */
+#define HI3_MAX_EOS 8
+typedef struct hi3_gen_defaults {
+	int present;                  /* generation_config.json was read */
+	char sequence_template[16];   /* "" when absent */
+	char bot_task[24];            /* "auto" when absent */
+	char use_system_prompt[32];   /* "None" when absent */
+	int drop_think;
+	int do_sample;                /* 0 */
+	double temperature;           /* 1.0 */
+	int top_k;                    /* 50 */
+	double top_p;                 /* 1.0 */
+	int64_t max_length;           /* -1 when absent (not GenerationConfig's 20: a bound only when given) */
+	int64_t max_new_tokens;       /* -1 when absent */
+	int n_eos;
+	int64_t eos_token_id[HI3_MAX_EOS];
+	int64_t pad_token_id;         /* -1 when absent */
+	int diff_infer_steps;         /* 50 */
+	double diff_guidance_scale;   /* 5.0 */
+	double flow_shift;            /* 3.0 */
+	char moe_impl[16];            /* "" when absent */
+} hi3_gen_defaults;
+
+/* Read DIR/generation_config.json (absent, or dir NULL: the defaults,
+ * present = 0). A field of the wrong type is an input error naming the file
+ * and field. */
+int hi3_gen_defaults_load(hi3_gen_defaults *g, const char *dir, hi3_error *err);
+/* The sampler generation_config asks for: greedy unless do_sample, then
+ * temperature, top_k (0: off) and top_p. */
+struct hi3_sampler;
+void hi3_gen_defaults_sampler(const hi3_gen_defaults *g, struct hi3_sampler *s);
+
+/* The released checkpoints: base (HunyuanImage-3.0), Instruct, and
+ * Instruct-Distil (cfg_distilled / use_meanflow). */
+enum hi3_variant { HI3_VARIANT_BASE, HI3_VARIANT_INSTRUCT, HI3_VARIANT_DISTIL };
+/* The variant of a checkpoint: Distil when cfg_distilled or use_meanflow;
+ * else Instruct when model_version names one ("HunyuanImage-3.0-Instruct*"),
+ * or when config.json has no model_version and generation_config's
+ * sequence_template is "instruct"; else base. why (may be NULL) gets a
+ * sentence saying which fields decided. g may be NULL. */
+int hi3_variant_of(const hi3_config *c, const hi3_gen_defaults *g, char *why, size_t why_len);
+const char *hi3_variant_name(int variant);   /* "base", "instruct", "instruct-distil" */
+
 /* -------------------------------------------------------------- init-model */
 
 typedef struct hi3_init_opts {
-	const char *preset;      /* "tiny", "tiny-moe", "small" */
+	const char *preset;      /* "tiny", "tiny-moe", "small", "tiny-release", "tiny-instruct", "tiny-distil" */
 	uint64_t seed;
 	hi3_dtype dtype;         /* HI3_F32 or HI3_BF16 */
+	int dtype_given;         /* 0: the preset's (f32; the release presets bf16) */
 	const char *overrides;   /* JSON object merged into the preset config, or NULL */
 } hi3_init_opts;
 
 /* Names of the presets, NULL-terminated. */
 const char *const *hi3_init_presets(void);
-/* Write config.json, model.safetensors, generation_config.json and
- * tokenizer.json into dir (created if missing). */
+/* Write config.json, the weights (model.safetensors; the release presets:
+ * model-0000N-of-0000M.safetensors shards and model.safetensors.index.json),
+ * generation_config.json, tokenizer.json and tokenizer_config.json into dir
+ * (created if missing). */
 int hi3_init_model(const char *dir, const hi3_init_opts *opts, hi3_error *err);
 
 /* ------------------------------------------------------------------ model */
@@ -235,6 +361,7 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
                    hi3_error *err);
 void hi3_model_close(hi3_model *m);
 const hi3_config *hi3_model_config(const hi3_model *m);
+const hi3_gen_defaults *hi3_model_gen_defaults(const hi3_model *m);
 const char *hi3_model_fingerprint(const hi3_model *m);
 const char *hi3_model_dir(const hi3_model *m);
 const char *hi3_model_backend(const hi3_model *m);
@@ -718,14 +845,15 @@ int hi3_parity_ablation_parse(const char *name);   /* -1 when unknown */
 /* ------------------------------------------------------------------ bench */
 
 typedef struct hi3_bench_model_result {
-	double prefill_s, prefill_tok_s, prefill_flops;
+	double first_prefill_s;   /* the first prefill: it also reads the weights in from the mapping */
+	double prefill_s, prefill_tok_s, prefill_flops;   /* the same prefill again */
 	double decode_s, decode_tok_s;
 } hi3_bench_model_result;
 
 /* Best-of-reps read bandwidth over a buffer of bytes, in bytes/s. */
 double hi3_bench_membw(size_t bytes, int reps);
 /* One layer's prefill GEMMs at M tokens: total flops, and the best times
- * of OpenBLAS sgemm (f32 weights) and hi3's packed GEMM (weights wdt). */
+ * of OpenBLAS sgemm (f32 weights) and hi3's batch-invariant GEMM (weights wdt, in place). */
 int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *flops, double *t_blas,
                    double *t_hi3);
 /* Bytes one B = 1 decode step reads at ctx cached slots. */
@@ -785,8 +913,18 @@ typedef struct hi3_cond {
 	const uint8_t *cond_vit_mask;   /* (B, L) or NULL */
 	const uint8_t *cond_vae_mask;   /* (B, L) or NULL */
 	const int64_t *timestep_index;  /* (B, K) or NULL */
+	/* decoding rules of the Instruct code's text stage (-1 padded lists of
+	 * records; NULL when no row has any):
+	 *   forced_after (B, NF): T, k, id_1 .. id_k: once the row produces T,
+	 *     its next k tokens are id_1 .. id_k (stage transitions);
+	 *   greedy_among (B, NG): T, k, id_1 .. id_k: the token after T is the
+	 *     most likely of id_1 .. id_k (the ratio token after <img_size_B>).
+	 * A row's last prompt token counts as produced. */
+	const int64_t *forced_after;
+	const int64_t *greedy_among;
+	int NF, NG;
 	const char *mode;               /* "gen_text" or "gen_image" */
-	const char *bot_task;           /* auto, image, think, recaption, img_ratio, or mixed */
+	const char *bot_task;           /* auto, image, think, recaption, img_ratio, think_recaption, or mixed */
 	const char *template_name;      /* pretrain, instruct, or none (pre-tokenized) */
 	const char *tokenizer_hash;     /* "" when no tokenizer was used */
 	const char *model_fingerprint;  /* "" when no model was named */
@@ -859,6 +997,14 @@ int64_t hi3_template_pad_id(const hi3_template *t);     /* -1 when unknown */
 const char *hi3_template_name(const hi3_template *t);  /* "pretrain" or "instruct" */
 const hi3_tok *hi3_template_tok(const hi3_template *t); /* NULL when not loaded */
 const char *hi3_template_fingerprint(const hi3_template *t); /* the model's, or "" */
+/* The model's variant (enum hi3_variant; base without a model) and why. */
+int hi3_template_variant(const hi3_template *t);
+const char *hi3_template_variant_why(const hi3_template *t);
+/* generation_config.json (the defaults without a model). */
+const hi3_gen_defaults *hi3_template_gen_defaults(const hi3_template *t);
+/* The resolution buckets (H, W) by ratio index; returns their count (up to
+ * max are copied). */
+int hi3_template_buckets(const hi3_template *t, int (*out)[2], int max);
 
 /* One encoded row, before padding: what the template gives for a request. */
 typedef struct hi3_cond_row {
@@ -874,6 +1020,9 @@ typedef struct hi3_cond_row {
 	int64_t *timestep_index;        /* (n_ts) positions of <timestep> tokens */
 	int n_stop;
 	int64_t *stop_tokens;           /* (n_stop) */
+	int n_forced, n_greedy;
+	int64_t *forced_after;          /* (n_forced) records, see hi3_cond */
+	int64_t *greedy_among;          /* (n_greedy) records */
 	int64_t seed;
 } hi3_cond_row;
 
@@ -896,6 +1045,169 @@ typedef struct hi3_cond_build_opts {
 int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
                    hi3_error *err);
 
+/* ----------------------------------------------------------------- images */
+
+/* Image inputs, read and preprocessed bit for bit as upstream's
+ * HunyuanImage3ImageProcessor (image_processor.py at 1201fe8) does it with
+ * Pillow 12, torch 2.8 and torchvision 0.23 (docs/IMAGES.md): the VAE view
+ * (bucket, LANCZOS resize, centre crop, 2x - 1) and the ViT view (SigLIP2
+ * naflex: size search, antialiased bilinear resize, patches). Images are
+ * interleaved 8-bit (H, W, C). Every function is thread-safe; every result
+ * is released by its own free function. */
+
+#define HI3_IMAGE_MAX_PIXELS 89478485  /* PIL's Image.MAX_IMAGE_PIXELS, 1024 * 1024 * 1024 // 4 // 3 */
+
+/* A decoded image as upstream's load_image gives it: EXIF orientation
+ * applied (ImageOps.exif_transpose), then convert("RGB"). */
+typedef struct hi3_image {
+	int width, height;            /* W, H, after the orientation */
+	uint8_t *rgb;                 /* (H, W, 3) */
+	char *name;                   /* the path or name given, for messages */
+	const char *format;           /* "PNG", "JPEG", "GIF", "BMP", "PSD", "TGA", "HDR", "PIC", "PNM" */
+	int file_width, file_height;  /* as stored, before the orientation */
+	int channels;                 /* in the file: 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA */
+	int bits;                     /* per channel in the file: 8, 16 (32 for HDR) */
+	int orientation;              /* the EXIF orientation applied, 2..8; 1 when none */
+} hi3_image;
+
+typedef struct hi3_image_opts {
+	int64_t max_pixels;           /* refuse larger images; 0: HI3_IMAGE_MAX_PIXELS, < 0: no limit */
+} hi3_image_opts;
+
+/* Read an image file ("-" reads standard input), or decode one in memory
+ * (name is used in messages). A missing, empty, truncated, non-image or
+ * too large file is an input error (status 3) naming the file. */
+int hi3_image_load(hi3_image **out, const char *path, const hi3_image_opts *o, hi3_error *err);
+int hi3_image_decode(hi3_image **out, const void *data, size_t len, const char *name, const hi3_image_opts *o,
+                     hi3_error *err);
+void hi3_image_free(hi3_image *im);
+
+/* Pillow's resampling filters, by Pillow's numbers (Image.Resampling). */
+enum hi3_resample { HI3_RESAMPLE_LANCZOS = 1, HI3_RESAMPLE_BILINEAR = 2, HI3_RESAMPLE_BICUBIC = 3 };
+
+/* Pillow's Image.resize((dw, dh), filter) of an image of c = 1..4 8-bit
+ * channels, bit for bit (libImaging/Resample.c; no reducing_gap):
+ * src (sh, sw, c) -> dst (dh, dw, c). */
+int hi3_resize_pil(const uint8_t *src, int sw, int sh, int c, uint8_t *dst, int dw, int dh, int filter,
+                   hi3_error *err);
+
+/* torchvision's v2 resize(img, [dh, dw], BILINEAR, antialias=True) of a
+ * uint8 image, with the kernel torch 2.8 picks from its CPU capability:
+ * HI3_TV_UINT8 where it reports AVX2 (the native uint8 kernel: int16 taps,
+ * uint8 between the passes; the default), HI3_TV_FLOAT where it reports
+ * no AVX (float32, rounded half to even). Bit for bit, in portable C.
+ * Where torch reports AVX-512 torchvision also takes the float path, but
+ * that build's float sums differ in the last bit now and then: HI3_TV_FLOAT
+ * then matches all but about 1 value in 10^4-10^5, those by one level
+ * (docs/IMAGES.md). */
+enum hi3_tv_kernel { HI3_TV_UINT8 = 0, HI3_TV_FLOAT = 1 };
+int hi3_resize_tv(const uint8_t *src, int sw, int sh, int c, uint8_t *dst, int dw, int dh, int kernel,
+                  hi3_error *err);
+
+/* The VAE resolution buckets of base size `base` (config.json
+ * image_base_size): the (H, W) of HunyuanImage3ImageProcessor's
+ * ResolutionGroup (step base/16, sizes floored to multiples of 16, sorted
+ * by H/W), then 1024x768, 1280x720, 768x1024, 720x1280 where their ratio is
+ * new (indices 33-36 at base 1024). Returns the count (37 at 1024), or -1
+ * when base gives none or more than max. */
+int hi3_image_buckets(int base, int (*hw)[2], int max);
+/* The bucket nearest h/w in ratio (np.argmin: the first on a tie). */
+int hi3_image_bucket_of(const int (*hw)[2], int n, int64_t h, int64_t w);
+/* SigLIP2's get_image_size_for_max_num_patches: the patch grid (gh, gw)
+ * of an h x w image for at most max patches of side p. */
+void hi3_image_vit_grid(int64_t h, int64_t w, int p, int max, int *gh, int *gw);
+
+typedef struct hi3_image_vae_opts {
+	int base_size;                /* image_base_size; 0: 1024 */
+	int resize;                   /* 1: crop_type "resize" (infer_align_image_size): a plain
+	                               * LANCZOS resize to the bucket; 0: cover and centre crop */
+	int64_t max_pixels;           /* refuse a resize (before the crop) larger than this;
+	                               * 0: HI3_IMAGE_MAX_PIXELS, < 0: no limit */
+} hi3_image_vae_opts;
+
+/* The VAE view of an image (vae_process_image, resize_and_crop). */
+typedef struct hi3_image_vae {
+	int bucket;                   /* ratio index k of <img_ratio_k>, of the final H x W */
+	int height, width;            /* H, W: the bucket, multiples of 16 */
+	int resized_h, resized_w;     /* the LANCZOS resize before the crop */
+	int crop_top, crop_left;      /* Python's round((resized - target) / 2), ties to even */
+	uint8_t *rgb;                 /* (H, W, 3) the cropped image */
+	float *pixels;                /* (3, H, W) ToTensor then Normalize(0.5, 0.5): (u / 255 - 0.5) / 0.5 */
+} hi3_image_vae;
+
+int hi3_image_vae_view(hi3_image_vae **out, const hi3_image *im, const hi3_image_vae_opts *o, hi3_error *err);
+void hi3_image_vae_free(hi3_image_vae *v);
+
+typedef struct hi3_image_vit_opts {
+	int patch;                    /* vit_processor patch_size; 0: 16 */
+	int max_patches;              /* vit_processor max_num_patches; 0: 1024 */
+	int kernel;                   /* enum hi3_tv_kernel (0: HI3_TV_UINT8) */
+} hi3_image_vit_opts;
+
+/* The ViT view of an image (Siglip2ImageProcessorFast): P = max_patches
+ * rows of D = 3 * patch * patch features. */
+typedef struct hi3_image_vit {
+	int grid_h, grid_w;           /* spatial_shapes (nph, npw) */
+	int height, width;            /* the resized image: patch * grid */
+	int n_patches, dim;           /* P, D */
+	uint8_t *rgb;                 /* (height, width, 3) the resized image */
+	float *pixel_values;          /* (P, D) row-major patches, feature (py * patch + px) * 3 + c,
+	                               * (u - 127.5) / 127.5; rows from grid_h * grid_w on are 0 */
+	int32_t *mask;                /* (P) pixel_attention_mask: 1 real patch, 0 pad */
+} hi3_image_vit;
+
+int hi3_image_vit_view(hi3_image_vit **out, const hi3_image *im, const hi3_image_vit_opts *o, hi3_error *err);
+void hi3_image_vit_free(hi3_image_vit *v);
+
+/* -------------------------------------------------------------------- VAE */
+
+/* The image autoencoder (upstream AutoencoderKLConv3D, tensors vae.*): a
+ * 3-D decoder from latents to pixels and a 3-D encoder from pixels to the
+ * posterior of the latents. Its config is the "vae" block of config.json.
+ * Latents (B, latent_channels, h, w); images (B, channels, H, W) with H =
+ * h ffactor_spatial; pixel values about [-1, 1]. Every call runs fp32 on
+ * the model's backend, one image at a time (on the CPU backend an image
+ * gives the same bits alone or in a batch). */
+
+enum hi3_vae_parts { HI3_VAE_DECODER = 1, HI3_VAE_ENCODER = 2 };
+
+typedef struct hi3_vae hi3_vae;
+
+/* The "vae" block of a config.json text (name for messages). */
+int hi3_vae_config_parse(hi3_vae_config *c, const char *config_json, const char *name, hi3_error *err);
+/* The VAE of an open model: its config's vae block, its vae.* tensors
+ * through its backend (m must outlive the VAE). A model without them is an
+ * input error naming the missing tensor or block. parts: enum
+ * hi3_vae_parts, or'd. */
+int hi3_vae_open(hi3_vae **out, hi3_model *m, int parts, hi3_error *err);
+/* The same from a model directory alone (config.json with a vae block,
+ * the checkpoint), on a backend of its own; opts as hi3_model_open's. */
+int hi3_vae_open_dir(hi3_vae **out, const char *dir, const hi3_model_opts *opts, int parts, hi3_error *err);
+void hi3_vae_close(hi3_vae *v);
+const hi3_vae_config *hi3_vae_get_config(const hi3_vae *v);
+
+/* images (B, out_channels, h f, w f) = the decoder's last frame of each
+ * latent (B, latent_channels, h, w) as the diffusion makes it: z =
+ * latent / scaling_factor (+ shift_factor) gets a time axis of 1 frame,
+ * which the decoder grows to ffactor_temporal. */
+int hi3_vae_decode(hi3_vae *v, const float *latents, int B, int h, int w, float *images, hi3_error *err);
+/* The posterior of images (B, in_channels, H, W) in [-1, 1], H and W
+ * multiples of ffactor_spatial, each repeated over ffactor_temporal
+ * frames: mean and logvar (B, latent_channels, H / f, W / f), logvar
+ * clamped to [-30, 20]. */
+int hi3_vae_encode(hi3_vae *v, const float *images, int B, int H, int W, float *mean, float *logvar,
+                   hi3_error *err);
+/* The model's latents of a posterior, n elements: (s - shift_factor)
+ * scaling_factor with s = mean (noise NULL: the posterior mean, the
+ * default), or the sample s = mean + exp(logvar / 2) noise with noise
+ * drawn by the caller (N(0, 1), e.g. from the row's counter-based
+ * generator). */
+void hi3_vae_latent(const hi3_vae *v, const float *mean, const float *logvar, const float *noise, size_t n,
+                    float *latents);
+/* rgb (H, W, 3) = round(clamp(x / 2 + 0.5, 0, 1) 255) of image (3, H, W),
+ * in fp32 with ties to even (as diffusers' VaeImageProcessor in numpy). */
+void hi3_vae_to_rgb8(const float *image, int H, int W, uint8_t *rgb);
+
 /* ------------------------------------------------------------------ tools */
 
 /* Statistics of a tensor of any dtype: min, max and mean over the finite
@@ -910,6 +1222,16 @@ int hi3_tensor_stats(const hi3_tensor *t, int threads, hi3_stats *s, hi3_error *
 /* Write an 8-bit RGB image (height rows of width * 3 bytes) as a PNG,
  * atomically; "-" writes standard output. */
 int hi3_png_write_rgb(const char *path, int width, int height, const uint8_t *rgb, hi3_error *err);
+/* The same with key/value text chunks (the prompt, seed and sampler
+ * settings of a generated image, as stable-diffusion.cpp writes them):
+ * tEXt, or iTXt (UTF-8) for a value beyond printable ASCII. A key must be
+ * a PNG keyword (1 to 79 printable ASCII characters, no leading, trailing
+ * or doubled spaces): anything else is a usage error, nothing written. */
+typedef struct hi3_png_text {
+	const char *key, *value;
+} hi3_png_text;
+int hi3_png_write_rgb_text(const char *path, int width, int height, const uint8_t *rgb, const hi3_png_text *text,
+                           int n_text, hi3_error *err);
 
 /* hi3 inspect (see hi3-inspect(1)). path is a safetensors file or a
  * checkpoint directory (model.safetensors or model.safetensors.index.json). */

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential autoconf automake libtool pkg-config
-          libopenblas-dev libjansson-dev libpcre2-dev libpng-dev libutf8proc-dev
+          libopenblas-dev libjansson-dev libpcre2-dev libpng-dev libutf8proc-dev libstb-dev
           groff-base)
 
 if [ "${1:-}" != "--no-apt" ]; then

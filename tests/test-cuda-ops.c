@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 #include "backend/backend.h"
+#include "model/conv.h"
 #include "tap.h"
 #include "cuda-test.h"
 
@@ -655,6 +656,229 @@ static void test_errors(void)
 	gpu->ops->free(gpu, d2);
 }
 
+/* ---------------------------------------------------------------- image ops */
+
+static hi3_tensor tensor_nd(int ndim, const int64_t *shape, const float *v)
+{
+	hi3_tensor t = tensor(HI3_F32, 1, 1, 1, v);
+	size_t n = 1;
+
+	free(t.data);
+	t.ndim = ndim;
+	for (int i = 0; i < ndim; i++)
+		n *= (size_t)(t.shape[i] = shape[i]);
+	t.nbytes = n * 4;
+	t.data = malloc(t.nbytes + 1);
+	HI3_ASSERT(t.data);
+	memcpy(t.data, v, t.nbytes);
+	return t;
+}
+
+static hi3_wt *vec_w(hi3_backend *be, const float *v, int n, hi3_tensor *keep)
+{
+	*keep = tensor(HI3_F32, 1, n, 1, v);
+	return load(be, keep, HI3_WT_VECTOR);
+}
+
+/* Compare exactly (data movement), then free the device output. */
+static int check_exact(const char *what, float *dout, const float *ref, size_t n)
+{
+	float *out = fetch(dout, n * sizeof(float));
+	int r = ok(!memcmp(out, ref, n * sizeof(float)), "%s: bit-exact", what);
+
+	free(out);
+	gpu->ops->free(gpu, dout);
+	return r;
+}
+
+/* im2col bit-exact, then a conv (im2col + matmul + bias) within 1e-5 */
+static void test_conv(int kt, int k)
+{
+	const int B = 2, T = 3, H = 5, W = 6, C = 7, Co = 9;
+	const struct hi3_conv cv = {B, T, H, W, C, kt, k, k};
+	const size_t P = (size_t)B * T * H * W, K = (size_t)C * kt * k * k;
+	float *x = randn(P * C, 1.0f), *wv = randn((size_t)Co * K, 0.2f), *bv = randn(Co, 0.5f);
+	float *col = malloc(sizeof(float) * P * K), *ref = malloc(sizeof(float) * P * Co), *ccol;
+	float *dx = dev_copy(x, P * C * 4), *dcol = dev_nan(P * K), *dy = dev_nan(P * Co), *gcol;
+	int64_t ws[5] = {Co, C, kt, k, k};
+	hi3_tensor wt = tensor_nd(5, ws, wv), bt;
+	hi3_error err = {0};
+	struct hi3_conv_w cc = {hi3i_conv_weight(cpu, &wt, &err), vec_w(cpu, bv, Co, &bt), Co, C, kt, k, k};
+	struct hi3_conv_w cg = {hi3i_conv_weight(gpu, &wt, &err), load(gpu, &bt, HI3_WT_VECTOR), Co, C, kt, k, k};
+	char what[96];
+
+	HI3_ASSERT(cc.w && cg.w);
+	cpu->ops->im2col(cpu, col, x, &cv, 5, (int)P - 8);
+	gpu->ops->im2col(gpu, dcol, dx, &cv, 5, (int)P - 8);
+	snprintf(what, sizeof(what), "im2col %dx%dx%d of rows 5 .. P-4", kt, k, k);
+	check_exact(what, dcol, col, (P - 8) * K);
+	ccol = malloc(sizeof(float) * hi3i_conv_col_floats(&cc) + 4);
+	gcol = gpu->ops->alloc(gpu, sizeof(float) * hi3i_conv_col_floats(&cg) + 4);
+	hi3i_conv(cpu, ref, x, &cc, &cv, ccol);
+	hi3i_conv(gpu, dy, dx, &cg, &cv, gcol);
+	snprintf(what, sizeof(what), "conv %dx%dx%d (im2col, matmul, bias_add)", kt, k, k);
+	check(what, dy, ref, P * Co, 1e-5);
+	hi3i_conv_free(&cc, cpu);
+	hi3i_conv_free(&cg, gpu);
+	gpu->ops->free(gpu, dx);
+	gpu->ops->free(gpu, gcol);
+	free(wt.data), free(bt.data), free(x), free(wv), free(bv), free(col), free(ref), free(ccol);
+}
+
+/* An affine (w, b) pair of n on both backends. */
+struct affine {
+	hi3_tensor tw, tb;
+	hi3_wt *cw, *cb, *gw, *gb;
+};
+
+static void affine_load(struct affine *a, const float *w, const float *b, int n)
+{
+	a->cw = vec_w(cpu, w, n, &a->tw);
+	a->cb = vec_w(cpu, b, n, &a->tb);
+	a->gw = load(gpu, &a->tw, HI3_WT_VECTOR);
+	a->gb = load(gpu, &a->tb, HI3_WT_VECTOR);
+}
+
+static void affine_free(struct affine *a)
+{
+	cpu->ops->weight_free(cpu, a->cw);
+	cpu->ops->weight_free(cpu, a->cb);
+	gpu->ops->weight_free(gpu, a->gw);
+	gpu->ops->weight_free(gpu, a->gb);
+	free(a->tw.data);
+	free(a->tb.data);
+}
+
+static void test_norms(void)
+{
+	const int B = 2, C = 64, G = 32, M = 5, n = 1152;
+	const int64_t P = 1500;                 /* two chunks of HI3_GN_CHUNK */
+	const size_t N = (size_t)B * P * C;
+	float *x = randn(N, 2.0f), *wv = randn(n, 1.0f), *bv = randn(n, 1.0f), *ref = malloc(sizeof(float) * N);
+	float *dx = dev_copy(x, N * 4), *dy;
+	struct affine a;
+	char what[64];
+
+	affine_load(&a, wv, bv, C);
+	for (int act = HI3_ACT_NONE; act <= HI3_ACT_GELU; act++) {
+		cpu->ops->groupnorm(cpu, ref, x, a.cw, a.cb, B, P, C, G, 1e-6f, act);
+		dy = dev_nan(N);
+		gpu->ops->groupnorm(gpu, dy, dx, a.gw, a.gb, B, P, C, G, 1e-6f, act);
+		snprintf(what, sizeof(what), "groupnorm B=%d P=%lld C=%d G=%d act=%d", B, (long long)P, C, G, act);
+		check(what, dy, ref, N, 1e-5);
+	}
+	affine_free(&a);
+	affine_load(&a, wv, bv, n);
+	cpu->ops->layernorm(cpu, ref, x, a.cw, a.cb, M, n, 1e-6f);
+	dy = dev_nan((size_t)M * n);
+	gpu->ops->layernorm(gpu, dy, dx, a.gw, a.gb, M, n, 1e-6f);
+	check("layernorm M=5 n=1152", dy, ref, (size_t)M * n, 1e-5);
+	affine_free(&a);
+	gpu->ops->free(gpu, dx);
+	free(x), free(wv), free(bv), free(ref);
+}
+
+static void test_image_elementwise(void)
+{
+	const int B = 2, P = 45, C = 24, r = 4, T = 2, H = 3, W = 5, Cs = 3;
+	const size_t n = (size_t)B * P * C;
+	float *x = randn(n, 3.0f), *ss = randn((size_t)B * 2 * C, 0.5f), *z = randn(n * r, 1.0f), *bv = randn(C, 1.0f);
+	float *ref = malloc(sizeof(float) * n * r), *dx = dev_copy(x, n * 4), *dz = dev_copy(z, n * r * 4), *dy;
+	float *dss = dev_copy(ss, (size_t)B * 2 * C * 4);
+	static const char *names[] = {"silu", "gelu", "gelu_tanh"};
+	hi3_tensor tb;
+	hi3_wt *cb = vec_w(cpu, bv, C, &tb), *gb = load(gpu, &tb, HI3_WT_VECTOR);
+	char what[64];
+
+	for (int a = HI3_ACT_SILU; a <= HI3_ACT_GELU_TANH; a++) {
+		cpu->ops->act(cpu, ref, x, n, a);
+		dy = dev_nan(n);
+		gpu->ops->act(gpu, dy, dx, n, a);
+		snprintf(what, sizeof(what), "act %s", names[a - 1]);
+		check(what, dy, ref, n, 1e-5);
+	}
+	/* the in-place ops start from x */
+	memcpy(ref, x, n * 4);
+	cpu->ops->bias_add(cpu, ref, cb, (int64_t)B * P, C);
+	dy = dev_copy(x, n * 4);
+	gpu->ops->bias_add(gpu, dy, gb, (int64_t)B * P, C);
+	check("bias_add", dy, ref, n, 1e-6);
+	memcpy(ref, x, n * 4);
+	cpu->ops->scale_shift(cpu, ref, ss, B, P, C);
+	dy = dev_copy(x, n * 4);
+	gpu->ops->scale_shift(gpu, dy, dss, B, P, C);
+	check("scale_shift", dy, ref, n, 1e-6);
+	memcpy(ref, x, n * 4);
+	cpu->ops->add_repeat(cpu, ref, z, (int64_t)B * P, C, r);
+	dy = dev_copy(x, n * 4);
+	gpu->ops->add_repeat(gpu, dy, dz, (int64_t)B * P, C, r);
+	check("add_repeat", dy, ref, n, 1e-6);
+	memcpy(ref, x, n * 4);
+	cpu->ops->add_group_mean(cpu, ref, z, (int64_t)B * P, C, r);
+	dy = dev_copy(x, n * 4);
+	gpu->ops->add_group_mean(gpu, dy, dz, (int64_t)B * P, C, r);
+	check("add_group_mean", dy, ref, n, 1e-6);
+	/* shuffles of z, both ways, time doubled or not */
+	for (int rt = 1; rt <= 2; rt++) {
+		const size_t ns = (size_t)B * T * H * W * rt * 4 * Cs;
+		cpu->ops->depth_to_space(cpu, ref, z, B, T, H, W, Cs, rt);
+		dy = dev_nan(ns);
+		gpu->ops->depth_to_space(gpu, dy, dz, B, T, H, W, Cs, rt);
+		snprintf(what, sizeof(what), "depth_to_space rt=%d", rt);
+		check_exact(what, dy, ref, ns);
+		cpu->ops->space_to_depth(cpu, ref, z, B, T * rt, 2 * H, 2 * W, Cs, rt);
+		dy = dev_nan(ns);
+		gpu->ops->space_to_depth(gpu, dy, dz, B, T * rt, 2 * H, 2 * W, Cs, rt);
+		snprintf(what, sizeof(what), "space_to_depth rt=%d", rt);
+		check_exact(what, dy, ref, ns);
+	}
+	cpu->ops->weight_free(cpu, cb);
+	gpu->ops->weight_free(gpu, gb);
+	gpu->ops->free(gpu, dx);
+	gpu->ops->free(gpu, dz);
+	gpu->ops->free(gpu, dss);
+	free(tb.data), free(x), free(ss), free(z), free(bv), free(ref);
+}
+
+static void test_attention_dense(int B, int M, int n_h, int d, int masked)
+{
+	const size_t n = (size_t)B * M * n_h * d;
+	float *q = randn(n, 1.0f), *k = randn(n, 1.0f), *v = randn(n, 1.0f), *ref = malloc(sizeof(float) * n);
+	float *dq = dev_copy(q, n * 4), *dk = dev_copy(k, n * 4), *dv = dev_copy(v, n * 4), *dy = dev_nan(n);
+	uint8_t *mask = masked ? malloc((size_t)B * M) : NULL, *dmask = NULL;
+	char what[96];
+
+	for (int i = 0; masked && i < B * M; i++)
+		mask[i] = i % M < M - 1 - 5 * (i / M);
+	if (mask)
+		dmask = dev_copy(mask, (size_t)B * M);
+	cpu->ops->attention_dense(cpu, ref, q, k, v, mask, B, M, n_h, d);
+	gpu->ops->attention_dense(gpu, dy, dq, dk, dv, dmask, B, M, n_h, d);
+	snprintf(what, sizeof(what), "attention_dense B=%d M=%d n_h=%d d=%d%s", B, M, n_h, d, masked ? " key-masked" : "");
+	check(what, dy, ref, n, 1e-5);
+	gpu->ops->free(gpu, dq);
+	gpu->ops->free(gpu, dk);
+	gpu->ops->free(gpu, dv);
+	if (dmask)
+		gpu->ops->free(gpu, dmask);
+	free(q), free(k), free(v), free(ref), free(mask);
+}
+
+static void test_image_ops(void)
+{
+	hi3_error err = {0};
+
+	ok(hi3i_backend_check_image(gpu, &err) == 0, "the CUDA backend has every image op %s", err.msg);
+	test_conv(3, 3);
+	test_conv(1, 3);
+	test_conv(1, 1);
+	test_norms();
+	test_image_elementwise();
+	test_attention_dense(2, 33, 3, 24, 0);
+	test_attention_dense(3, 40, 2, 16, 1);
+	test_attention_dense(1, 50, 1, 1100, 0);
+}
+
 int main(void)
 {
 	hi3_error err = {0};
@@ -685,6 +909,7 @@ int main(void)
 		test_attention_cache(&shapes[i], HI3_F32, 40);
 	}
 	test_kv_mirror();
+	test_image_ops();
 	test_errors();
 	gpu->ops->destroy(gpu);
 	cpu->ops->destroy(cpu);

@@ -10,19 +10,32 @@
  * Shape letters: M tokens (rows of an activation), K input width, N output
  * width, H hidden, W = (n_h + 2 n_kv) d the fused qkv width, d head dim,
  * g = n_h / n_kv query heads per kv head, E experts, k experts per token.
+ *
+ * Image ops (the VAE, the image heads, the vision encoder) hold an image
+ * channels-last: (B, T, H, W, C), B images of P = T H W positions (frames
+ * T, rows H, columns W) of C channels, so a (P, C) image is a (M, K)
+ * activation for matmul, and a conv weight [Cout, C, kt, kh, kw] is, taps
+ * first, the (N = Cout, K = kt kh kw C) matrix of an im2col product
+ * (model/conv.c reorders it at load).
  */
 #ifndef HI3_BACKEND_H
 #define HI3_BACKEND_H
 
 #include "core/internal.h"
 
-/* A weight prepared by a backend (packed for its matmul, or converted). */
+/* A weight as a backend uses it: the CPU multiplies the mapped tensor in
+ * place; CUDA holds a device copy. */
 typedef struct hi3_wt hi3_wt;
 
 enum hi3_wt_kind {
-	HI3_WT_MATRIX,   /* (N, K): used by matmul as y = x W^T */
+	HI3_WT_MATRIX,   /* (N, K): used by matmul as y = x W^T; a tensor of more
+	                  * dims is (shape[0], the product of the rest) */
 	HI3_WT_VECTOR,   /* (n): norm weights, kept as f32 */
 	HI3_WT_ROWS,     /* (V, H): embedding rows, gathered by embed */
+	/* or-ed into a kind: the tensor and its data are valid only during the
+	 * weight() call (a layout made for it, e.g. a permuted conv weight), so
+	 * the backend keeps a copy instead of the pointer */
+	HI3_WT_TRANSIENT = 0x100,
 };
 
 /* Where attention reads keys or values: element (row, head, slot, 0..d-1)
@@ -52,6 +65,22 @@ struct hi3_dims {
 	float eps;
 };
 
+/* A convolution of stride 1 with zero padding k/2 on each side (odd
+ * kernel sizes; kt = kh = kw = 1 is a 1x1x1 conv, kt = 1 a 2-D one), over
+ * an input (B, T, H, W, C); the output has the same B, T, H, W. */
+struct hi3_conv {
+	int B, T, H, W, C;
+	int kt, kh, kw;
+};
+
+/* Elementwise activations (the act op; groupnorm's fused act). */
+enum hi3_act {
+	HI3_ACT_NONE,
+	HI3_ACT_SILU,        /* x sigmoid(x) (swish) */
+	HI3_ACT_GELU,        /* x/2 (1 + erf(x / sqrt 2)), nn.GELU() */
+	HI3_ACT_GELU_TANH,   /* x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), gelu_pytorch_tanh */
+};
+
 /* A backend: one instance (its state in ctx) and its ops table, a static
  * const table in the backend's file. Ops return nothing; an op that
  * fails (out of memory for its scratch, a device fault) records the first
@@ -64,6 +93,12 @@ typedef struct hi3_backend {
 	void *ctx;
 	int batch_invariant;
 	hi3_error err;            /* the first failure of an op (status 0: none) */
+	/* Set by the model, or NULL: called on the host the first time the
+	 * backend reads a weight's bytes (a matrix or vector whole, an
+	 * embedding row when a token first needs it), with the bytes read:
+	 * weights.c checks them for NaN/Inf and counts what a stage touched. */
+	void (*first_use)(struct hi3_backend *be, const hi3_tensor *t, const void *data, size_t bytes);
+	void *first_use_ctx;
 } hi3_backend;
 
 typedef struct hi3_backend_ops {
@@ -77,7 +112,8 @@ typedef struct hi3_backend_ops {
 	int (*download)(struct hi3_backend *be, void *host_dst, const void *src, size_t n);
 	size_t (*mem_free)(struct hi3_backend *be);           /* bytes free, for messages */
 
-	/* weights: t stays mapped while the model is open */
+	/* weights: t stays mapped while the model is open. CPU: nothing is
+	 * copied (vectors become f32); CUDA: uploaded, see weights_done */
 	hi3_wt *(*weight)(struct hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err);
 	void (*weight_free)(struct hi3_backend *be, hi3_wt *w);
 
@@ -89,7 +125,7 @@ typedef struct hi3_backend_ops {
 
 	/* ops */
 	/* y (M, N) = x (M, K) . W^T, W (N, K)
-	 * CPU: cpu_matmul (gemm.c, or OpenBLAS); CUDA: cuBLAS, kernels/gemv.cu for few rows */
+	 * CPU: cpu_matmul (gemm.c over W as stored, or OpenBLAS); CUDA: cuBLAS, kernels/gemv.cu for few rows */
 	void (*matmul)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M);
 	/* n products y[i] (M[i], N_i) = x[i] . W_i^T, the same bits as n
 	 * matmul calls; optional (NULL: the model calls matmul n times)
@@ -130,7 +166,71 @@ typedef struct hi3_backend_ops {
 	 * CPU: cpu_scatter_add; CUDA: kernels/gather.cu */
 	void (*scatter_add)(struct hi3_backend *be, float *dst, const float *src, const int32_t *idx,
 	                    const float *scale, int n, int w);
+
+	/* image ops: needed only by checkpoints with image modules, so checked
+	 * when those load (hi3i_backend_check_image), not at model open.
+	 * Every one is batch invariant on the CPU: an image (or row) gives the
+	 * same bits alone or in a batch. */
+
+	/* col (n, kt kh kw C) = the patches of output positions p0 .. p0+n-1
+	 * of (B, T, H, W) flattened, column ((dt kh + dy) kw + dx) C + c (the
+	 * channels of a tap contiguous); taps outside the image are 0. A conv
+	 * is im2col then matmul with the weight in that order (model/conv.c).
+	 * CPU: hi3i_cpu_im2col (lib/backend/cpu-image.c, as every image op); CUDA: kernels/conv.cu */
+	void (*im2col)(struct hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0,
+	               int n);
+	/* x (M, N) += b (N).  CPU: hi3i_cpu_bias_add; CUDA: kernels/elementwise.cu */
+	void (*bias_add)(struct hi3_backend *be, float *x, const hi3_wt *b, int64_t M, int N);
+	/* y (B, P, C) = act((x - mean) / sqrt(var + eps) w[c] + b[c]), mean
+	 * and (biased) var of each image's group of C/G channels over its P
+	 * positions, in fp32; y may equal x. The sums run over fixed chunks of
+	 * HI3_GN_CHUNK positions, then over the chunks in order.
+	 * CPU: hi3i_cpu_groupnorm; CUDA: kernels/norm.cu */
+	void (*groupnorm)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B,
+	                  int64_t P, int C, int G, float eps, int act);
+	/* y (M, n) = (x - mean) / sqrt(var + eps) w + b per row, fp32; y may
+	 * equal x.  CPU: hi3i_cpu_layernorm; CUDA: kernels/norm.cu */
+	void (*layernorm)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int M,
+	                  int n, float eps);
+	/* y (n) = act(x (n)), enum hi3_act; y may equal x.
+	 * CPU: hi3i_cpu_act; CUDA: kernels/elementwise.cu */
+	void (*act)(struct hi3_backend *be, float *y, const float *x, size_t n, int act);
+	/* h (B, P, C) = h (1 + scale) + shift per channel, ss (B, 2C) = [scale | shift]
+	 * of each image (a timestep-conditioned ResBlock).
+	 * CPU: hi3i_cpu_scale_shift; CUDA: kernels/elementwise.cu */
+	void (*scale_shift)(struct hi3_backend *be, float *h, const float *ss, int B, int64_t P, int C);
+	/* x (P, C) += z (P, C / r) with each channel repeated r times: x[p, c]
+	 * += z[p, c / r] (torch repeat_interleave on channels).
+	 * CPU: hi3i_cpu_add_repeat; CUDA: kernels/conv.cu */
+	void (*add_repeat)(struct hi3_backend *be, float *x, const float *z, int64_t P, int C, int r);
+	/* x (P, C) += the mean of z (P, C r) over each group of r channels:
+	 * x[p, c] += (z[p, c r] + ... + z[p, c r + r - 1]) / r, summed in order.
+	 * CPU: hi3i_cpu_add_group_mean; CUDA: kernels/conv.cu */
+	void (*add_group_mean)(struct hi3_backend *be, float *x, const float *z, int64_t P, int C, int r);
+	/* y (B, T rt, 2H, 2W, C) = x (B, T, H, W, rt 4 C) with channel
+	 * ((i 2 + j) 2 + k) C + c moved to position (f rt + i, 2y + j, 2x + k),
+	 * rt 1 or 2 (einops "b (r1 r2 r3 c) f h w -> b c (f r1) (h r2) (w r3)").
+	 * CPU: hi3i_cpu_depth_to_space; CUDA: kernels/conv.cu */
+	void (*depth_to_space)(struct hi3_backend *be, float *y, const float *x, int B, int T, int H, int W, int C,
+	                       int rt);
+	/* The inverse: y (B, T / rt, H / 2, W / 2, rt 4 C) from x (B, T, H, W, C).
+	 * CPU: hi3i_cpu_space_to_depth; CUDA: kernels/conv.cu */
+	void (*space_to_depth)(struct hi3_backend *be, float *y, const float *x, int B, int T, int H, int W, int C,
+	                       int rt);
+	/* out (B, M, n_h d) = softmax(q k^T / sqrt(d)) v per image and head,
+	 * q, k, v (B, M, n_h d) with head h in columns h d .. h d + d - 1;
+	 * key_mask (B, M) (1: a key to attend, 0: padding) or NULL: all keys.
+	 * Any d (the VAE's single head is d = C up to 1024): two GEMMs per
+	 * (image, head, block of queries), softmax of the scores in fp32; a
+	 * query whose image has no key to attend gets zeros.
+	 * CPU: hi3i_cpu_attention_dense (the packed GEMM of gemm.c, or OpenBLAS);
+	 * CUDA: cuBLAS and kernels/softmax.cu */
+	void (*attention_dense)(struct hi3_backend *be, float *out, const float *q, const float *k, const float *v,
+	                        const uint8_t *key_mask, int B, int M, int n_h, int d);
 } hi3_backend_ops;
+
+/* Positions per chunk of the groupnorm op's sums. */
+#define HI3_GN_CHUNK 1024
 
 /* Record the first failure of an op on be (later ones are dropped). */
 void hi3i_backend_fail(hi3_backend *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -139,6 +239,8 @@ int hi3i_backend_failed(const hi3_backend *be, hi3_error *err);
 /* Refuse a backend that lacks an op the model needs, at model open
  * (optional ops may be NULL); the message names the backend and the op. */
 int hi3i_backend_check(const hi3_backend *be, hi3_error *err);
+/* The same for the image ops, when a model's image modules load. */
+int hi3i_backend_check_image(const hi3_backend *be, hi3_error *err);
 
 int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_error *err);
 int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_error *err);

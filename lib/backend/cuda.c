@@ -30,6 +30,7 @@
  * every op, so a failing kernel is named by its op.
  */
 #include "config.h"
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +83,9 @@ struct cuda {
 	void *part;               /* attention split-K partials (M, n_h, nsplit, d + 2) */
 	void *jobs;               /* matmul_group: the grouped gemv's jobs */
 	hi3k_gemv_job *jobs_h;    /* ... built here */
-	size_t xb_cap, keep_cap, part_cap, jobs_cap, jobs_h_cap;   /* bytes */
+	void *gn;                 /* groupnorm: chunk sums and statistics */
+	void *sc;                 /* attention_dense: the scores of a block of queries */
+	size_t xb_cap, keep_cap, part_cap, jobs_cap, jobs_h_cap, gn_cap, sc_cap;   /* bytes */
 	struct kv_mirror *kvs;
 };
 
@@ -290,9 +293,14 @@ static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_err
 	}
 	if (!(w = hi3i_calloc(1, sizeof(*w), err)))
 		return NULL;
+	if (be->first_use)
+		be->first_use(be, t, t->data, t->nbytes);
+	kind &= ~HI3_WT_TRANSIENT;         /* the data is copied to the device below, before return */
 	w->kind = kind;
 	w->N = (int)t->shape[0];
 	w->K = t->ndim > 1 ? (int)t->shape[1] : 1;
+	if (kind == HI3_WT_MATRIX && w->N > 0)    /* a conv weight [Cout, C, k...]: (Cout, C k...) */
+		w->K = (int)(n / (size_t)w->N);
 	/* what stays as stored: bf16 matrices, and embedding rows of any 16/32-bit float */
 	raw = t->dtype == HI3_F32 || (kind == HI3_WT_MATRIX && t->dtype == HI3_BF16) ||
 	      (kind == HI3_WT_ROWS && (t->dtype == HI3_BF16 || t->dtype == HI3_F16));
@@ -766,6 +774,131 @@ static void cu_scatter_add(hi3_backend *be, float *dst, const float *src, const 
 	op_done(c, "scatter_add");
 }
 
+/* ---------------------------------------------------------------- image ops */
+
+static void cu_im2col(hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0, int n)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(im2col)(c->stream, col, x, cv->B, cv->T, cv->H, cv->W, cv->C, cv->kt, cv->kh, cv->kw, p0, n));
+	op_done(c, "im2col");
+}
+
+static void cu_bias_add(hi3_backend *be, float *x, const hi3_wt *b, int64_t M, int N)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(bias_add)(c->stream, x, b->d, M, N));
+	op_done(c, "bias_add");
+}
+
+static void cu_groupnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B, int64_t P,
+                         int C, int G, float eps, int act)
+{
+	struct cuda *c = be->ctx;
+	const size_t nch = (size_t)((P + HI3_GN_CHUNK - 1) / HI3_GN_CHUNK), BG = (size_t)B * (size_t)G;
+
+	HI3_ASSERT(G > 0 && C % G == 0);
+	if (B <= 0 || P <= 0)
+		return;
+	if (!grow(c, &c->gn, &c->gn_cap, (BG * nch + 2 * BG) * sizeof(float), "the groupnorm sums"))
+		return;
+	OP_CHECK(c, HI3K(groupnorm)(c->stream, y, x, w->d, b->d, B, P, C, G, eps, act, HI3_GN_CHUNK, c->gn));
+	op_done(c, "groupnorm");
+}
+
+static void cu_layernorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int M, int n,
+                         float eps)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(layernorm)(c->stream, y, x, w->d, b->d, M, n, eps));
+	op_done(c, "layernorm");
+}
+
+static void cu_act(hi3_backend *be, float *y, const float *x, size_t n, int act)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(act)(c->stream, y, x, n, act));
+	op_done(c, "act");
+}
+
+static void cu_scale_shift(hi3_backend *be, float *h, const float *ss, int B, int64_t P, int C)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(scale_shift)(c->stream, h, ss, B, P, C));
+	op_done(c, "scale_shift");
+}
+
+static void cu_add_repeat(hi3_backend *be, float *x, const float *z, int64_t P, int C, int r)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(add_repeat)(c->stream, x, z, P, C, r));
+	op_done(c, "add_repeat");
+}
+
+static void cu_add_group_mean(hi3_backend *be, float *x, const float *z, int64_t P, int C, int r)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(add_group_mean)(c->stream, x, z, P, C, r));
+	op_done(c, "add_group_mean");
+}
+
+static void cu_depth_to_space(hi3_backend *be, float *y, const float *x, int B, int T, int H, int W, int C, int rt)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(shuffle)(c->stream, y, (float *)x, B, T, H, W, C, rt, 1));
+	op_done(c, "depth_to_space");
+}
+
+static void cu_space_to_depth(hi3_backend *be, float *y, const float *x, int B, int T, int H, int W, int C, int rt)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(shuffle)(c->stream, (float *)x, y, B, T / rt, H / 2, W / 2, C, rt, 0));
+	op_done(c, "space_to_depth");
+}
+
+/* Per (image, head, block of queries): S = Q K^T (cuBLAS, fp32), the
+ * masked softmax of S / sqrt(d) (softmax.cu), O = S V (cuBLAS) straight
+ * into the head's columns. Row-major (rows, cols, ld) is column-major
+ * (cols, rows, ld): S^T (M, n) = K (M, d) . Q^T, O^T (d, n) = V^T . S^T. */
+static void cu_attention_dense(hi3_backend *be, float *out, const float *q, const float *k, const float *v,
+                               const uint8_t *key_mask, int B, int M, int n_h, int d)
+{
+	struct cuda *c = be->ctx;
+	const int64_t C = (int64_t)n_h * d;
+	const float one = 1.0f, zero = 0.0f, scale = (float)(1.0 / sqrt((double)d));
+	const int qb = (int)HI3_MAX(16, HI3_MIN(((int64_t)1 << 26) / HI3_MAX(M, 1), M));
+
+	if (M <= 0 || B <= 0)
+		return;
+	if (C > INT32_MAX || !grow(c, &c->sc, &c->sc_cap, (size_t)qb * (size_t)M * sizeof(float), "the attention scores"))
+		return;
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < n_h; h++) {
+			const int64_t off = (int64_t)b * M * C + (int64_t)h * d;
+			for (int i0 = 0; i0 < M; i0 += qb) {
+				const int n = HI3_MIN(qb, M - i0);
+				if (OP_CUBLAS(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, M, n, d, &one, k + off, CUDA_R_32F,
+				                              (int)C, q + off + (int64_t)i0 * C, CUDA_R_32F, (int)C, &zero, c->sc,
+				                              CUDA_R_32F, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)) ||
+				    OP_CHECK(c, HI3K(softmax_rows)(c->stream, c->sc, n, M, scale,
+				                                   key_mask ? key_mask + (int64_t)b * M : NULL)) ||
+				    OP_CUBLAS(c, cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d, n, M, &one, v + off, CUDA_R_32F,
+				                              (int)C, c->sc, CUDA_R_32F, M, &zero, out + off + (int64_t)i0 * C,
+				                              CUDA_R_32F, (int)C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)))
+					return;
+			}
+		}
+	op_done(c, "attention_dense");
+}
+
 /* ---------------------------------------------------------------- setup */
 
 static void cu_destroy(hi3_backend *be)
@@ -783,6 +916,8 @@ static void cu_destroy(hi3_backend *be)
 		cudaFree(c->keep);
 		cudaFree(c->part);
 		cudaFree(c->jobs);
+		cudaFree(c->gn);
+		cudaFree(c->sc);
 		free(c->jobs_h);
 		if (c->stage)
 			cudaFreeHost(c->stage);
@@ -820,6 +955,17 @@ static const hi3_backend_ops cuda_ops = {
 	.swiglu = cu_swiglu,
 	.gather = cu_gather,
 	.scatter_add = cu_scatter_add,
+	.im2col = cu_im2col,
+	.bias_add = cu_bias_add,
+	.groupnorm = cu_groupnorm,
+	.layernorm = cu_layernorm,
+	.act = cu_act,
+	.scale_shift = cu_scale_shift,
+	.add_repeat = cu_add_repeat,
+	.add_group_mean = cu_add_group_mean,
+	.depth_to_space = cu_depth_to_space,
+	.space_to_depth = cu_space_to_depth,
+	.attention_dense = cu_attention_dense,
 };
 
 int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_error *err)

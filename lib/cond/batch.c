@@ -26,6 +26,9 @@ struct rowview {
 	const int64_t *stops;        /* (n_stop) */
 	int n_ts;
 	const int64_t *ts;           /* (n_ts) */
+	int n_forced, n_greedy;
+	const int64_t *forced;       /* (n_forced) rule records */
+	const int64_t *greedy;       /* (n_greedy) */
 	int64_t seed;
 };
 
@@ -55,6 +58,10 @@ static void view_of_cond(const hi3_cond *c, int b, struct rowview *v)
 	v->n_stop = used_prefix(v->stops, c->NS);
 	v->ts = c->timestep_index ? c->timestep_index + (size_t)b * c->K : NULL;
 	v->n_ts = v->ts ? used_prefix(v->ts, c->K) : 0;
+	v->forced = c->forced_after ? c->forced_after + (size_t)b * c->NF : NULL;
+	v->n_forced = v->forced ? used_prefix(v->forced, c->NF) : 0;
+	v->greedy = c->greedy_among ? c->greedy_among + (size_t)b * c->NG : NULL;
+	v->n_greedy = v->greedy ? used_prefix(v->greedy, c->NG) : 0;
 	v->seed = c->seeds[b];
 }
 
@@ -72,6 +79,10 @@ static void view_of_row(const hi3_cond_row *r, struct rowview *v)
 	v->stops = r->stop_tokens;
 	v->n_ts = r->n_ts;
 	v->ts = r->timestep_index;
+	v->n_forced = r->n_forced;
+	v->forced = r->forced_after;
+	v->n_greedy = r->n_greedy;
+	v->greedy = r->greedy_among;
 	v->seed = r->seed;
 }
 
@@ -81,26 +92,30 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
                       hi3_error *err)
 {
 	hi3_cond *c = &ci->c;
-	int S = 1, NS = 1, K = 0;
+	int S = 1, NS = 1, K = 0, NF = 0, NG = 0;
 
 	for (int b = 0; b < B; b++) {
 		L = (int)HI3_MAX(L, v[b].n);
 		S = HI3_MAX(S, v[b].n_blocks);
 		NS = HI3_MAX(NS, v[b].n_stop);
 		K = HI3_MAX(K, v[b].n_ts);
+		NF = HI3_MAX(NF, v[b].n_forced);
+		NG = HI3_MAX(NG, v[b].n_greedy);
 	}
 	c->B = B;
 	c->L = L;
 	c->S = S;
 	c->NS = NS;
 	c->K = K;
+	c->NF = NF;
+	c->NG = NG;
 	{
 		size_t BL = (size_t)B * L;
 		size_t sizes[T_COUNT] = {
 			[T_IDS] = BL * 8, [T_POS] = BL * 8, [T_REAL] = (size_t)B * 8, [T_ROPE] = BL * 8,
 			[T_BLOCKS] = (size_t)B * S * 8, [T_SEEDS] = (size_t)B * 8, [T_STOPS] = (size_t)B * NS * 8,
 			[T_GMASK] = has_mask[0] ? BL : 0, [T_VIT] = has_mask[1] ? BL : 0, [T_VAE] = has_mask[2] ? BL : 0,
-			[T_TS] = (size_t)B * K * 8,
+			[T_TS] = (size_t)B * K * 8, [T_FORCED] = (size_t)B * NF * 8, [T_GREEDY] = (size_t)B * NG * 8,
 		};
 		for (int i = 0; i < T_COUNT; i++)
 			if (sizes[i] && !(ci->buf[i] = hi3i_calloc(1, sizes[i], err)))
@@ -117,6 +132,8 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 	c->cond_vit_mask = ci->buf[T_VIT];
 	c->cond_vae_mask = ci->buf[T_VAE];
 	c->timestep_index = ci->buf[T_TS];
+	c->forced_after = ci->buf[T_FORCED];
+	c->greedy_among = ci->buf[T_GREEDY];
 	return 0;
 }
 
@@ -127,6 +144,7 @@ static void put_row(struct hi3i_cond *ci, int b, const struct rowview *v, int64_
 	hi3_cond *c = &ci->c;
 	size_t o = (size_t)b * c->L;
 	int64_t *ids = ci->buf[T_IDS], *pos = ci->buf[T_POS], *stops = ci->buf[T_STOPS], *ts = ci->buf[T_TS];
+	int64_t *forced = ci->buf[T_FORCED], *greedy = ci->buf[T_GREEDY];
 	int32_t *rope = ci->buf[T_ROPE], *blocks = ci->buf[T_BLOCKS];
 	uint8_t *mask[3] = {ci->buf[T_GMASK], ci->buf[T_VIT], ci->buf[T_VAE]};
 
@@ -148,6 +166,10 @@ static void put_row(struct hi3i_cond *ci, int b, const struct rowview *v, int64_
 		stops[(size_t)b * c->NS + k] = k < v->n_stop ? v->stops[k] : -1;
 	for (int k = 0; k < c->K; k++)
 		ts[(size_t)b * c->K + k] = k < v->n_ts ? v->ts[k] : -1;
+	for (int k = 0; k < c->NF; k++)
+		forced[(size_t)b * c->NF + k] = k < v->n_forced ? v->forced[k] : -1;
+	for (int k = 0; k < c->NG; k++)
+		greedy[(size_t)b * c->NG + k] = k < v->n_greedy ? v->greedy[k] : -1;
 }
 
 /* A conditions of the given rows (all columns), L at least min_L. */
@@ -351,11 +373,14 @@ void hi3_cond_row_release(hi3_cond_row *r)
 	free(r->cond_vae_mask);
 	free(r->timestep_index);
 	free(r->stop_tokens);
+	free(r->forced_after);
+	free(r->greedy_among);
 	memset(r, 0, sizeof(*r));
 }
 
 /* Metadata shared by every row of a build. */
 struct build_meta {
+	const hi3_template *t;
 	const char *mode, *template_name, *tok_hash, *fingerprint;
 	int cfg_factor;
 	int64_t pad_id;
@@ -370,7 +395,7 @@ static int build_part(hi3_cond **out, const hi3_requests *rq, const hi3_cond_row
 	struct hi3i_cond *ci;
 	struct rowview *v;
 	int f = bm->cfg_factor, B = R * f, has_mask[3] = {0, 0, 0};
-	const char *bot = hi3i_bot_task_names[rq->r[r0].bot_task];
+	const char *bot = hi3i_bot_task_names[hi3i_template_bot_task(bm->t, &rq->r[r0])];
 	json_t *reqs = json_array();
 	char *text = NULL, name[64];
 
@@ -391,7 +416,7 @@ static int build_part(hi3_cond **out, const hi3_requests *rq, const hi3_cond_row
 			has_mask[2] |= row->cond_vae_mask != NULL;
 		}
 	for (int i = 0; i < R; i++) {
-		if (strcmp(hi3i_bot_task_names[rq->r[r0 + i].bot_task], bot))
+		if (strcmp(hi3i_bot_task_names[hi3i_template_bot_task(bm->t, &rq->r[r0 + i])], bot))
 			bot = "mixed";
 		json_array_append(reqs, rq->r[r0 + i].obj);
 	}
@@ -427,15 +452,17 @@ fail:
 	return -1;
 }
 
-/* Check a row against --max-length and the vocabulary. */
-static int check_encoded(const hi3_requests *rq, int i, const hi3_cond_row *row, int64_t max_length, int64_t V,
-                         hi3_error *err)
+/* Check a row against the length bound (--max-length, else the model's
+ * generation_config.json max_length, as upstream's preprocess_inputs) and
+ * the vocabulary. */
+static int check_encoded(const hi3_requests *rq, int i, const hi3_cond_row *row, int64_t max_length,
+                         const char *bound, int64_t V, hi3_error *err)
 {
 	const struct hi3i_request *r = &rq->r[i];
 
 	if (max_length > 0 && row->n > max_length)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: the row has %lld tokens, more than --max-length %lld",
-		                     rq->name, r->line, (long long)row->n, (long long)max_length);
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: the row has %lld tokens, more than %s %lld", rq->name,
+		                     r->line, (long long)row->n, bound, (long long)max_length);
 	if (V <= 0)
 		return 0;
 	for (int64_t t = 0; t < row->n; t++)
@@ -458,6 +485,9 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 	hi3_cond **parts = NULL;
 	struct build_meta bm = {0};
 	const hi3_tok *tok = hi3_template_tok(t);
+	const hi3_gen_defaults *gen = hi3_template_gen_defaults(t);
+	int64_t max_length = o->max_length > 0 ? o->max_length : gen->max_length;
+	const char *bound = o->max_length > 0 ? "--max-length" : "generation_config.json's max_length";
 	int rc = -1;
 
 	*out = NULL;
@@ -466,8 +496,9 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: mode '%s' differs from line %d's '%s' (a "
 			                     "conditions file has one mode)", rq->name, rq->r[i].line,
 			                     hi3i_mode_names[rq->r[i].mode], rq->r[0].line, hi3i_mode_names[rq->r[0].mode]);
+	bm.t = t;
 	bm.mode = hi3i_mode_names[rq->r[0].mode];
-	bm.cfg_factor = f = rq->r[0].mode == HI3I_GEN_IMAGE ? 2 : 1;
+	bm.cfg_factor = f = hi3i_template_cfg_factor(t, rq->r[0].mode);
 	bm.template_name = hi3_requests_need_tokenizer(rq) ? hi3_template_name(t) : "none";
 	bm.tok_hash = tok ? hi3_tok_hash(tok) : "";
 	bm.fingerprint = hi3_template_fingerprint(t);
@@ -483,7 +514,7 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 		for (int i = 0; i < R; i++) {
 			hi3_cond_row *row = &rows[g * R + i];
 			if (hi3_template_encode(t, rq, i, g > 0, row, err) != 0 ||
-			    check_encoded(rq, i, row, o->max_length, hi3i_template_vocab(t), err) != 0)
+			    check_encoded(rq, i, row, max_length, bound, hi3i_template_vocab(t), err) != 0)
 				goto out;
 			row->seed = rq->r[i].has_seed ? rq->r[i].seed : o->seed_base + i;
 		}

@@ -10,7 +10,12 @@
 
 enum hi3i_mode { HI3I_GEN_TEXT, HI3I_GEN_IMAGE };
 
-enum hi3i_bot_task { HI3I_BOT_AUTO, HI3I_BOT_IMAGE, HI3I_BOT_THINK, HI3I_BOT_RECAPTION, HI3I_BOT_IMG_RATIO };
+/* The bot_task values upstream knows; think_recaption is the Instruct
+ * code's (think, then a forced <recaption>). */
+enum hi3i_bot_task {
+	HI3I_BOT_AUTO, HI3I_BOT_IMAGE, HI3I_BOT_THINK, HI3I_BOT_RECAPTION, HI3I_BOT_IMG_RATIO,
+	HI3I_BOT_THINK_RECAPTION,
+};
 
 /* One request line. Strings point into obj. */
 struct hi3i_request {
@@ -18,15 +23,17 @@ struct hi3i_request {
 	json_t *obj;                 /* the object as parsed */
 	const char *prompt;          /* NULL for a pre-tokenized request */
 	size_t prompt_len;
-	const char *system;          /* NULL when absent */
+	const char *system;          /* NULL when absent: a system prompt name or the text */
 	size_t system_len;
 	const char *cot;             /* NULL when absent ("" is present) */
 	size_t cot_len;
-	int bot_task;                /* enum hi3i_bot_task */
+	int bot_task;                /* enum hi3i_bot_task; -1 when absent (the model's default) */
 	int mode;                    /* enum hi3i_mode */
-	/* image_size: absent or "auto" (size_kind 0), H and W (1), or
-	 * "<img_ratio_I>" (2, ratio_index I) */
+	/* image_size: absent or "auto" (size_kind 0), H and W (1; size_colon:
+	 * given as "A:B", which the Instruct code reads as W:H), or
+	 * "<img_ratio_I>" or I (2, ratio_index I) */
 	int size_kind;
+	int size_colon;
 	int64_t size_h, size_w;
 	int ratio_index;
 	int n_cond;
@@ -49,15 +56,34 @@ struct hi3_requests {
  * else the tokenizer's); 0 when unknown. */
 int64_t hi3i_template_vocab(const hi3_template *t);
 
+/* The effective bot_task of request i (its own, else the model's default)
+ * and the rows per request (2 for gen_image with classifier-free guidance,
+ * 1 otherwise and for a cfg-distilled model). */
+int hi3i_template_bot_task(const hi3_template *t, const struct hi3i_request *r);
+int hi3i_template_cfg_factor(const hi3_template *t, int mode);
+
 /* Image geometry (facts/image-input.md 1): the resolution buckets of a
  * base size, (H, W) sorted by H/W, count returned (-1: more than max); the
  * bucket nearest an image's H/W (first on a tie); SigLIP2's patch grid
- * for at most max patches of side p. */
+ * for at most max patches of side p. hi3i_buckets is the base code's
+ * table (33 buckets); hi3i_buckets_variant the variant's: the Instruct code
+ * floors the sizes to multiples of 16 and appends 1024x768, 1280x720,
+ * 768x1024 and 720x1280 (indices 33-36) where their ratio is new (-1 also
+ * when base is not a multiple of 16 there). */
 int hi3i_buckets(int base, int (*out)[2], int max);
+int hi3i_buckets_variant(int variant, int base, int (*out)[2], int max);
 int hi3i_bucket_of(const int (*reso)[2], int n, int64_t h, int64_t w);
 void hi3i_vit_grid(int64_t h, int64_t w, int p, int max, int *gh, int *gw);
 
+/* The system prompts of upstream's system_prompt.py (system-prompt.c):
+ * names, and the text get_system_prompt(name, bot_task, custom) gives
+ * (NULL: none); -1 for an unknown name. */
+extern const char *const hi3i_system_prompt_names[];
+int hi3i_system_prompt(const char *name, int bot_task, const char *custom, const char **text, int *strip_nl);
+
 extern const char *const hi3i_bot_task_names[];   /* by enum hi3i_bot_task */
+/* The index of s in a NULL-terminated list of names, or -1. */
+int hi3i_name_index(const char *const *names, const char *s);
 extern const char *const hi3i_mode_names[];       /* by enum hi3i_mode */
 
 #endif

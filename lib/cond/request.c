@@ -2,7 +2,7 @@
  * request.c -- the JSONL requests of `hi3 tokenize-concat`: one JSON object
  * per line, checked field by field; every error names FILE:LINE.
  *
- *   {"prompt": "...", "system": "...", "cot": "...", "bot_task": "auto",
+ *   {"prompt": "...", "system": "en_unified", "cot": "...", "bot_task": "auto",
  *    "mode": "gen_text", "image_size": "1024x768", "cond_images": [[H, W]],
  *    "seed": 7}
  *   {"tokens": [1, 2, 3], "stop_tokens": [2], "seed": 7}
@@ -11,7 +11,8 @@
 #include <string.h>
 #include "cond/cond-internal.h"
 
-const char *const hi3i_bot_task_names[] = {"auto", "image", "think", "recaption", "img_ratio", NULL};
+const char *const hi3i_bot_task_names[] = {"auto", "image", "think", "recaption", "img_ratio", "think_recaption",
+                                           NULL};
 const char *const hi3i_mode_names[] = {"gen_text", "gen_image", NULL};
 
 static const char *const fields[] = {"prompt", "system", "cot",    "bot_task",   "mode",        "image_size",
@@ -33,7 +34,7 @@ static int bad(hi3_error *err, const struct hi3_requests *rq, int line, const ch
 	return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: %s", rq->name, line, msg);
 }
 
-static int lookup(const char *const *names, const char *s)
+int hi3i_name_index(const char *const *names, const char *s)
 {
 	for (int i = 0; names[i]; i++)
 		if (!strcmp(names[i], s))
@@ -109,6 +110,14 @@ static int parse_image_size(const struct hi3_requests *rq, struct hi3i_request *
 
 	if (!v)
 		return 0;
+	if (json_is_integer(v)) {
+		if (json_integer_value(v) < 0 || json_integer_value(v) > 1000)
+			return bad(err, rq, r->line, "field 'image_size': ratio index %lld is out of range",
+			           (long long)json_integer_value(v));
+		r->size_kind = 2;
+		r->ratio_index = (int)json_integer_value(v);
+		return 0;
+	}
 	if (json_is_array(v)) {
 		if (json_array_size(v) != 2 || !json_is_integer(json_array_get(v, 0)) ||
 		    !json_is_integer(json_array_get(v, 1)))
@@ -140,11 +149,19 @@ static int parse_image_size(const struct hi3_requests *rq, struct hi3i_request *
 		r->ratio_index = (int)idx;
 		return 0;
 	}
+	if (*s && strspn(s, "0123456789") == strlen(s)) {
+		if (hi3i_parse_i64(s, 0, 1000, &idx) != 0)
+			return bad(err, rq, r->line, "field 'image_size': ratio index '%s' is out of range", s);
+		r->size_kind = 2;
+		r->ratio_index = (int)idx;
+		return 0;
+	}
 	sep = strpbrk(s, "x:");
 	if (!sep || side(s, (size_t)(sep - s), &r->size_h) != 0 || side(sep + 1, strlen(sep + 1), &r->size_w) != 0)
-		return bad(err, rq, r->line, "field 'image_size': expected \"HxW\", \"H:W\", \"<img_ratio_I>\", "
+		return bad(err, rq, r->line, "field 'image_size': expected \"HxW\", \"A:B\", \"<img_ratio_I>\", I, "
 		           "\"auto\" or [H, W] with sides in [1, %d], found '%s'", MAX_IMAGE_SIDE, s);
 	r->size_kind = 1;
+	r->size_colon = *sep == ':';
 	return 0;
 }
 
@@ -183,7 +200,7 @@ static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, 
 	size_t n;
 
 	json_object_foreach(r->obj, key, v) {
-		if (lookup(fields, key) < 0)
+		if (hi3i_name_index(fields, key) < 0)
 			return bad(err, rq, r->line, "unknown field '%s' (expected prompt, system, cot, bot_task, mode, "
 			           "image_size, cond_images, seed, tokens or stop_tokens)", key);
 	}
@@ -193,12 +210,13 @@ static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, 
 		return -1;
 	if (get_string(rq, r, "bot_task", &s, NULL, err))
 		return -1;
-	if (s && (r->bot_task = lookup(hi3i_bot_task_names, s)) < 0)
+	r->bot_task = -1;
+	if (s && (r->bot_task = hi3i_name_index(hi3i_bot_task_names, s)) < 0)
 		return bad(err, rq, r->line, "field 'bot_task': unknown value '%s' (expected auto, image, think, "
-		           "recaption or img_ratio)", s);
+		           "recaption, img_ratio or think_recaption)", s);
 	if (get_string(rq, r, "mode", &s, NULL, err))
 		return -1;
-	if (s && (r->mode = lookup(hi3i_mode_names, s)) < 0)
+	if (s && (r->mode = hi3i_name_index(hi3i_mode_names, s)) < 0)
 		return bad(err, rq, r->line, "field 'mode': unknown value '%s' (expected gen_text or gen_image)", s);
 	if (parse_image_size(rq, r, err) || parse_cond_images(rq, r, err))
 		return -1;
@@ -220,8 +238,8 @@ static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, 
 		return bad(err, rq, r->line, "no 'prompt' (or 'tokens')");
 	}
 	if (r->mode == HI3I_GEN_IMAGE && r->size_kind == 0)
-		return bad(err, rq, r->line, "mode gen_image needs image_size (\"HxW\", \"H:W\", [H, W] or "
-		           "\"<img_ratio_I>\")");
+		return bad(err, rq, r->line, "mode gen_image needs image_size (\"HxW\", \"A:B\", [H, W], "
+		           "\"<img_ratio_I>\" or I)");
 	return 0;
 }
 

@@ -3,18 +3,29 @@
  * becomes a list of sections (text, generated image, joint cond image) the
  * way upstream's chat template builds them, then one row of token ids with
  * its full-attention blocks, 2-D RoPE positions, image masks, <timestep>
- * positions and stop tokens.
+ * positions, stop tokens and decoding rules.
  *
  * Row layout (instruct; pretrain has no role texts and no <answer> pair):
  *   <bos> [system "\n\n"] "User: " [joint image...] prompt "\n\n"
  *   ["Assistant: " cot... ["<answer>" gen image "</answer>"] "\n\n"]
  *   [assistant prefix by bot_task, gen_text only]
- * gen image:   <boi> <img_size_B> <img_ratio_R> <timestep> <img>*(h*w) <eoi>
+ * gen image:   <boi> <img_size_B> <img_ratio_R> <timestep> [<guidance>]
+ *              [<timestep_r>] <img>*(h*w) <eoi>
  * joint image: <boi> <img_size_B> <img_ratio_R> <timestep> <img>*(vae h*w)
  *              <joint_img_sep> <img>*(vit max patches) <eoi>
  * Every text section is encoded alone (special tokens recognised); in the
  * classifier-free-guidance (uncond) row the user and cot texts become as
  * many <cfg> tokens.
+ *
+ * The variant decides what the upstream code of that checkpoint does: the
+ * base (tokenizer_wrapper.py, hunyuan.py) or the Instruct code
+ * (tokenization_hunyuan_image_3.py, modeling_hunyuan_image_3.py,
+ * image_processor.py at 1201fe8): its buckets, stop tokens, the W:H reading
+ * of "A:B", the <answer> around a plain assistant text, stripped system
+ * prompts, cond_token_attn_type, the Distil's <guidance>/<timestep_r>
+ * tokens and its single gen_image row, and the decoding rules of
+ * generate_image's text stage (forced tokens after </think> or
+ * </recaption>, a greedy ratio token after <img_size_B>).
  */
 #include <math.h>
 #include <string.h>
@@ -22,9 +33,16 @@
 
 #define MAX_RESO 128
 
+/* cond_token_attn_type: which parts of a joint cond image attend in full. */
+enum { ATTN_FULL, ATTN_FULL_CAUSAL, ATTN_CAUSAL, ATTN_JOINT_FULL };
+
 struct hi3_template {
 	char name[16];               /* pretrain or instruct */
 	int drop_think;
+	int variant;                 /* enum hi3_variant */
+	int instruct_code;           /* the Instruct code's rules (Instruct and Distil) */
+	char variant_why[160];
+	hi3_gen_defaults gen;        /* generation_config.json */
 	hi3_tok *tok;                /* NULL when not loaded */
 	char *tok_path;
 	int64_t vocab;               /* 0 when unknown */
@@ -34,21 +52,26 @@ struct hi3_template {
 	int down_h, down_w;          /* vae_downsample_factor */
 	int patch;                   /* patch_size */
 	int vit_patch, vit_max;      /* vit_processor patch_size, max_num_patches */
+	int rope_2d;                 /* rope_type 2d (default: 1-D everywhere) */
+	int attn;                    /* cond_token_attn_type (the base code: joint) */
+	int cond_vae_vit;            /* cond_image_type vae_vit */
+	int guidance_token, timestep_r_token;   /* cfg_distilled, use_meanflow */
 	int n_reso;
-	int reso[MAX_RESO][2];       /* buckets (H, W), sorted by H/W */
+	int reso[MAX_RESO][2];       /* buckets (H, W): sorted by H/W, then the extras */
 	char fingerprint[17];
 };
 
 /* -------------------------------------------------------------- images */
 
 /* The resolution buckets of base size B: from (B, B), heights up to 2B
- * while widths go down to B/2 in steps of B/16, and the mirror, sorted by
- * H/W (stable). Returns the count, or -1. */
-int hi3i_buckets(int B, int (*r)[2], int max)
+ * while widths go down to B/2 in steps of B/16, and the mirror, each floored
+ * to a multiple of align, sorted by H/W (stable); then the extras whose
+ * ratio is not there yet. Returns the count, or -1. */
+static int buckets(int B, int align, const int (*extra)[2], int n_extra, int (*r)[2], int max)
 {
-	int step = B / 16, n = 0;
+	int step = B / 16, n = 0, sorted;
 
-	if (step < 1 || max < 1)
+	if (step < 1 || max < 1 || align > step || B % align)
 		return -1;
 	r[n][0] = B;
 	r[n][1] = B;
@@ -62,8 +85,8 @@ int hi3i_buckets(int B, int (*r)[2], int max)
 				return -1;
 			h = dir == 0 ? HI3_MIN(h + step, 2 * B) : HI3_MAX(h - step, B / 2);
 			w = dir == 0 ? HI3_MAX(w - step, B / 2) : HI3_MIN(w + step, 2 * B);
-			r[n][0] = h;
-			r[n][1] = w;
+			r[n][0] = h / align * align;
+			r[n][1] = w / align * align;
 			n++;
 		}
 	}
@@ -75,7 +98,36 @@ int hi3i_buckets(int B, int (*r)[2], int max)
 			r[j - 1][0] = th;
 			r[j - 1][1] = tw;
 		}
+	sorted = n;
+	for (int e = 0; e < n_extra; e++) {
+		double ratio = (double)extra[e][0] / extra[e][1];
+		int dup = 0;
+		for (int i = 0; i < sorted; i++)
+			dup |= (double)r[i][0] / r[i][1] == ratio;
+		if (dup)
+			continue;
+		if (n == max)
+			return -1;
+		r[n][0] = extra[e][0];
+		r[n][1] = extra[e][1];
+		n++;
+	}
 	return n;
+}
+
+int hi3i_buckets(int B, int (*r)[2], int max)
+{
+	return buckets(B, 1, NULL, 0, r, max);
+}
+
+int hi3i_buckets_variant(int variant, int B, int (*r)[2], int max)
+{
+	/* image_processor.py: ResolutionGroup(base, align=16, extra_resolutions) */
+	static const int extra[4][2] = {{1024, 768}, {1280, 720}, {768, 1024}, {720, 1280}};
+
+	if (variant == HI3_VARIANT_BASE)
+		return hi3i_buckets(B, r, max);
+	return buckets(B, 16, extra, 4, r, max);
 }
 
 int hi3i_bucket_of(const int (*r)[2], int n, int64_t h, int64_t w)
@@ -151,25 +203,6 @@ static json_t *load_json(const char *dir, const char *file, int required, hi3_er
 	return js;
 }
 
-/* An integer field (absent: def); a list takes entry `at`. */
-static int int_field(json_t *obj, const char *key, int at, int64_t def, int64_t lo, int64_t hi, const char *file,
-                     int64_t *out, hi3_error *err)
-{
-	json_t *v = json_object_get(obj, key);
-
-	if (json_is_array(v))
-		v = json_array_get(v, json_array_size(v) == 1 ? 0 : (size_t)at);
-	if (!v || json_is_null(v)) {
-		*out = def;
-		return 0;
-	}
-	if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: '%s': expected an integer in [%lld, %lld]", file, key,
-		                     (long long)lo, (long long)hi);
-	*out = json_integer_value(v);
-	return 0;
-}
-
 /* A token name of tokenizer_config.json: a string or {"content": ...}. */
 static const char *token_name(json_t *tcfg, const char *key)
 {
@@ -180,41 +213,46 @@ static const char *token_name(json_t *tcfg, const char *key)
 	return json_string_value(v);
 }
 
+/* config.json (the template's view of it, model/config.c) and
+ * generation_config.json: ids, geometry, variant, defaults. */
 static int read_config(hi3_template *t, const char *dir, hi3_error *err)
 {
-	json_t *cfg = load_json(dir, "config.json", 1, err), *vit;
-	char file[64] = "config.json";
-	int64_t v[8];
+	static const char *const attn_names[] = {"full", "full_causal", "causal", "joint_full"};
+	char *path = hi3i_asprintf("%s/config.json", dir);
+	hi3_config c;
 	int rc = -1;
 
-	if (!cfg)
-		return -1;
-	vit = json_object_get(cfg, "vit_processor");
-	if (!json_is_object(vit))
-		vit = NULL;
-	if (int_field(cfg, "vocab_size", 0, 0, 1, INT64_MAX, file, &v[0], err) ||
-	    int_field(cfg, "pad_token_id", 0, -1, -1, INT64_MAX, file, &t->pad_id, err) ||
-	    int_field(cfg, "bos_token_id", 0, -1, -1, INT64_MAX, file, &t->bos_id, err) ||
-	    int_field(cfg, "eos_token_id", 0, -1, -1, INT64_MAX, file, &t->eos_id, err) ||
-	    int_field(cfg, "image_base_size", 0, 1024, 16, 1 << 16, file, &v[1], err) ||
-	    int_field(cfg, "vae_downsample_factor", 0, 16, 1, 1 << 16, file, &v[2], err) ||
-	    int_field(cfg, "vae_downsample_factor", 1, 16, 1, 1 << 16, file, &v[3], err) ||
-	    int_field(cfg, "patch_size", 0, 1, 1, 1 << 16, file, &v[4], err) ||
-	    int_field(vit, "patch_size", 0, 16, 1, 1 << 16, "config.json vit_processor", &v[5], err) ||
-	    int_field(vit, "max_num_patches", 0, 1024, 1, 1 << 24, "config.json vit_processor", &v[6], err))
+	if (!path)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	if (hi3i_config_load_partial(&c, path, err) != 0 || hi3_gen_defaults_load(&t->gen, dir, err) != 0)
 		goto out;
-	t->vocab = v[0];
-	t->base_size = (int)v[1];
-	t->down_h = (int)v[2];
-	t->down_w = (int)v[3];
-	t->patch = (int)v[4];
-	t->vit_patch = (int)v[5];
-	t->vit_max = (int)v[6];
+	t->vocab = c.vocab_size;
+	t->pad_id = c.pad_token_id;
+	t->bos_id = c.bos_token_id;
+	t->eos_id = c.eos_token_id;
+	t->base_size = c.image_base_size;
+	t->down_h = c.vae_downsample_factor[0];
+	t->down_w = c.vae_downsample_factor[1];
+	t->patch = c.patch_size;
+	t->vit_patch = c.vit_processor.patch_size;
+	t->vit_max = c.vit_processor.max_num_patches;
+	t->variant = hi3_variant_of(&c, &t->gen, t->variant_why, sizeof(t->variant_why));
+	t->instruct_code = t->variant != HI3_VARIANT_BASE;
+	if (t->instruct_code) {
+		/* VAEInfo takes both factors from vae_downsample_factor[0] */
+		t->down_w = t->down_h;
+		t->rope_2d = !strcmp(c.rope_type, "2d");
+		for (int i = 0; i < 4; i++)
+			if (!strcmp(c.cond_token_attn_type, attn_names[i]))
+				t->attn = i;
+		t->cond_vae_vit = !strcmp(c.cond_image_type, "vae_vit");
+		t->guidance_token = c.cfg_distilled;
+		t->timestep_r_token = c.use_meanflow;
+	}
 	rc = 0;
 out:
-	if (rc)
-		hi3_error_prefix(err, "%s", dir);
-	json_decref(cfg);
+	hi3_config_release(&c);
+	free(path);
 	return rc;
 }
 
@@ -267,7 +305,7 @@ void hi3_template_free(hi3_template *t)
 int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error *err)
 {
 	hi3_template *t = hi3i_calloc(1, sizeof(*t), err);
-	json_t *tcfg = NULL, *gcfg = NULL;
+	json_t *tcfg = NULL;
 	const char *name = o->name;
 	int rc;
 
@@ -280,17 +318,22 @@ int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error 
 	t->patch = 1;
 	t->vit_patch = 16;
 	t->vit_max = 1024;
-	t->drop_think = o->drop_think;
+	t->rope_2d = 1;
+	t->attn = ATTN_JOINT_FULL;
+	t->cond_vae_vit = 1;
+	snprintf(t->variant_why, sizeof(t->variant_why), "no model directory");
+	if (hi3_gen_defaults_load(&t->gen, NULL, err) != 0)   /* the defaults */
+		goto fail;
 	if (o->model_dir) {
 		if (read_config(t, o->model_dir, err) != 0 ||
-		    !(tcfg = load_json(o->model_dir, "tokenizer_config.json", 0, err)) ||
-		    !(gcfg = load_json(o->model_dir, "generation_config.json", 0, err)))
+		    !(tcfg = load_json(o->model_dir, "tokenizer_config.json", 0, err)))
 			goto fail;
-		if (!name)
-			name = json_string_value(json_object_get(gcfg, "sequence_template"));
+		if (!name && t->gen.sequence_template[0])
+			name = t->gen.sequence_template;
 		if (o->fingerprint && fingerprint(t, o->model_dir, err) != 0)
 			goto fail;
 	}
+	t->drop_think = o->drop_think || t->gen.drop_think;
 	if (!name)
 		name = "pretrain";
 	if (strcmp(name, "pretrain") && strcmp(name, "instruct")) {
@@ -300,9 +343,20 @@ int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error 
 		goto fail;
 	}
 	snprintf(t->name, sizeof(t->name), "%s", name);
-	if ((t->n_reso = hi3i_buckets(t->base_size, t->reso, MAX_RESO)) < 1) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s/config.json: image_base_size %d gives no resolution buckets",
-		              o->model_dir, t->base_size);
+	if (hi3i_name_index(hi3i_system_prompt_names, t->gen.use_system_prompt) < 0) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s/generation_config.json: field \"use_system_prompt\": unknown "
+		              "system prompt '%s'", o->model_dir, t->gen.use_system_prompt);
+		goto fail;
+	}
+	if (hi3i_name_index(hi3i_bot_task_names, t->gen.bot_task) < 0) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s/generation_config.json: field \"bot_task\": unknown bot_task '%s'",
+		              o->model_dir, t->gen.bot_task);
+		goto fail;
+	}
+	if ((t->n_reso = hi3i_buckets_variant(t->variant, t->base_size, t->reso, MAX_RESO)) < 1) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s/config.json: field \"image_base_size\": %d gives no resolution "
+		              "buckets%s", o->model_dir, t->base_size, t->instruct_code ? " (the Instruct code needs a "
+		              "multiple of 16)" : "");
 		goto fail;
 	}
 	if (o->load_tokenizer) {
@@ -345,12 +399,10 @@ int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error 
 		goto fail;
 	}
 	json_decref(tcfg);
-	json_decref(gcfg);
 	*out = t;
 	return 0;
 fail:
 	json_decref(tcfg);
-	json_decref(gcfg);
 	hi3_template_free(t);
 	return -1;
 }
@@ -360,6 +412,32 @@ const char *hi3_template_name(const hi3_template *t) { return t->name; }
 const hi3_tok *hi3_template_tok(const hi3_template *t) { return t->tok; }
 const char *hi3_template_fingerprint(const hi3_template *t) { return t->fingerprint; }
 int64_t hi3i_template_vocab(const hi3_template *t) { return t->vocab; }
+int hi3_template_variant(const hi3_template *t) { return t->variant; }
+const char *hi3_template_variant_why(const hi3_template *t) { return t->variant_why; }
+const hi3_gen_defaults *hi3_template_gen_defaults(const hi3_template *t) { return &t->gen; }
+
+int hi3_template_buckets(const hi3_template *t, int (*out)[2], int max)
+{
+	for (int i = 0; i < t->n_reso && i < max; i++) {
+		out[i][0] = t->reso[i][0];
+		out[i][1] = t->reso[i][1];
+	}
+	return t->n_reso;
+}
+
+/* A request's bot_task, else the model's default; a pre-tokenized row has
+ * no assistant prefix, so it defaults to auto. */
+int hi3i_template_bot_task(const hi3_template *t, const struct hi3i_request *r)
+{
+	if (r->bot_task >= 0)
+		return r->bot_task;
+	return r->tokens ? HI3I_BOT_AUTO : hi3i_name_index(hi3i_bot_task_names, t->gen.bot_task);
+}
+
+int hi3i_template_cfg_factor(const hi3_template *t, int mode)
+{
+	return mode == HI3I_GEN_IMAGE && !t->guidance_token ? 2 : 1;
+}
 
 /* ------------------------------------------------------------- sections */
 
@@ -378,7 +456,7 @@ struct section {
 struct seclist {
 	struct section *s;
 	int n, cap;
-	char *owned[4];              /* texts built here */
+	char *owned[8];              /* texts built here */
 	int n_owned;
 };
 
@@ -401,6 +479,16 @@ static int add_text(struct seclist *l, const char *text, size_t len, int uncond,
 	struct section s = {.type = SEC_TEXT, .text = text, .len = len, .uncond = uncond};
 
 	return add(l, s, err);
+}
+
+/* A text built here (owned by the list), added as one section. */
+static int add_owned(struct seclist *l, char *text, int uncond, hi3_error *err)
+{
+	if (!text)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	HI3_ASSERT(l->n_owned < (int)HI3_ARRAY_SIZE(l->owned));
+	l->owned[l->n_owned++] = text;
+	return add_text(l, text, strlen(text), uncond, err);
 }
 
 /* Python's s.split(sep)[k]: the text between the k-th and (k+1)-th sep. */
@@ -461,17 +549,147 @@ static int cot_has_pair(const char *s, size_t n)
 	       (contains(s, n, "<think>") && contains(s, n, "</think>"));
 }
 
+/* Python's str.strip(): white space off both ends (ASCII white space and
+ * the Unicode spaces Python strips). */
+static void py_strip(const char **s, size_t *n)
+{
+	static const char *const uspace[] = {"\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80", "\xe2\x80\x80", "\xe2\x80\x81",
+	                                     "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85",
+	                                     "\xe2\x80\x86", "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89",
+	                                     "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
+	                                     "\xe2\x81\x9f", "\xe3\x80\x80"};
+	int again = 1;
+
+	while (again && *n) {
+		again = 0;
+		if (strchr(" \t\n\r\v\f\x1c\x1d\x1e\x1f", (*s)[0])) {
+			(*s)++;
+			(*n)--;
+			again = 1;
+			continue;
+		}
+		for (size_t k = 0; k < HI3_ARRAY_SIZE(uspace); k++) {
+			size_t m = strlen(uspace[k]);
+			if (*n >= m && !memcmp(*s, uspace[k], m)) {
+				*s += m;
+				*n -= m;
+				again = 1;
+				break;
+			}
+		}
+	}
+	again = 1;
+	while (again && *n) {
+		again = 0;
+		if (strchr(" \t\n\r\v\f\x1c\x1d\x1e\x1f", (*s)[*n - 1])) {
+			(*n)--;
+			again = 1;
+			continue;
+		}
+		for (size_t k = 0; k < HI3_ARRAY_SIZE(uspace); k++) {
+			size_t m = strlen(uspace[k]);
+			if (*n >= m && !memcmp(*s + *n - m, uspace[k], m)) {
+				*n -= m;
+				again = 1;
+				break;
+			}
+		}
+	}
+}
+
+/* A system value that is one word (letters, digits, '_') names a prompt. */
+static int is_prompt_name(const char *s, size_t n)
+{
+	if (n == 0 || n > 40)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+		      s[i] == '_'))
+			return 0;
+	return 1;
+}
+
+/* The system prompt of request r: a name of system_prompt.py (the model's
+ * use_system_prompt when the request has none) through get_system_prompt,
+ * or the request's literal text; the Instruct code strips it. */
+static int system_text(const hi3_template *t, const hi3_requests *rq, const struct hi3i_request *r,
+                       const char **text, size_t *len, hi3_error *err)
+{
+	const char *name = t->gen.use_system_prompt, *custom = NULL;
+	int strip_nl;
+	char nm[48];
+
+	*text = NULL;
+	*len = 0;
+	if (r->system && !is_prompt_name(r->system, r->system_len)) {
+		*text = r->system;
+		*len = r->system_len;
+	} else {
+		if (r->system) {
+			memcpy(nm, r->system, r->system_len);
+			nm[r->system_len] = 0;
+			name = nm;
+		}
+		if (hi3i_system_prompt(name, hi3i_template_bot_task(t, r), custom, text, &strip_nl) != 0)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'system': unknown system prompt name '%s' "
+			                     "(expected None, dynamic, custom, en_vanilla, en_recaption, en_think_recaption "
+			                     "or en_unified; a literal prompt has more than one word)", rq->name, r->line, name);
+		*len = *text ? strlen(*text) : 0;
+		while (strip_nl && *len && (*text)[0] == '\n') {
+			(*text)++;
+			(*len)--;
+		}
+		while (strip_nl && *len && (*text)[*len - 1] == '\n')
+			(*len)--;
+	}
+	if (t->instruct_code && *text)
+		py_strip(text, len);
+	return 0;
+}
+
+/* The generated image of request r: its bucket and token grid. */
+static int gen_image_section(const hi3_template *t, const hi3_requests *rq, const struct hi3i_request *r,
+                             struct section *s, hi3_error *err)
+{
+	int64_t h = r->size_h, w = r->size_w;
+	int b;
+
+	if (r->size_kind == 2) {
+		h = t->reso[r->ratio_index][0];
+		w = t->reso[r->ratio_index][1];
+	} else if (r->size_colon && t->instruct_code) {
+		/* image_processor.py: "A:B" is width:height */
+		h = r->size_w;
+		w = r->size_h;
+	}
+	b = bucket_of(t, h, w);
+	s->type = SEC_GEN;
+	s->h = t->reso[b][0] / (t->down_h * t->patch);
+	s->w = t->reso[b][1] / (t->down_w * t->patch);
+	s->ratio = b;
+	if (s->h < 1 || s->w < 1)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': bucket %dx%d gives no image tokens "
+		                     "(vae_downsample_factor x patch_size is larger)", rq->name, r->line, t->reso[b][0],
+		                     t->reso[b][1]);
+	return 0;
+}
+
 /* The sections of request r (hi3-batching(7); upstream apply_chat_template with one
  * system, user and assistant turn). */
-static int build_sections(const hi3_template *t, const struct hi3i_request *r, struct seclist *l, hi3_error *err)
+static int build_sections(const hi3_template *t, const hi3_requests *rq, const struct hi3i_request *r,
+                          struct seclist *l, hi3_error *err)
 {
-	int instruct = !strcmp(t->name, "instruct"), final_assistant = 0;
+	int instruct = !strcmp(t->name, "instruct"), final_assistant = 0, task = hi3i_template_bot_task(t, r);
 	const char *sys_suffix = instruct ? "\n\n" : "", *user_prefix = instruct ? "User: " : "";
 	const char *bot_prefix = instruct ? "Assistant: " : "", *sep = sys_suffix;
 	const char *ans_open = instruct ? "<answer>" : "", *ans_close = instruct ? "</answer>" : "";
+	const char *sys;
+	size_t sys_len;
 
-	if (r->system && r->system_len) {
-		if (add_text(l, r->system, r->system_len, 0, err) || add_text(l, sys_suffix, strlen(sys_suffix), 0, err))
+	if (system_text(t, rq, r, &sys, &sys_len, err) != 0)
+		return -1;
+	if (sys && sys_len) {
+		if (add_text(l, sys, sys_len, 0, err) || add_text(l, sys_suffix, strlen(sys_suffix), 0, err))
 			return -1;
 	}
 	if (add_text(l, user_prefix, strlen(user_prefix), 0, err))
@@ -480,6 +698,10 @@ static int build_sections(const hi3_template *t, const struct hi3i_request *r, s
 		struct section s = {.type = SEC_JOINT};
 		int b = bucket_of(t, r->cond[i][0], r->cond[i][1]);
 		int bh = t->reso[b][0], bw = t->reso[b][1];
+		if (!t->cond_vae_vit)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'cond_images': config.json's cond_image_type "
+			                     "is not vae_vit; hi3 builds joint (VAE and ViT) cond images only", rq->name,
+			                     r->line);
 		s.h = bh / (t->down_h * t->patch);
 		s.w = bw / (t->down_w * t->patch);
 		s.ratio = bucket_of(t, bh, bw);
@@ -493,23 +715,20 @@ static int build_sections(const hi3_template *t, const struct hi3i_request *r, s
 		final_assistant = 1;
 		if (add_text(l, bot_prefix, strlen(bot_prefix), 0, err))
 			return -1;
-		if (r->cot && (cot_has_pair(r->cot, r->cot_len) ? cot_sections(l, r->cot, r->cot_len, t->drop_think, err)
-		                                                : add_text(l, r->cot, r->cot_len, 1, err)))
+		if (r->cot && cot_has_pair(r->cot, r->cot_len)) {
+			if (cot_sections(l, r->cot, r->cot_len, t->drop_think, err) != 0)
+				return -1;
+		} else if (r->cot && t->instruct_code && instruct) {
+			/* the Instruct code answers a plain assistant text: one text */
+			if (add_owned(l, hi3i_asprintf("%s%.*s%s", ans_open, (int)r->cot_len, r->cot, ans_close), 1, err))
+				return -1;
+		} else if (r->cot && add_text(l, r->cot, r->cot_len, 1, err)) {
 			return -1;
+		}
 		if (r->mode == HI3I_GEN_IMAGE) {
-			struct section s = {.type = SEC_GEN};
-			int64_t h = r->size_h, w = r->size_w;
-			int b;
-			if (r->size_kind == 2) {
-				h = t->reso[r->ratio_index][0];
-				w = t->reso[r->ratio_index][1];
-			}
-			b = bucket_of(t, h, w);
-			s.h = t->reso[b][0] / (t->down_h * t->patch);
-			s.w = t->reso[b][1] / (t->down_w * t->patch);
-			s.ratio = b;
-			if (add_text(l, ans_open, strlen(ans_open), 0, err) || add(l, s, err) ||
-			    add_text(l, ans_close, strlen(ans_close), 0, err))
+			struct section s;
+			if (gen_image_section(t, rq, r, &s, err) || add_text(l, ans_open, strlen(ans_open), 0, err) ||
+			    add(l, s, err) || add_text(l, ans_close, strlen(ans_close), 0, err))
 				return -1;
 		}
 		if (add_text(l, sep, strlen(sep), 0, err))
@@ -525,17 +744,15 @@ static int build_sections(const hi3_template *t, const struct hi3i_request *r, s
 			    !memcmp(l->s[l->n - 1].text, sep, strlen(sep)))
 				l->n--;
 		}
-		switch (r->bot_task) {
+		switch (task) {
 		case HI3I_BOT_IMAGE: text = hi3i_strdup(""); break;
-		case HI3I_BOT_THINK: text = hi3i_asprintf("%s<think>", bp); break;
+		case HI3I_BOT_THINK:
+		case HI3I_BOT_THINK_RECAPTION: text = hi3i_asprintf("%s<think>", bp); break;
 		case HI3I_BOT_RECAPTION: text = hi3i_asprintf("%s<recaption>", bp); break;
 		case HI3I_BOT_IMG_RATIO: text = hi3i_asprintf("%s%s<boi><img_size_%d>", bp, ans_open, t->base_size); break;
 		default: text = hi3i_strdup(bp); break;
 		}
-		if (!text)
-			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-		l->owned[l->n_owned++] = text;
-		if (add_text(l, text, strlen(text), 0, err))
+		if (add_owned(l, text, 0, err))
 			return -1;
 	}
 	return 0;
@@ -650,12 +867,13 @@ static int special(const hi3_template *t, const hi3_requests *rq, int i, const c
 	return 0;
 }
 
-/* <boi> <img_size_B> <img_ratio_R> <timestep>, the start of every image. */
-static int image_head(const hi3_template *t, const hi3_requests *rq, int i, struct rowbuf *rb, int ratio,
+/* <boi> <img_size_B> <img_ratio_R> <timestep>, the start of every image;
+ * a generated image of a Distil model adds <guidance> and <timestep_r>. */
+static int image_head(const hi3_template *t, const hi3_requests *rq, int i, struct rowbuf *rb, int ratio, int gen,
                       hi3_error *err)
 {
 	char size_name[32], ratio_name[32];
-	int64_t boi, size, rt, ts;
+	int64_t boi, size, rt, ts, id;
 
 	snprintf(size_name, sizeof(size_name), "<img_size_%d>", t->base_size);
 	snprintf(ratio_name, sizeof(ratio_name), "<img_ratio_%d>", ratio);
@@ -664,6 +882,10 @@ static int image_head(const hi3_template *t, const hi3_requests *rq, int i, stru
 		return -1;
 	if (push(rb, boi, 1, err) || push(rb, size, 1, err) || push(rb, rt, 1, err) ||
 	    add_list(&rb->row->timestep_index, &rb->row->n_ts, rb->row->n, err) || push(rb, ts, 1, err))
+		return -1;
+	if (gen && t->guidance_token && (special(t, rq, i, "<guidance>", &id, err) || push(rb, id, 1, err)))
+		return -1;
+	if (gen && t->timestep_r_token && (special(t, rq, i, "<timestep_r>", &id, err) || push(rb, id, 1, err)))
 		return -1;
 	return 0;
 }
@@ -697,31 +919,44 @@ static int encode_text(const hi3_template *t, const hi3_requests *rq, int i, str
 	return 0;
 }
 
+/* An image block. Full attention: the generated image; a joint cond image
+ * by cond_token_attn_type (the base code: one block over VAE, separator and
+ * ViT tokens, as joint_full); 2-D RoPE likewise (none with rope_type
+ * default). */
 static int encode_image(const hi3_template *t, const hi3_requests *rq, int i, struct rowbuf *rb,
                         const struct section *s, hi3_error *err)
 {
 	hi3_cond_row *r = rb->row;
-	int64_t img, eoi, sep, start;
+	int64_t img, eoi, sep, start, vit;
 
 	if (special(t, rq, i, "<img>", &img, err) || special(t, rq, i, "<eoi>", &eoi, err) ||
-	    image_head(t, rq, i, rb, s->ratio, err))
+	    image_head(t, rq, i, rb, s->ratio, s->type == SEC_GEN, err))
 		return -1;
 	start = r->n;
-	if (add_run(rb, start, s->h, s->w, err) || push(rb, img, (int64_t)s->h * s->w, err))
+	if (push(rb, img, (int64_t)s->h * s->w, err))
 		return -1;
 	if (s->type == SEC_GEN) {
-		if (mark(rb, &r->gen_image_mask, start, r->n - start, err) || add_block(r, start, r->n, err))
+		if ((t->rope_2d && add_run(rb, start, s->h, s->w, err)) ||
+		    mark(rb, &r->gen_image_mask, start, r->n - start, err) || add_block(r, start, r->n, err))
 			return -1;
-	} else {
-		int64_t vit;
-		if (mark(rb, &r->cond_vae_mask, start, r->n - start, err) ||
-		    special(t, rq, i, "<joint_img_sep>", &sep, err) || push(rb, sep, 1, err))
-			return -1;
-		vit = r->n;
-		if (add_run(rb, vit, s->vit_h, s->vit_w, err) || push(rb, img, t->vit_max, err) ||
-		    mark(rb, &r->cond_vit_mask, vit, t->vit_max, err) || add_block(r, start, r->n, err))
-			return -1;
+		return push(rb, eoi, 1, err);
 	}
+	if (mark(rb, &r->cond_vae_mask, start, r->n - start, err) || special(t, rq, i, "<joint_img_sep>", &sep, err))
+		return -1;
+	if (t->attn == ATTN_FULL || t->attn == ATTN_FULL_CAUSAL)
+		if (add_block(r, start, r->n, err))
+			return -1;
+	if (t->rope_2d && t->attn != ATTN_CAUSAL && add_run(rb, start, s->h, s->w, err))
+		return -1;
+	if (push(rb, sep, 1, err))
+		return -1;
+	vit = r->n;
+	if (push(rb, img, t->vit_max, err) || mark(rb, &r->cond_vit_mask, vit, t->vit_max, err))
+		return -1;
+	if (t->rope_2d && (t->attn == ATTN_FULL || t->attn == ATTN_JOINT_FULL) && add_run(rb, vit, s->vit_h, s->vit_w, err))
+		return -1;
+	if ((t->attn == ATTN_JOINT_FULL && add_block(r, start, r->n, err)) || (t->attn == ATTN_FULL && add_block(r, vit, r->n, err)))
+		return -1;
 	return push(rb, eoi, 1, err);
 }
 
@@ -748,27 +983,40 @@ static int rope_positions(struct rowbuf *rb, hi3_error *err)
 	return 0;
 }
 
-/* Stop tokens by bot_task (hi3-batching(7)): with image_size "auto" the <img_ratio_*>
- * tokens end an automatic answer, with a given size <boi> does. */
-static int stop_tokens(const hi3_template *t, const hi3_requests *rq, int i, hi3_cond_row *row, hi3_error *err)
+/* A rule record (trigger, k, ids...) onto a row's list. */
+static int add_rule(int64_t **v, int *n, int64_t trigger, const int64_t *ids, int k, hi3_error *err)
+{
+	if (add_list(v, n, trigger, err) || add_list(v, n, k, err))
+		return -1;
+	for (int j = 0; j < k; j++)
+		if (add_list(v, n, ids[j], err))
+			return -1;
+	return 0;
+}
+
+/* The <img_ratio_*> ids of every bucket. */
+static int ratio_ids(const hi3_template *t, const hi3_requests *rq, int i, int64_t *ids, hi3_error *err)
+{
+	for (int k = 0; k < t->n_reso; k++) {
+		char name[32];
+		snprintf(name, sizeof(name), "<img_ratio_%d>", k);
+		if (special(t, rq, i, name, &ids[k], err))
+			return -1;
+	}
+	return 0;
+}
+
+/* Stop tokens by bot_task, the base code's (hunyuan.py prepare_model_inputs):
+ * auto: end of sequence and, with image_size "auto", every <img_ratio_*>
+ * (else <boi>); image: end of sequence; think and recaption: </recaption>,
+ * </answer>, end of sequence; img_ratio: the ratio tokens (or <boi>). */
+static int stops_base(const hi3_template *t, const hi3_requests *rq, int i, int task, hi3_cond_row *row,
+                      hi3_error *err)
 {
 	const struct hi3i_request *r = &rq->r[i];
-	int64_t id;
+	int64_t id, ratios[MAX_RESO];
 
-	if (r->stops) {
-		for (int k = 0; k < r->n_stops; k++)
-			if (add_list(&row->stop_tokens, &row->n_stop, r->stops[k], err))
-				return -1;
-		return 0;
-	}
-	if (!t->tok) {
-		/* pre-tokenized, no tokenizer: the end of sequence when known */
-		return t->eos_id >= 0 ? add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err) : 0;
-	}
-	if (t->eos_id < 0)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: no end-of-sequence token: the model names no "
-		                     "eos_token (tokenizer_config.json) or eos_token_id (config.json)", rq->name, r->line);
-	switch (r->bot_task) {
+	switch (task) {
 	case HI3I_BOT_THINK:
 	case HI3I_BOT_RECAPTION:
 		if (special(t, rq, i, "</recaption>", &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err) ||
@@ -786,11 +1034,101 @@ static int stop_tokens(const hi3_template *t, const hi3_requests *rq, int i, hi3
 	}
 	if (r->size_kind != 0)
 		return special(t, rq, i, "<boi>", &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err);
-	for (int k = 0; k < t->n_reso; k++) {
-		char name[32];
-		snprintf(name, sizeof(name), "<img_ratio_%d>", k);
-		if (special(t, rq, i, name, &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err))
+	if (ratio_ids(t, rq, i, ratios, err))
+		return -1;
+	for (int k = 0; k < t->n_reso; k++)
+		if (add_list(&row->stop_tokens, &row->n_stop, ratios[k], err))
 			return -1;
+	return 0;
+}
+
+/* The Instruct code (modeling_hunyuan_image_3.py). auto and image end at
+ * the end of sequence (image has no stop tokens upstream: a KeyError), and
+ * so does a gen_image row (it is not decoded). img_ratio ends at a ratio
+ * token, chosen greedily among the 37 after <img_size_B> (generate_image
+ * predicts the ratio whatever image_size says). think, recaption and
+ * think_recaption follow generate_image's text stage: think_recaption
+ * forces <recaption> after </think>; with image_size "auto" (or absent) the
+ * end of the CoT (</think>, or </recaption> with recaption) forces
+ * [<answer>] <boi> <img_size_B>, the ratio token after it is the greedy
+ * choice, and it ends the row; with a given size the row ends at
+ * </recaption> (recaption, think_recaption) or at </think> or </recaption>
+ * (think). A row that continues a given cot is prepare_model_inputs' (the
+ * CoT stage never has one): it ends at </think> or </recaption> (think,
+ * think_recaption) or </recaption> (recaption), without rules. */
+static int stops_instruct(const hi3_template *t, const hi3_requests *rq, int i, int task, hi3_cond_row *row,
+                          hi3_error *err)
+{
+	const struct hi3i_request *r = &rq->r[i];
+	int64_t ratios[MAX_RESO], end_think, end_rec, rec, boi, size, ans, seq[3];
+	int need_ratio = r->size_kind == 0 || task == HI3I_BOT_IMG_RATIO, n = 0;
+	char size_name[32];
+
+	snprintf(size_name, sizeof(size_name), "<img_size_%d>", t->base_size);
+	if (task == HI3I_BOT_AUTO || task == HI3I_BOT_IMAGE || r->mode == HI3I_GEN_IMAGE)
+		return add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err);
+	if (special(t, rq, i, "</think>", &end_think, err) || special(t, rq, i, "</recaption>", &end_rec, err) ||
+	    special(t, rq, i, "<recaption>", &rec, err) || special(t, rq, i, "<boi>", &boi, err) ||
+	    special(t, rq, i, size_name, &size, err) || ratio_ids(t, rq, i, ratios, err))
+		return -1;
+	if (r->cot && task != HI3I_BOT_IMG_RATIO) {
+		if (task != HI3I_BOT_RECAPTION && add_list(&row->stop_tokens, &row->n_stop, end_think, err))
+			return -1;
+		return add_list(&row->stop_tokens, &row->n_stop, end_rec, err);
+	}
+	if (task == HI3I_BOT_THINK_RECAPTION && add_rule(&row->forced_after, &row->n_forced, end_think, &rec, 1, err))
+		return -1;
+	if (need_ratio) {
+		if (task != HI3I_BOT_IMG_RATIO) {
+			if (!strcmp(t->name, "instruct")) {
+				if (special(t, rq, i, "<answer>", &ans, err))
+					return -1;
+				seq[n++] = ans;
+			}
+			seq[n++] = boi;
+			seq[n++] = size;
+			if (add_rule(&row->forced_after, &row->n_forced, task == HI3I_BOT_THINK ? end_think : end_rec, seq, n,
+			             err))
+				return -1;
+		}
+		if (add_rule(&row->greedy_among, &row->n_greedy, size, ratios, t->n_reso, err))
+			return -1;
+		for (int k = 0; k < t->n_reso; k++)
+			if (add_list(&row->stop_tokens, &row->n_stop, ratios[k], err))
+				return -1;
+		return 0;
+	}
+	if (task == HI3I_BOT_THINK && add_list(&row->stop_tokens, &row->n_stop, end_think, err))
+		return -1;
+	return add_list(&row->stop_tokens, &row->n_stop, end_rec, err);
+}
+
+static int stop_tokens(const hi3_template *t, const hi3_requests *rq, int i, hi3_cond_row *row, hi3_error *err)
+{
+	const struct hi3i_request *r = &rq->r[i];
+	int task = hi3i_template_bot_task(t, r);
+
+	if (!t->tok) {
+		/* pre-tokenized, no tokenizer: the end of sequence when known */
+		for (int k = 0; !r->stops && k < t->gen.n_eos; k++)
+			if (add_list(&row->stop_tokens, &row->n_stop, t->gen.eos_token_id[k], err))
+				return -1;
+		if (!r->stops && !t->gen.n_eos && t->eos_id >= 0 &&
+		    add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err))
+			return -1;
+	} else if (t->eos_id >= 0) {
+		if ((t->instruct_code ? stops_instruct : stops_base)(t, rq, i, task, row, err) != 0)
+			return -1;
+	} else if (!r->stops) {
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: no end-of-sequence token: the model names no "
+		                     "eos_token (tokenizer_config.json) or eos_token_id (config.json)", rq->name, r->line);
+	}
+	if (r->stops) {
+		/* the request's own stop tokens replace the task's (its rules stay) */
+		row->n_stop = 0;
+		for (int k = 0; k < r->n_stops; k++)
+			if (add_list(&row->stop_tokens, &row->n_stop, r->stops[k], err))
+				return -1;
 	}
 	return 0;
 }
@@ -815,8 +1153,15 @@ int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, in
 			goto out;
 		}
 		if (r->size_kind == 2 && r->ratio_index >= t->n_reso) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': <img_ratio_%d> is not one of the "
-			              "%d buckets", rq->name, r->line, r->ratio_index, t->n_reso);
+			hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': <img_ratio_%d> maps to no bucket: the %s "
+			              "model has %d (0 to %d)", rq->name, r->line, r->ratio_index, hi3_variant_name(t->variant),
+			              t->n_reso, t->n_reso - 1);
+			goto out;
+		}
+		if (hi3i_template_bot_task(t, r) == HI3I_BOT_THINK_RECAPTION && !t->instruct_code) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'bot_task': think_recaption is the Instruct code's; "
+			              "the base model's code knows auto, image, think, recaption and img_ratio (%s)", rq->name,
+			              r->line, t->variant_why);
 			goto out;
 		}
 		if (t->bos_id < 0) {
@@ -824,7 +1169,7 @@ int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, in
 			              "(tokenizer_config.json) or bos_token_id (config.json)", rq->name, r->line);
 			goto out;
 		}
-		if (build_sections(t, r, &l, err) != 0 || push(&rb, t->bos_id, 1, err) != 0)
+		if (build_sections(t, rq, r, &l, err) != 0 || push(&rb, t->bos_id, 1, err) != 0)
 			goto out;
 		for (int k = 0; k < l.n; k++)
 			if ((l.s[k].type == SEC_TEXT ? encode_text(t, rq, i, &rb, &l.s[k], uncond, err)

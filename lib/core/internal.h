@@ -82,10 +82,23 @@ int hi3i_config_shared_width(const hi3_config *cfg, int layer);
 /* Take an exclusive lock on an open file (released when it is closed);
  * fails at once when another process holds it. */
 int hi3i_st_lock(hi3_st *st, hi3_error *err);
+/* A writer for a stage file of this format: "format", "format_version" and
+ * the n (key, value) pairs of meta whose value is not NULL; NULL when out
+ * of memory. */
+hi3_st_writer *hi3i_stw_format(const char *format, const char *const (*meta)[2], size_t n);
 
 /* How many elements of a float array are NaN or infinite (0 for integer dtypes). */
 int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n);
 
+/* config.json as the sequence template reads it: the token ids, the
+ * position bound, the image geometry and the variant, without requiring the
+ * text model's dimensions; every field present is checked as by
+ * hi3_config_load. */
+int hi3i_config_load_partial(hi3_config *cfg, const char *path, hi3_error *err);
+/* The "vae" block of a parsed config.json object root, typed as
+ * hi3_config_load reads it (b->present 0 when absent). config.c. */
+struct json_t;
+int hi3i_config_vae_block(hi3_vae_config *b, struct json_t *root, const char *name, hi3_error *err);
 /* The model's backend ops table (lib/backend.h). */
 struct hi3_backend;
 

@@ -124,8 +124,8 @@ static int check_meta(struct hi3i_cond *ci, hi3_error *err)
 	if (strcmp(c->mode, "gen_text") && strcmp(c->mode, "gen_image"))
 		return vbad(ci, err, "__metadata__ 'mode': expected gen_text or gen_image, found '%s'", c->mode);
 	if (!in_list(hi3i_bot_task_names, c->bot_task) && strcmp(c->bot_task, "mixed"))
-		return vbad(ci, err, "__metadata__ 'bot_task': expected auto, image, think, recaption, img_ratio or "
-		            "mixed, found '%s'", c->bot_task);
+		return vbad(ci, err, "__metadata__ 'bot_task': expected auto, image, think, recaption, img_ratio, "
+		            "think_recaption or mixed, found '%s'", c->bot_task);
 	if (!in_list(templates, c->template_name))
 		return vbad(ci, err, "__metadata__ 'template': expected pretrain, instruct or none, found '%s'",
 		            c->template_name);
@@ -190,6 +190,31 @@ static int check_list(const struct hi3i_cond *ci, const char *name, const int64_
 	return 0;
 }
 
+/* A -1 padded list of rule records (trigger, k, id_1 .. id_k). */
+static int check_rules(const struct hi3i_cond *ci, const char *name, const int64_t *v, int n, int b, hi3_error *err)
+{
+	int k = 0;
+
+	if (!v)
+		return 0;
+	v += (size_t)b * n;
+	while (k < n && v[k] != -1) {
+		if (v[k] < 0 || k + 1 >= n || v[k + 1] < 1 || v[k + 1] > n - k - 2)
+			return vbad(ci, err, "tensor '%s': row %d: entry %d does not start a record (token, count >= 1, "
+			            "that many ids)", name, b, k);
+		for (int j = 0; j < v[k + 1]; j++)
+			if (v[k + 2 + j] < 0)
+				return vbad(ci, err, "tensor '%s': row %d: entry %lld is %lld, expected a token id", name, b,
+				            (long long)(k + 2 + j), (long long)v[k + 2 + j]);
+		k += 2 + (int)v[k + 1];
+	}
+	for (; k < n; k++)
+		if (v[k] != -1)
+			return vbad(ci, err, "tensor '%s': row %d: entry %d is %lld after the -1 padding", name, b, k,
+			            (long long)v[k]);
+	return 0;
+}
+
 static int check_row(const struct hi3i_cond *ci, int b, int pad_zero, hi3_error *err)
 {
 	const hi3_cond *c = &ci->c;
@@ -230,6 +255,9 @@ static int check_row(const struct hi3i_cond *ci, int b, int pad_zero, hi3_error 
 			                   : "an ordered, non-overlapping block inside the row's real columns");
 		prev_stop = hi;
 	}
+	if (check_rules(ci, "forced_after", c->forced_after, c->NF, b, err) ||
+	    check_rules(ci, "greedy_among", c->greedy_among, c->NG, b, err))
+		return -1;
 	if (check_list(ci, "stop_tokens", c->stop_tokens, c->NS, b, 0, INT64_MAX, 0, err) ||
 	    (c->timestep_index && check_list(ci, "timestep_index", c->timestep_index, c->K, b, 0, n - 1, 1, err)))
 		return -1;
@@ -308,7 +336,7 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 		const int64_t B = c->B, L = c->L;
 		const int64_t s_bl[2] = {B, L}, s_b[1] = {B}, s_bl2[3] = {B, L, 2}, s_bs2[3] = {B, -1, 2},
 		              s_bn[2] = {B, -1};
-		const hi3_tensor *pos, *real, *rope, *blk, *seeds, *stops, *gm, *vit, *vae, *ts;
+		const hi3_tensor *pos, *real, *rope, *blk, *seeds, *stops, *gm, *vit, *vae, *ts, *fa, *ga;
 
 		if (get(ci, "position_ids", HI3_I64, 2, s_bl, 0, &pos, err) ||
 		    get(ci, "real_pos", HI3_I64, 1, s_b, 0, &real, err) ||
@@ -319,7 +347,9 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 		    get(ci, "gen_image_mask", HI3_U8, 2, s_bl, 1, &gm, err) ||
 		    get(ci, "cond_vit_mask", HI3_U8, 2, s_bl, 1, &vit, err) ||
 		    get(ci, "cond_vae_mask", HI3_U8, 2, s_bl, 1, &vae, err) ||
-		    get(ci, "timestep_index", HI3_I64, 2, s_bn, 1, &ts, err))
+		    get(ci, "timestep_index", HI3_I64, 2, s_bn, 1, &ts, err) ||
+		    get(ci, "forced_after", HI3_I64, 2, s_bn, 1, &fa, err) ||
+		    get(ci, "greedy_among", HI3_I64, 2, s_bn, 1, &ga, err))
 			goto fail;
 		c->position_ids = pos->data;
 		c->real_pos = real->data;
@@ -334,6 +364,10 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 		c->cond_vae_mask = vae ? vae->data : NULL;
 		c->timestep_index = ts ? ts->data : NULL;
 		c->K = ts ? (int)ts->shape[1] : 0;
+		c->forced_after = fa ? fa->data : NULL;
+		c->NF = fa ? (int)fa->shape[1] : 0;
+		c->greedy_among = ga ? ga->data : NULL;
+		c->NG = ga ? (int)ga->shape[1] : 0;
 	}
 	if (validate(ci, err) != 0)
 		goto fail;
@@ -364,6 +398,15 @@ int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err)
 				return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'stop_tokens': row %d: token id %lld "
 				                     "is outside the model's vocabulary of %lld", name, b,
 				                     (long long)c->stop_tokens[(size_t)b * c->NS + k], (long long)V);
+		for (int r = 0; r < 2; r++) {
+			const int64_t *v = r ? c->greedy_among : c->forced_after;
+			int n = r ? c->NG : c->NF;
+			for (int k = 0; v && k < n; k++)
+				if (v[(size_t)b * n + k] >= V)
+					return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': row %d: token id %lld is outside "
+					                     "the model's vocabulary of %lld", name, r ? "greedy_among" : "forced_after",
+					                     b, (long long)v[(size_t)b * n + k], (long long)V);
+		}
 	}
 	return 0;
 }
@@ -376,7 +419,7 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
 	hi3_st_writer *w = hi3_stw_new();
 	int64_t B = c->B, L = c->L;
 	const int64_t s_bl[2] = {B, L}, s_b[1] = {B}, s_bl2[3] = {B, L, 2}, s_bs2[3] = {B, c->S, 2},
-	              s_bns[2] = {B, c->NS}, s_bk[2] = {B, c->K};
+	              s_bns[2] = {B, c->NS}, s_bk[2] = {B, c->K}, s_bf[2] = {B, c->NF}, s_bg[2] = {B, c->NG};
 	const char *k, *v;
 	json_t *jv;
 	int rc = -1, bad = 0;
@@ -398,6 +441,10 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
 		bad |= hi3_stw_add(w, "cond_vae_mask", HI3_U8, 2, s_bl, c->cond_vae_mask);
 	if (c->timestep_index)
 		bad |= hi3_stw_add(w, "timestep_index", HI3_I64, 2, s_bk, c->timestep_index);
+	if (c->forced_after)
+		bad |= hi3_stw_add(w, "forced_after", HI3_I64, 2, s_bf, c->forced_after);
+	if (c->greedy_among)
+		bad |= hi3_stw_add(w, "greedy_among", HI3_I64, 2, s_bg, c->greedy_among);
 	for (int i = 0; meta_keys[i]; i++)
 		if ((v = hi3_cond_meta(c, meta_keys[i])))
 			bad |= hi3_stw_meta(w, meta_keys[i], v);

@@ -45,6 +45,7 @@ struct hi3_model {
 	hi3_config cfg;
 	hi3_ckpt *ck;
 	char fingerprint[17];
+	hi3_gen_defaults gen;       /* generation_config.json */
 	hi3_backend *be;
 	hi3_wt *wte, *lm_head, *ln_f;
 	struct hi3_layer_w *layers;
@@ -53,10 +54,16 @@ struct hi3_model {
 	struct hi3_dims dims;
 	struct hi3_work w;
 	hi3_kvcache *attached;    /* the cache the backend mirrors */
+	double t_open, open_s;    /* when the open began (hi3i_now), how long it took */
+	size_t mapped;            /* bytes of the checkpoint's files */
+	size_t touched;           /* weight bytes the backend has read (be->first_use) */
+	int64_t forwards;         /* forward calls done */
 };
 
 /* Free the scratch buffers (forward.c); they grow again on demand. */
 void hi3i_model_work_free(hi3_model *m);
+/* After each forward call (forward.c): -v reports the first one. */
+void hi3i_model_forward_done(hi3_model *m);
 
 /*
  * The recorder's side of tracing (trace.c), called by hi3_forward only when

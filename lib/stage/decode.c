@@ -7,6 +7,11 @@
  * p = n_i + g (rules 3, 4): K/V are written at slot p and the query attends
  * slots [0, p]. A row that samples a stop token or reaches max_new stops:
  * it is not fed, written or computed again (rule 7).
+ *
+ * Rows may carry the decoding rules of the Instruct code's text stage
+ * (conditions forced_after and greedy_among, hi3-files(5)): a token forced
+ * by a stage transition, or the ratio token chosen greedily among its set.
+ * The recorded log-prob is always that of the unmodified logits.
  */
 #include <math.h>
 #include <signal.h>
@@ -50,6 +55,82 @@ static int is_stop(const hi3_cond *c, const hi3_decode_opts *o, int row, int64_t
 		if (c->stop_tokens[(size_t)row * c->NS + j] == tok)
 			return 1;
 	return 0;
+}
+
+/* ------------------------------------------------- decoding rules */
+
+/* Where a row stands in its forced_after records (upstream's
+ * _StageTransitionLogitsProcessor): the record whose tokens are being
+ * forced and how many of them are out, and which records have fired. */
+struct rule_state {
+	int rec;                  /* offset of the pending record in the row's list; -1: none */
+	int pos;                  /* forced tokens of it already produced */
+	uint64_t fired;           /* bit r: record r has fired (at most 64 records a row) */
+};
+
+/* The offset of the first record in list (n entries) whose trigger is
+ * tok, and its number; -1 when none. */
+static int find_rule(const int64_t *list, int n, int64_t tok, int *index)
+{
+	int k = 0, r = 0;
+
+	while (k < n && list[k] != -1) {
+		if (list[k] == tok) {
+			*index = r;
+			return k;
+		}
+		k += 2 + (int)list[k + 1];
+		r++;
+	}
+	return -1;
+}
+
+/* The state after the row produced tok (upstream: the pending head is
+ * consumed; with nothing pending, a trigger not fired yet starts its
+ * record). */
+static void rule_step(struct rule_state *st, const int64_t *list, int n, int64_t tok)
+{
+	int k, r;
+
+	if (!list)
+		return;
+	if (st->rec >= 0) {
+		/* a forced token out; the last one may itself be a trigger */
+		if (++st->pos < list[st->rec + 1])
+			return;
+		st->rec = -1;
+	}
+	k = find_rule(list, n, tok, &r);
+	if (k >= 0 && r < 64 && !(st->fired & (1ULL << r))) {
+		st->fired |= 1ULL << r;
+		st->rec = k;
+		st->pos = 0;
+	}
+}
+
+/* The next token of row i: forced, the greedy choice after a trigger, or
+ * sampled. last is the token the row produced last (its last prompt token
+ * at first). */
+static int64_t next_token(const hi3_cond *c, int i, const struct rule_state *st, int64_t last, const float *logits,
+                          int V, const hi3_sampler *s, uint64_t seed, uint64_t step, void *scratch)
+{
+	const int64_t *forced = c->forced_after ? c->forced_after + (size_t)i * c->NF : NULL;
+	const int64_t *greedy = c->greedy_among ? c->greedy_among + (size_t)i * c->NG : NULL;
+	int k, r;
+
+	if (forced && st->rec >= 0)
+		return forced[st->rec + 2 + st->pos];
+	if (greedy && (k = find_rule(greedy, c->NG, last, &r)) >= 0) {
+		int64_t best = -1;
+		for (int j = 0; j < greedy[k + 1]; j++) {
+			int64_t id = greedy[k + 2 + j];
+			if (id < V && (best < 0 || logits[id] > logits[best] || (logits[id] == logits[best] && id < best)))
+				best = id;
+		}
+		if (best >= 0)
+			return best;
+	}
+	return hi3_sample(logits, V, s, seed, step, scratch);
 }
 
 static int write_segment(const hi3_kvfile *kv, const hi3_cond *c, const hi3_model *m, const hi3_decode_opts *o,
@@ -131,6 +212,7 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 	int16_t *route_ids = NULL;
 	uint8_t *stop_now = NULL;
 	void *scratch = NULL;
+	struct rule_state *rules = NULL;
 	double t0 = hi3i_now();
 	int NMK;
 
@@ -165,13 +247,22 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 	logits = hi3i_malloc(sizeof(float) * (size_t)B * V, err);
 	stop_now = hi3i_calloc((size_t)B, 1, err);
 	scratch = hi3i_malloc(hi3_sample_scratch_size(V), err);
+	rules = hi3i_calloc((size_t)B, sizeof(*rules), err);
 	if (NMK) {
 		route_ids = hi3i_malloc(sizeof(int16_t) * (size_t)B * NMK, err);
 		route_w = hi3i_malloc(sizeof(float) * (size_t)B * NMK, err);
 	}
-	if (!ids || !slot || !rope || !hi || !crow || !at || !fed_row || !logits || !stop_now || !scratch ||
+	if (!ids || !slot || !rope || !hi || !crow || !at || !fed_row || !logits || !stop_now || !scratch || !rules ||
 	    (NMK && (!route_ids || !route_w)))
 		goto out;
+	/* the rules' state after the prompt and what was decoded before */
+	for (int i = 0; i < B; i++) {
+		const int64_t *list = c->forced_after ? c->forced_after + (size_t)i * c->NF : NULL;
+		rules[i].rec = -1;
+		rule_step(&rules[i], list, c->NF, c->input_ids[(size_t)i * kv.L + kv.prompt_len[i] - 1]);
+		for (int64_t g = 0; g < kv.gen_len[i]; g++)
+			rule_step(&rules[i], list, c->NF, kv.gen_tokens[(size_t)i * G + g]);
+	}
 	stats->rows = B;
 	for (int i = 0; i < B; i++) {
 		stats->resumed_from += kv.gen_len[i];
@@ -193,7 +284,10 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 				continue;
 			n_active++;
 			cur = hi3i_kv_logits(&kv, i);
-			tok = hi3_sample(cur, V, &o->sampler, seed, (uint64_t)g, scratch);
+			tok = next_token(c, i, &rules[i], g ? kv.gen_tokens[(size_t)i * G + g - 1]
+			                                    : c->input_ids[(size_t)i * kv.L + kv.prompt_len[i] - 1],
+			                 cur, V, &o->sampler, seed, (uint64_t)g, scratch);
+			rule_step(&rules[i], c->forced_after ? c->forced_after + (size_t)i * c->NF : NULL, c->NF, tok);
 			kv.gen_tokens[(size_t)i * G + g] = tok;
 			kv.gen_logprobs[(size_t)i * G + g] = (float)hi3_logprob(cur, V, tok);
 			stop_now[i] = is_stop(c, o, i, tok) || g + 1 >= limit;
@@ -287,6 +381,7 @@ out:
 	free(logits);
 	free(stop_now);
 	free(scratch);
+	free(rules);
 	free(route_ids);
 	free(route_w);
 	return rc;

@@ -34,6 +34,11 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	if (hi3i_add_size(L, o->max_new, INT32_MAX / 2, &C) != 0)
 		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: L + max_new = %lld slots is too large (at most %d)",
 		                     (long long)L + o->max_new, INT32_MAX / 2);
+	if (C > hi3_model_config(m)->max_position_embeddings)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: L %d + max_new %d = %lld positions, more than the model's "
+		                     "max_position_embeddings %d (%s/config.json)", cond_path ? cond_path : "conditions", L,
+		                     o->max_new, (long long)C, hi3_model_config(m)->max_position_embeddings,
+		                     hi3_model_dir(m));
 	rows_per = (o->max_tokens > 0 ? o->max_tokens : 8192) / L;
 	if (rows_per < 1)
 		rows_per = 1;

@@ -22,7 +22,8 @@
 static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
                         hi3_error *err)
 {
-	const char *path = hi3_st_path(s->st);
+	/* a segment built in memory has no file */
+	const char *path = s->st ? hi3_st_path(s->st) : "segment (in memory)";
 	int V = hi3_model_config(m)->vocab_size;
 
 	if (hi3_cond_check_model(c, m, err) != 0)
@@ -31,7 +32,7 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
 		return -1;
 	if (s->B != c->B)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: has %d rows, the conditions file %s has %d", path, s->B,
-		                     hi3_st_path(c->st), c->B);
+		                     c->st ? hi3_st_path(c->st) : "(in memory)", c->B);
 	if (hi3i_check_made_from(path, s->conditions_hash, c, err) != 0)
 		return -1;
 	for (int64_t j = 0; j < s->T; j++)

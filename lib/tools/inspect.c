@@ -115,6 +115,7 @@ static int summary(const struct src *s, const hi3_inspect_opts *o, FILE *f, hi3_
 	size_t bytes = 0;
 	int wname = 4, wshape = 5, rc = -1;
 	char sh[256];
+	json_t *model = NULL;
 
 	if (!st)
 		return -1;
@@ -126,11 +127,14 @@ static int summary(const struct src *s, const hi3_inspect_opts *o, FILE *f, hi3_
 		wname = HI3_MAX(wname, (int)strlen(s->t[i]->name));
 		wshape = HI3_MAX(wshape, (int)strlen(hi3_shape_str(sh, sizeof(sh), s->t[i]->ndim, s->t[i]->shape)));
 	}
+	model = s->ck ? hi3i_inspect_model(s->path) : NULL;
 	if (o->json) {
 		json_t *root = json_object(), *md = json_object(), *ts = json_array();
 
 		json_object_set_new(root, "file", json_string(s->path));
 		json_object_set_new(root, "kind", json_string(s->ck ? "checkpoint" : "file"));
+		if (s->ck)
+			json_object_set(root, "model", model ? model : json_null());
 		json_object_set_new(root, "format", format ? json_string(format) : json_null());
 		json_object_set_new(root, "format_version", version ? json_string(version) : json_null());
 		for (int i = 0; s->st && i < hi3_st_meta_count(s->st); i++) {
@@ -168,6 +172,8 @@ static int summary(const struct src *s, const hi3_inspect_opts *o, FILE *f, hi3_
 	if (s->ck)
 		fprintf(f, "format: checkpoint directory (%s)\n",
 		        s->n ? "tensors from its safetensors shards" : "no tensors");
+	if (model)
+		hi3i_inspect_model_text(f, model);
 	else if (format)
 		fprintf(f, "format: %s (format_version %s)\n", format, version ? version : "none");
 	else
@@ -204,6 +210,7 @@ static int summary(const struct src *s, const hi3_inspect_opts *o, FILE *f, hi3_
 	}
 	rc = 0;
 out:
+	json_decref(model);
 	free(st);
 	return rc;
 }

@@ -66,4 +66,11 @@ void hi3i_canvas_line(hi3i_canvas *c, int x0, int y0, int x1, int y1, int width,
 int hi3i_canvas_text(hi3i_canvas *c, int x, int y, const char *s, int scale, const uint8_t rgb[3]);
 int hi3i_canvas_write(const hi3i_canvas *c, const char *path, hi3_error *err);
 
+/* A checkpoint directory's model for hi3 inspect (inspect-model.c): the
+ * variant and why, config.json's fields by role, warnings, generation
+ * defaults, buckets; {"error": ...} when config.json is refused; NULL
+ * without config.json. hi3i_inspect_model_text prints it. */
+json_t *hi3i_inspect_model(const char *dir);
+void hi3i_inspect_model_text(FILE *f, json_t *m);
+
 #endif

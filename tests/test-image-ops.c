@@ -1,0 +1,395 @@
+/*
+ * test-image-ops.c -- the CPU backend's image ops (backend.h) against plain
+ * C references in double on random inputs, and their batch invariance: an
+ * image gives the same bits alone, inside a batch, and with another
+ * thread count.
+ *
+ * Error measure: ||out - ref|| / ||ref|| over the output, at most 1e-5
+ * (fp32 against double); data movement (im2col, the shuffles) exact.
+ */
+#include "config.h"
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include "backend/backend.h"
+#include "model/conv.h"
+#include "tap.h"
+#include "cuda-test.h"
+
+static hi3_backend *cpu, *blas;
+
+static float *randu(size_t n, float lo, float hi)
+{
+	float *p = malloc(n * sizeof(float) + 4);
+
+	HI3_ASSERT(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = lo + (hi - lo) * (float)urand();
+	return p;
+}
+
+static float *alloc_f(size_t n)
+{
+	float *p = malloc(n * sizeof(float) + 4);
+
+	HI3_ASSERT(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = NAN;
+	return p;
+}
+
+static double rel_d(const float *out, const double *ref, size_t n)
+{
+	double num = 0, den = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		num += (out[i] - ref[i]) * (out[i] - ref[i]);
+		den += ref[i] * ref[i];
+	}
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static hi3_wt *weight(hi3_backend *be, const float *v, int ndim, const int64_t *shape, int kind)
+{
+	hi3_tensor t = {.name = "test", .dtype = HI3_F32, .ndim = ndim};
+	hi3_error err = {0};
+	hi3_wt *w;
+
+	memcpy(t.shape, shape, sizeof(int64_t) * (size_t)ndim);
+	t.nbytes = (size_t)hi3_tensor_numel(&t) * 4;
+	t.data = (void *)v;
+	w = be->ops->weight(be, &t, kind, &err);
+	HI3_ASSERT(w);
+	return w;
+}
+
+static hi3_wt *vec(hi3_backend *be, const float *v, int n)
+{
+	int64_t s[1] = {n};
+	return weight(be, v, 1, s, HI3_WT_VECTOR);
+}
+
+/* ---------------------------------------------------------------- conv */
+
+/* y (B, T, H, W, Co) = conv of x with w [Co, C, kt, kh, kw] + b, in double */
+static void conv_ref(double *y, const float *x, const float *w, const float *b, const struct hi3_conv *cv, int Co)
+{
+	const int T = cv->T, H = cv->H, W = cv->W, C = cv->C;
+
+	for (int bi = 0; bi < cv->B; bi++)
+		for (int t = 0; t < T; t++)
+			for (int yy = 0; yy < H; yy++)
+				for (int xx = 0; xx < W; xx++)
+					for (int o = 0; o < Co; o++) {
+						double s = b[o];
+						for (int c = 0; c < C; c++)
+							for (int dt = 0; dt < cv->kt; dt++)
+								for (int dy = 0; dy < cv->kh; dy++)
+									for (int dx = 0; dx < cv->kw; dx++) {
+										int ti = t + dt - cv->kt / 2, yi = yy + dy - cv->kh / 2,
+										    xi = xx + dx - cv->kw / 2;
+										if (ti < 0 || ti >= T || yi < 0 || yi >= H || xi < 0 || xi >= W)
+											continue;
+										s += (double)w[(((o * C + c) * cv->kt + dt) * cv->kh + dy) * cv->kw + dx] *
+										     x[((((size_t)bi * T + ti) * H + yi) * W + xi) * C + c];
+									}
+						y[((((size_t)bi * T + t) * H + yy) * W + xx) * Co + o] = s;
+					}
+}
+
+static void test_conv(int kt, int k, int B)
+{
+	const int T = 3, H = 5, W = 4, C = 6, Co = 5;
+	const struct hi3_conv cv = {B, T, H, W, C, kt, k, k};
+	const size_t P = (size_t)B * T * H * W, K = (size_t)C * kt * k * k;
+	float *x = randu(P * C, -1, 1), *w = randu((size_t)Co * K, -0.5f, 0.5f), *b = randu(Co, -1, 1);
+	float *y = alloc_f(P * Co), *y2 = alloc_f(P * Co), *col = malloc(sizeof(float) * K * P + 4);
+	double *ref = malloc(sizeof(double) * P * Co);
+	int64_t ws[5] = {Co, C, kt, k, k};
+	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = k, .kw = k};
+
+	{
+		hi3_tensor t = {.name = "conv", .dtype = HI3_F32, .ndim = kt > 1 ? 5 : 4, .data = w};
+		hi3_error err = {0};
+		memcpy(t.shape, kt > 1 ? ws : (int64_t[]){Co, C, k, k}, sizeof(int64_t) * (size_t)t.ndim);
+		t.nbytes = (size_t)Co * K * 4;
+		cw.w = hi3i_conv_weight(cpu, &t, &err);
+		HI3_ASSERT(cw.w);
+	}
+	cw.b = vec(cpu, b, Co);
+	conv_ref(ref, x, w, b, &cv, Co);
+	hi3i_conv(cpu, y, x, &cw, &cv, col);
+	ok(rel_d(y, ref, P * Co) <= 1e-6, "conv %dx%dx%d B=%d: im2col + matmul against the direct sum (%.1e)", kt, k, k, B,
+	   rel_d(y, ref, P * Co));
+	/* rows [7, 7 + 9) alone: the same bits as in the whole */
+	hi3i_conv_rows(cpu, y2, x, &cw, &cv, 7, 9, col);
+	ok(!memcmp(y2 + 7 * Co, y + 7 * Co, sizeof(float) * 9 * Co), "conv %dx%dx%d: a range of rows gives the bits of the "
+	   "whole", kt, k, k);
+	if (B > 1) {
+		/* image 1 alone */
+		const struct hi3_conv one = {1, T, H, W, C, kt, k, k};
+		const size_t P1 = (size_t)T * H * W;
+		hi3i_conv(cpu, y2, x + P1 * C, &cw, &one, col);
+		ok(!memcmp(y2, y + P1 * Co, sizeof(float) * P1 * Co), "conv %dx%dx%d: image 1 alone gives its bits in the "
+		   "batch of %d", kt, k, k, B);
+	}
+	hi3i_conv_free(&cw, cpu);
+	free(x), free(w), free(b), free(y), free(y2), free(col), free(ref);
+}
+
+/* ---------------------------------------------------------------- norms */
+
+static double act_ref(double x, int act)
+{
+	switch (act) {
+	case HI3_ACT_SILU: return x / (1 + exp(-x));
+	case HI3_ACT_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+	case HI3_ACT_GELU_TANH: return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+	}
+	return x;
+}
+
+static void groupnorm_ref(double *y, const float *x, const float *w, const float *b, int B, int64_t P, int C, int G,
+                          double eps, int act)
+{
+	const int cg = C / G;
+
+	for (int bi = 0; bi < B; bi++)
+		for (int g = 0; g < G; g++) {
+			double s = 0, ss = 0, n = (double)P * cg, mean, var;
+			for (int64_t p = 0; p < P; p++)
+				for (int c = g * cg; c < (g + 1) * cg; c++)
+					s += x[((size_t)bi * P + p) * C + c];
+			mean = s / n;
+			for (int64_t p = 0; p < P; p++)
+				for (int c = g * cg; c < (g + 1) * cg; c++) {
+					double e = x[((size_t)bi * P + p) * C + c] - mean;
+					ss += e * e;
+				}
+			var = ss / n;
+			for (int64_t p = 0; p < P; p++)
+				for (int c = g * cg; c < (g + 1) * cg; c++) {
+					size_t i = ((size_t)bi * P + p) * C + c;
+					y[i] = act_ref((x[i] - mean) / sqrt(var + eps) * w[c] + b[c], act);
+				}
+		}
+}
+
+static void test_groupnorm(int64_t P, int act)
+{
+	const int B = 3, C = 32, G = 8;
+	const size_t n = (size_t)B * P * C, n1 = (size_t)P * C;
+	float *x = randu(n, -2, 3), *w = randu(C, 0.5f, 1.5f), *b = randu(C, -0.5f, 0.5f), *y = alloc_f(n), *y1 = alloc_f(n1);
+	double *ref = malloc(sizeof(double) * n);
+	hi3_wt *ww = vec(cpu, w, C), *bw = vec(cpu, b, C);
+
+	groupnorm_ref(ref, x, w, b, B, P, C, G, 1e-6, act);
+	cpu->ops->groupnorm(cpu, y, x, ww, bw, B, P, C, G, 1e-6f, act);
+	ok(rel_d(y, ref, n) <= 1e-6, "groupnorm P=%lld act=%d against double (%.1e)", (long long)P, act, rel_d(y, ref, n));
+	omp_set_num_threads(1);
+	cpu->ops->groupnorm(cpu, y1, x + 2 * n1, ww, bw, 1, P, C, G, 1e-6f, act);
+	omp_set_num_threads(2);
+	ok(!memcmp(y1, y + 2 * n1, n1 * sizeof(float)), "groupnorm: image 2 alone on one thread gives its bits in the "
+	   "batch of 3");
+	memcpy(y1, x, n1 * sizeof(float));
+	cpu->ops->groupnorm(cpu, y1, y1, ww, bw, 1, P, C, G, 1e-6f, act);
+	ok(!memcmp(y1, y, n1 * sizeof(float)), "groupnorm in place");
+	cpu->ops->weight_free(cpu, ww);
+	cpu->ops->weight_free(cpu, bw);
+	free(x), free(w), free(b), free(y), free(y1), free(ref);
+}
+
+static void test_layernorm(void)
+{
+	const int M = 7, n = 1152;
+	float *x = randu((size_t)M * n, -3, 2), *w = randu(n, 0.5f, 1.5f), *b = randu(n, -1, 1), *y = alloc_f((size_t)M * n),
+	      *y1 = alloc_f(n);
+	double *ref = malloc(sizeof(double) * M * n);
+	hi3_wt *ww = vec(cpu, w, n), *bw = vec(cpu, b, n);
+
+	for (int m = 0; m < M; m++) {
+		double s = 0, ss = 0, mean;
+		for (int i = 0; i < n; i++)
+			s += x[m * n + i];
+		mean = s / n;
+		for (int i = 0; i < n; i++)
+			ss += (x[m * n + i] - mean) * (x[m * n + i] - mean);
+		for (int i = 0; i < n; i++)
+			ref[m * n + i] = (x[m * n + i] - mean) / sqrt(ss / n + 1e-6) * w[i] + b[i];
+	}
+	cpu->ops->layernorm(cpu, y, x, ww, bw, M, n, 1e-6f);
+	ok(rel_d(y, ref, (size_t)M * n) <= 1e-6, "layernorm against double (%.1e)", rel_d(y, ref, (size_t)M * n));
+	cpu->ops->layernorm(cpu, y1, x + 4 * n, ww, bw, 1, n, 1e-6f);
+	ok(!memcmp(y1, y + 4 * n, sizeof(float) * n), "layernorm: row 4 alone gives its bits in the batch");
+	cpu->ops->weight_free(cpu, ww);
+	cpu->ops->weight_free(cpu, bw);
+	free(x), free(w), free(b), free(y), free(y1), free(ref);
+}
+
+/* ------------------------------------------------------------ elementwise */
+
+static void test_elementwise(void)
+{
+	const int B = 2, P = 30, C = 12, r = 3;
+	const size_t n = (size_t)B * P * C;
+	float *x = randu(n, -6, 6), *y = alloc_f(n), *ss = randu((size_t)B * 2 * C, -1, 1), *z = randu(n / r, -1, 1);
+	float *zz = randu(n * r, -1, 1), *bias = randu(C, -1, 1);
+	double *ref = malloc(sizeof(double) * n);
+	static const char *names[] = {"none", "silu", "gelu", "gelu_tanh"};
+	hi3_wt *bw = vec(cpu, bias, C);
+
+	for (int a = HI3_ACT_SILU; a <= HI3_ACT_GELU_TANH; a++) {
+		for (size_t i = 0; i < n; i++)
+			ref[i] = act_ref(x[i], a);
+		cpu->ops->act(cpu, y, x, n, a);
+		ok(rel_d(y, ref, n) <= 1e-6, "act %s against double (%.1e)", names[a], rel_d(y, ref, n));
+	}
+	memcpy(y, x, n * sizeof(float));
+	cpu->ops->bias_add(cpu, y, bw, (int64_t)B * P, C);
+	for (size_t i = 0; i < n; i++)
+		ref[i] = (double)x[i] + bias[i % C];
+	ok(rel_d(y, ref, n) <= 1e-7, "bias_add");
+	memcpy(y, x, n * sizeof(float));
+	cpu->ops->scale_shift(cpu, y, ss, B, P, C);
+	for (size_t i = 0; i < n; i++) {
+		size_t b = i / ((size_t)P * C), c = i % C;
+		ref[i] = x[i] * (1.0 + ss[b * 2 * C + c]) + ss[b * 2 * C + C + c];
+	}
+	ok(rel_d(y, ref, n) <= 1e-6, "scale_shift: h (1 + scale) + shift per image and channel (%.1e)", rel_d(y, ref, n));
+	memcpy(y, x, n * sizeof(float));
+	cpu->ops->add_repeat(cpu, y, z, (int64_t)B * P, C, r);
+	for (size_t i = 0; i < n; i++)
+		ref[i] = (double)x[i] + z[i / C * (C / r) + i % C / r];
+	ok(rel_d(y, ref, n) <= 1e-7, "add_repeat: x[p, c] += z[p, c / r]");
+	memcpy(y, x, n * sizeof(float));
+	cpu->ops->add_group_mean(cpu, y, zz, (int64_t)B * P, C, r);
+	for (size_t i = 0; i < n; i++) {
+		double s = 0;
+		for (int g = 0; g < r; g++)
+			s += zz[i * r + g];
+		ref[i] = x[i] + s / r;
+	}
+	ok(rel_d(y, ref, n) <= 1e-6, "add_group_mean: x[p, c] += mean of z[p, c r .. c r + r - 1]");
+	cpu->ops->weight_free(cpu, bw);
+	free(x), free(y), free(ss), free(z), free(zz), free(bias), free(ref);
+}
+
+/* einops "b (r1 r2 r3 c) f h w -> b c (f r1) (h r2) (w r3)" on channels-last
+ * arrays, written from the output side. */
+static void test_shuffle(int rt)
+{
+	const int B = 2, T = 2, H = 3, W = 5, C = 4, Cl = rt * 4 * C;
+	const size_t n = (size_t)B * T * H * W * Cl;
+	float *x = randu(n, -1, 1), *y = alloc_f(n), *ref = alloc_f(n), *back = alloc_f(n);
+
+	for (int b = 0; b < B; b++)
+		for (int f = 0; f < T * rt; f++)
+			for (int yy = 0; yy < 2 * H; yy++)
+				for (int xx = 0; xx < 2 * W; xx++)
+					for (int c = 0; c < C; c++) {
+						int r1 = f % rt, r2 = yy % 2, r3 = xx % 2;
+						int ch = ((r1 * 2 + r2) * 2 + r3) * C + c;
+						ref[((((size_t)b * T * rt + f) * 2 * H + yy) * 2 * W + xx) * C + c] =
+							x[((((size_t)b * T + f / rt) * H + yy / 2) * W + xx / 2) * Cl + ch];
+					}
+	cpu->ops->depth_to_space(cpu, y, x, B, T, H, W, C, rt);
+	ok(!memcmp(y, ref, n * sizeof(float)), "depth_to_space rt=%d: the einops rearrangement", rt);
+	cpu->ops->space_to_depth(cpu, back, y, B, T * rt, 2 * H, 2 * W, C, rt);
+	ok(!memcmp(back, x, n * sizeof(float)), "space_to_depth rt=%d undoes it", rt);
+	free(x), free(y), free(ref), free(back);
+}
+
+/* ------------------------------------------------------------ attention */
+
+static void attention_ref(double *out, const float *q, const float *k, const float *v, const uint8_t *mask, int B, int M,
+                          int n_h, int d)
+{
+	const int C = n_h * d;
+	double *s = malloc(sizeof(double) * M);
+
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < n_h; h++)
+			for (int i = 0; i < M; i++) {
+				double mx = -INFINITY, sum = 0;
+				const float *qi = q + ((size_t)b * M + i) * C + h * d;
+				for (int j = 0; j < M; j++) {
+					double dot = 0;
+					for (int e = 0; e < d; e++)
+						dot += (double)qi[e] * k[((size_t)b * M + j) * C + h * d + e];
+					s[j] = mask && !mask[b * M + j] ? -INFINITY : dot / sqrt((double)d);
+					mx = fmax(mx, s[j]);
+				}
+				for (int j = 0; j < M; j++)
+					sum += s[j] = s[j] == -INFINITY ? 0 : exp(s[j] - mx);
+				for (int e = 0; e < d; e++) {
+					double o = 0;
+					for (int j = 0; j < M; j++)
+						o += s[j] / sum * v[((size_t)b * M + j) * C + h * d + e];
+					out[((size_t)b * M + i) * C + h * d + e] = o;
+				}
+			}
+	free(s);
+}
+
+static void test_attention(int B, int M, int n_h, int d, int masked)
+{
+	const size_t n = (size_t)B * M * n_h * d, n1 = (size_t)M * n_h * d;
+	float *q = randu(n, -1, 1), *k = randu(n, -1, 1), *v = randu(n, -1, 1), *o = alloc_f(n), *o1 = alloc_f(n1);
+	uint8_t *mask = masked ? malloc((size_t)B * M) : NULL;
+	double *ref = malloc(sizeof(double) * n);
+
+	for (int i = 0; masked && i < B * M; i++)
+		mask[i] = i % M < M - 1 - 3 * (i / M);         /* image b: its last 1 + 3b keys are padding */
+	attention_ref(ref, q, k, v, mask, B, M, n_h, d);
+	cpu->ops->attention_dense(cpu, o, q, k, v, mask, B, M, n_h, d);
+	ok(rel_d(o, ref, n) <= 1e-5, "attention_dense B=%d M=%d n_h=%d d=%d%s against double (%.1e)", B, M, n_h, d,
+	   masked ? " masked" : "", rel_d(o, ref, n));
+	cpu->ops->attention_dense(cpu, o1, q + (B - 1) * n1, k + (B - 1) * n1, v + (B - 1) * n1,
+	                          mask ? mask + (B - 1) * M : NULL, 1, M, n_h, d);
+	ok(!memcmp(o1, o + (B - 1) * n1, n1 * sizeof(float)), "attention_dense: the last image alone gives its bits in "
+	   "the batch");
+	blas->ops->attention_dense(blas, o, q, k, v, mask, B, M, n_h, d);
+	ok(rel_d(o, ref, n) <= 1e-5, "attention_dense through OpenBLAS (batch invariance off) (%.1e)", rel_d(o, ref, n));
+	free(q), free(k), free(v), free(o), free(o1), free(mask), free(ref);
+}
+
+static void test_check(void)
+{
+	hi3_backend_ops ops = *cpu->ops;
+	hi3_backend be = *cpu;
+	hi3_error err = {0};
+
+	ok(hi3i_backend_check_image(cpu, &err) == 0, "the CPU backend has every image op");
+	diag("image ops: %s backend", cpu->name);
+	ops.groupnorm = NULL;
+	be.ops = &ops;
+	ok(hi3i_backend_check_image(&be, &err) != 0 && strstr(err.msg, "'groupnorm'") &&
+	   strstr(err.msg, "the image modules"), "a backend without groupnorm is refused by the image check: %s", err.msg);
+	ok(hi3i_backend_check(&be, &err) == 0, "... but not by the model's check");
+}
+
+int main(void)
+{
+	hi3_error err = {0};
+
+	if (hi3i_backend_cpu(&cpu, 2, 1, &err) != 0 || hi3i_backend_cpu(&blas, 2, 0, &err) != 0) {
+		printf("Bail out! cpu backend: %s\n", err.msg);
+		return 1;
+	}
+	test_conv(3, 3, 2);
+	test_conv(1, 3, 1);
+	test_conv(1, 1, 2);
+	test_groupnorm(37, HI3_ACT_NONE);
+	test_groupnorm(2500, HI3_ACT_SILU);
+	test_layernorm();
+	test_elementwise();
+	test_shuffle(1);
+	test_shuffle(2);
+	test_attention(2, 37, 3, 20, 0);
+	test_attention(3, 41, 2, 16, 1);
+	test_attention(1, 70, 1, 1100, 0);
+	test_check();
+	cpu->ops->destroy(cpu);
+	blas->ops->destroy(blas);
+	return done_testing();
+}
