@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "format/conditions.h"
 #include "format/kv.h"
+#include "format/trace.h"
 
 int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi3_prefill_opts *o,
                 const char *kv_path, hi3_error *err)
@@ -23,6 +24,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	hi3_kvfile kv = {0};
 	char *tmp = NULL;
 	int32_t *hi = NULL, *at = NULL, *crow = NULL;
+	int64_t *tpos = NULL;     /* (rows_per, L) traced positions: the column, -1 on pads */
 	float *logits = NULL;
 	hi3_comm *comm = hi3i_model_comm(m);
 	const int lead = !comm || comm->rank == 0;    /* rank 0 writes all but the other ranks' kv heads */
@@ -57,9 +59,17 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)rows_per, err);
 	crow = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per, err);
 	logits = hi3i_malloc(sizeof(float) * (size_t)rows_per * V, err);
-	if (!tmp || !hi || !at || !crow || !logits) {
+	if (o->trace)
+		tpos = hi3i_malloc(sizeof(int64_t) * (size_t)rows_per * L, err);
+	if (!tmp || !hi || !at || !crow || !logits || (o->trace && !tpos)) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
+	}
+	if (o->trace) {
+		char dt[8];
+		snprintf(dt, sizeof(dt), "%s", hi3_dtype_name(o->kv_dtype));
+		if (hi3i_trace_stage_meta(o->trace, "prefill", c, err) || hi3_trace_set_meta(o->trace, "kv_dtype", dt, err))
+			goto out;
 	}
 	if (lead) {
 		if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0) {
@@ -86,6 +96,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			.slot = c->position_ids + (size_t)r0 * L,
 			.cache_row = crow,
 			.n_logits = nb, .logit_at = at, .logits = logits,
+			.trace = o->trace, .trace_row = crow, .trace_pos = tpos,
 		};
 		if (kv.prompt_route_ids) {
 			/* rows r0 .. r0 + nb of (B, L, n_moe, k) are this chunk's */
@@ -99,6 +110,8 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			crow[r] = r0 + r;
 			at[2 * r] = r;
 			at[2 * r + 1] = (int32_t)c->real_pos[r0 + r] - 1;
+			for (int t = 0; tpos && t < L; t++)
+				tpos[(size_t)r * L + t] = t < c->real_pos[r0 + r] ? t : -1;
 		}
 		if (hi3_forward(m, &kv.cache, &b, err) != 0)
 			goto out;
@@ -133,6 +146,7 @@ out:
 	free(hi);
 	free(at);
 	free(crow);
+	free(tpos);
 	free(logits);
 	return rc;
 }
