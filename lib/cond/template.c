@@ -936,6 +936,8 @@ static int encode_image(const hi3_template *t, const hi3_requests *rq, int i, st
 	if (push(rb, img, (int64_t)s->h * s->w, err))
 		return -1;
 	if (s->type == SEC_GEN) {
+		r->gen_h = s->h;
+		r->gen_w = s->w;
 		if ((t->rope_2d && add_run(rb, start, s->h, s->w, err)) ||
 		    mark(rb, &r->gen_image_mask, start, r->n - start, err) || add_block(r, start, r->n, err))
 			return -1;

@@ -21,7 +21,8 @@
 #include <errno.h>
 #include "format/kv.h"
 
-static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad"};
+static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad", "rope-pad",
+                                             "rope-1d", "eoi"};
 
 const char *hi3_parity_ablation_name(int a)
 {
