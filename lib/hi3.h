@@ -667,7 +667,8 @@ typedef struct hi3_trajectory {
 	const char *variant;          /* base, instruct, instruct-distil */
 	const char *noise;            /* "philox" (the rows' seeds) or the --noise file */
 	const char *model_fingerprint, *conditions_hash;
-	const char *requests;         /* JSON array of the conditions' requests (prompts, seeds) */
+	const char *requests;         /* JSON array of the conditions' requests (prompts) */
+	const char *seeds;            /* JSON array of the B seeds the rows' noise came from */
 	hi3_st *st;                   /* the backing file; NULL for one built in memory */
 } hi3_trajectory;
 
@@ -951,6 +952,12 @@ int hi3_requests_need_tokenizer(const hi3_requests *r);
  * image settings of config.json and the pad id. */
 typedef struct hi3_template hi3_template;
 
+/* How a generated image's "HxW" becomes its token grid: the nearest
+ * bucket by ratio (upstream), kept when a multiple of the latent factor
+ * (with the ratio token of its nearest bucket), or refused unless it is a
+ * bucket. */
+enum hi3_image_size { HI3_SIZE_BUCKET = 0, HI3_SIZE_EXACT, HI3_SIZE_STRICT };
+
 typedef struct hi3_template_opts {
 	const char *model_dir;     /* config.json, tokenizer_config.json, generation_config.json,
 	                            * tokenizer.json; NULL: none */
@@ -960,6 +967,7 @@ typedef struct hi3_template_opts {
 	const char *name;          /* "pretrain" or "instruct"; NULL: generation_config.json's
 	                            * sequence_template, else "pretrain" */
 	int drop_think;            /* drop <think>...</think> sections of cot text */
+	int image_size;            /* a gen_image "HxW" (enum hi3_image_size): snapped to its bucket (0) */
 	int64_t pad_id;            /* >= 0: the pad id; -1: from tokenizer_config.json or config.json */
 } hi3_template_opts;
 

@@ -39,6 +39,7 @@ enum { ATTN_FULL, ATTN_FULL_CAUSAL, ATTN_CAUSAL, ATTN_JOINT_FULL };
 struct hi3_template {
 	char name[16];               /* pretrain or instruct */
 	int drop_think;
+	int image_size;              /* enum hi3_image_size */
 	int variant;                 /* enum hi3_variant */
 	int instruct_code;           /* the Instruct code's rules (Instruct and Distil) */
 	char variant_why[160];
@@ -334,6 +335,7 @@ int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error 
 			goto fail;
 	}
 	t->drop_think = o->drop_think || t->gen.drop_think;
+	t->image_size = o->image_size;
 	if (!name)
 		name = "pretrain";
 	if (strcmp(name, "pretrain") && strcmp(name, "instruct")) {
@@ -667,6 +669,20 @@ static int gen_image_section(const hi3_template *t, const hi3_requests *rq, cons
 	s->h = t->reso[b][0] / (t->down_h * t->patch);
 	s->w = t->reso[b][1] / (t->down_w * t->patch);
 	s->ratio = b;
+	if (r->size_kind == 1 && !r->size_colon && t->image_size != HI3_SIZE_BUCKET &&
+	    (h != t->reso[b][0] || w != t->reso[b][1])) {
+		const int fh = t->down_h * t->patch, fw = t->down_w * t->patch;
+		if (t->image_size == HI3_SIZE_STRICT)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': %lldx%lld is not a bucket of "
+			                     "this model (the nearest is %dx%d; --strict-size)", rq->name, r->line,
+			                     (long long)h, (long long)w, t->reso[b][0], t->reso[b][1]);
+		if (h % fh || w % fw)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': %lldx%lld is not a multiple of "
+			                     "the latent factor %dx%d (--exact-size)", rq->name, r->line, (long long)h,
+			                     (long long)w, fh, fw);
+		s->h = (int)(h / fh);
+		s->w = (int)(w / fw);
+	}
 	if (s->h < 1 || s->w < 1)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': bucket %dx%d gives no image tokens "
 		                     "(vae_downsample_factor x patch_size is larger)", rq->name, r->line, t->reso[b][0],

@@ -14,7 +14,7 @@
  *              guidance (optional: diffusion-capture --capture-velocity)
  * metadata: format, format_version, model_fingerprint, conditions_hash,
  * sampler (euler | sde), eta, guidance, flow_shift, steps, latent_dtype,
- * kv_reuse (on | off), cfg_dtype, variant, noise, rows (R), requests.
+ * kv_reuse (on | off), cfg_dtype, variant, noise, rows (R), requests, seeds.
  *
  * A --noise file is read here too: any safetensors file with x_T
  * (B, C, h, w) F32 and, for SDE steps, sde_noise (B, K, C, h, w) F32 -- a
@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/internal.h"
+#include "stage/diffusion.h"
 
 static const char *const dtype_names[][2] = {{"f32", "F32"}, {"bf16", "BF16"}, {"f16", "F16"}};
 
@@ -133,6 +134,7 @@ int hi3_trajectory_open(hi3_trajectory **out, const char *path, hi3_error *err)
 	t->model_fingerprint = hi3_st_meta(t->st, "model_fingerprint");
 	t->conditions_hash = hi3_st_meta(t->st, "conditions_hash");
 	t->requests = hi3_st_meta(t->st, "requests");
+	t->seeds = hi3_st_meta(t->st, "seeds");
 	v = hi3_st_meta(t->st, "kv_reuse");
 	t->kv_reuse = v && !strcmp(v, "on");
 	if (meta_double(t->st, path, "eta", &t->eta, err) || meta_double(t->st, path, "guidance", &t->guidance, err) ||
@@ -173,7 +175,7 @@ int hi3_trajectory_write(const hi3_trajectory *t, const char *path, hi3_error *e
 		{"sampler", t->sampler}, {"eta", eta}, {"guidance", g}, {"flow_shift", sh}, {"steps", steps},
 		{"latent_dtype", latent_dtype_name(t->latent_dtype)}, {"kv_reuse", t->kv_reuse ? "on" : "off"},
 		{"cfg_dtype", t->cfg_dtype}, {"variant", t->variant}, {"noise", t->noise}, {"rows", rows},
-		{"requests", t->requests},
+		{"requests", t->requests}, {"seeds", t->seeds},
 	};
 	hi3_st_writer *w;
 	int rc;

@@ -408,7 +408,7 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 	float *sig = NULL, *tst = NULL, *x_T = NULL, *noise = NULL, *lp = NULL, *vel = NULL, *v = NULL, *vg = NULL;
 	float *x = NULL, *xn = NULL, *mu = NULL;
 	void *lat = NULL;
-	char hash[17];
+	char hash[17], *seeds = NULL;
 	double t0 = hi3i_now(), t_step0 = 0.0, t_rest = 0.0;
 	size_t n, es;
 	int rows, rc = -1;
@@ -519,6 +519,14 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 				                                                    : hi3_f32_to_f16(x[(size_t)b * n + k]);
 		}
 	hi3i_cond_hash(c, hash);
+	{
+		size_t off = 0, cap = (size_t)g.B * 24 + 4;
+		if (!(seeds = hi3i_malloc(cap, err)))
+			goto out;
+		for (int b = 0; b < g.B; b++)
+			off += (size_t)snprintf(seeds + off, cap - off, "%s%lld", b ? ", " : "[", (long long)c->seeds[b]);
+		snprintf(seeds + off, cap - off, "]");
+	}
 	tr = (hi3_trajectory){
 		.B = g.B, .R = g.R, .T = s.T, .K = s.K, .C = g.Z, .h = g.h, .w = g.w, .latent_dtype = o->latent_dtype,
 		.latents = lat, .sigmas = sig, .timesteps = tst, .sde_steps = s.sde, .sde_logp = lp, .x_T = x_T,
@@ -527,7 +535,7 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 		.kv_reuse = !o->no_kv_reuse, .cfg_dtype = dtype_label(o->cfg_dtype),
 		.variant = hi3_variant_name(hi3_variant_of(hi3_model_config(m), hi3_model_gen_defaults(m), NULL, 0)),
 		.noise = o->noise ? o->noise : "philox", .model_fingerprint = hi3_model_fingerprint(m),
-		.conditions_hash = hash, .requests = c->requests,
+		.conditions_hash = hash, .requests = c->requests, .seeds = seeds,
 	};
 	if (hi3_trajectory_write(&tr, traj_path, err))
 		goto out;
@@ -546,6 +554,6 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 out:
 	hi3i_denoiser_close(dn);
 	free(s.is_sde), free(s.sde), free(sig), free(tst), free(x_T), free(noise), free(lp), free(lat), free(v);
-	free(vg), free(x), free(xn), free(mu), free(vel);
+	free(vg), free(x), free(xn), free(mu), free(vel), free(seeds);
 	return rc;
 }
