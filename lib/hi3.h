@@ -788,12 +788,18 @@ typedef struct hi3_parity_row {
 	int64_t len_batched, len_alone;
 	double logp_max;              /* over the tokens both runs produced */
 	double kv_max, kv_slot0_max, kv_rest_max;  /* prefill K/V over slots [0, n) */
+	/* gen_image requests: the trajectories */
+	double latent_max;            /* over every step's latents */
+	int64_t first_step;           /* the first latents[:, s] over the tolerance, -1 when none */
+	double sde_logp_max;
 } hi3_parity_row;
 
 typedef struct hi3_parity_case {
 	const char *construction;     /* "batch", "per-row+concat", "padded B=1" */
 	int sampled, steps, L, pass, tokens_equal;
 	double logp_max, kv_max, kv_slot0_max, kv_rest_max;
+	int diffusion;                /* gen_image: steps are denoising steps, sampled the SDE */
+	double latent_max, sde_logp_max;
 	int n_rows;
 	hi3_parity_row *rows;
 } hi3_parity_case;

@@ -354,11 +354,25 @@ int hi3_cond_select(hi3_cond **out, const hi3_cond *c, const int *rows, int n, i
 		return -1;
 	if (concat_meta(ci, &c, 1, pad_zero, err) != 0 || !(v = hi3i_calloc((size_t)n, sizeof(*v), err)))
 		goto fail;
-	if (HI3I_COND(c)->cfg_factor == 1) {
+	if (HI3I_COND(c)->cfg_factor > 1) {
+		/* whole requests: rows [q_0 .. q_{k-1}] of each cfg group in the same order */
+		const int f = HI3I_COND(c)->cfg_factor, R = c->B / f, k = n / f;
+		int ok = n % f == 0;
+		for (int g = 1; ok && g < f; g++)
+			for (int i = 0; ok && i < k; i++)
+				ok = rows[i] < R && rows[g * k + i] == rows[i] + g * R;
+		if (!ok) {
+			hi3_error_set(err, HI3_ERR_USAGE, "%s: cfg_factor %d: select whole requests (row i of each of the %d "
+			              "groups of %d rows)", HI3I_COND(c)->name, f, f, R);
+			goto fail;
+		}
+	}
+	{
 		/* the selected rows' requests */
+		const int f = HI3I_COND(c)->cfg_factor;
 		json_t *all = json_loads(c->requests, 0, NULL), *sel = json_array();
 		char *text;
-		for (int i = 0; all && i < n; i++)
+		for (int i = 0; all && i < n / f; i++)
 			json_array_append(sel, json_array_get(all, (size_t)rows[i]));
 		text = json_dumps(sel, JSON_COMPACT | JSON_ENSURE_ASCII);
 		json_decref(all);
