@@ -23,8 +23,8 @@ ragged_final_layer).
           [--eta E] [--sde-steps LIST] [--latent-dtype f32|bf16|f16]
       the trajectory of the conditions file COND (hi3 tokenize-concat) from
       the noise of NOISE (x_T, sde_noise: a trajectory or noise file), every
-      step over the whole sequence; OUT holds latents (f32), sigmas,
-      timesteps, sde_logp (tests/t5000-diffusion.sh: hi3 diffusion-capture
+      step over the whole sequence; OUT holds latents (in the latent dtype), sigmas,
+      timesteps, sde_logp (tests/t5300-diffusion-reference.sh: hi3 diffusion-capture
       --noise against it).
   diffusion_ref.py bench --model DIR --cond COND [--steps N] [--threads N]
       per-step time of the reference on COND: the whole sequence each step,
@@ -69,6 +69,7 @@ def load_unirl_sde():
     src = subprocess.run(["git", "-C", UNIRL_MIRROR, "show", UNIRL_COMMIT + ":unirl/sde/kernels.py"], check=True,
                          capture_output=True).stdout.decode()
     mod = types.ModuleType("unirl_sde_kernels")
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up there
     exec(compile(src, "unirl/sde/kernels.py", "exec"), mod.__dict__)
     return mod
 
@@ -150,11 +151,16 @@ def cmd_heads(a):
 # ------------------------------------------------------------- trajectory
 
 def read_st(path):
-    from safetensors.numpy import load_file
+    """The tensors of a safetensors file as numpy arrays (bf16 ones as f32:
+    numpy has no bf16), and its metadata."""
     from safetensors import safe_open
-    with safe_open(path, framework="numpy") as f:
+    out = {}
+    with safe_open(path, framework="pt") as f:
         meta = f.metadata() or {}
-    return load_file(path), meta
+        for k in f.keys():
+            t = f.get_tensor(k)
+            out[k] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+    return out, meta
 
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -281,9 +287,11 @@ def cmd_trajectory(a):
             logp[:, k] = lp.numpy()
             x = xn
         else:
+            # the scheduler counts its own calls; the SDE steps did not call it
+            sched._step_index = i
             x = sched.step(v, timesteps[i], x, return_dict=False)[0].to(dt).float()
         lat.append(x.clone())
-    out = {"latents": torch.stack(lat, 1).contiguous(), "sigmas": sigmas.contiguous(),
+    out = {"latents": torch.stack(lat, 1).to(dt).contiguous(), "sigmas": sigmas.contiguous(),
            "timesteps": timesteps.contiguous(), "sde_logp": torch.from_numpy(logp),
            "sde_steps": torch.tensor(sde, dtype=torch.int64), "velocity": torch.stack(vel).contiguous()}
     meta = {"format": "hi3.test.trajectory", "steps": str(T), "guidance": repr(a.guidance),
