@@ -40,6 +40,17 @@ test_expect_success 'requests to a trajectory and one PNG per request at the ima
 	test_grep "^parameters=.*Steps: 4, Sampler: euler, CFG scale: 5, Seed: 9, Size: 48x32" text
 '
 
+test_expect_success 'hi3 inspect --png draws a request of a trajectory step by step' '
+	hi3 inspect --png steps.png --row 1 --scale 1 --json t.st >p.json &&
+	test "$(T json kind <p.json)" = trajectory-steps &&
+	test "$(T json rows <p.json)" = 2 &&
+	test "$(T json cols <p.json)" = 19 &&
+	test "$(T pnginfo steps.png)" = "19 2" &&
+	test "$(T pngpix steps.png 3 0)" = "25 25 25" &&
+	test_must_fail 2 hi3 inspect --png x.png --row 2 t.st 2>err &&
+	test_grep "requests 0 to 1" err
+'
+
 test_expect_success 'a size is snapped to its bucket by default; --strict-size refuses it (exit 3)' '
 	gen_requests 32x48 >req.jsonl &&
 	hi3 -q -m tiny tokenize-concat req.jsonl -o cb.st &&
