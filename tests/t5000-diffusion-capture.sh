@@ -118,6 +118,21 @@ test_expect_success 'each request draws its own noise from its seed: the same in
 	hi3 diff --atol 0 --row 1:0 t2.st t1.st
 '
 
+test_expect_success 'Instruct-Distil: one row per request, <guidance> embedded; its 8 default steps, a replay, PNGs' '
+	make_model tiny-distil distil &&
+	hi3 -q -m distil tokenize-concat --exact-size req.jsonl -o cd.st &&
+	hi3 inspect cd.st >info && test_grep "cfg_factor: 1" info &&
+	hi3 -q -m distil diffusion-capture --sampler sde --sde-steps 6 cd.st -o td.st --png pd &&
+	hi3 inspect td.st >info &&
+	test_grep "latents *F32 *(2, 9, 16, 2, 3)" info &&
+	test_grep "variant: instruct-distil" info && test_grep "rows: 2$" info &&
+	test "$(T pnginfo pd/row-1.png)" = "48 32" &&
+	hi3 -q -m distil replay --threshold 1e-5 cd.st td.st -o rd.st >/dev/null &&
+	hi3 -q -m distil diffusion-capture --steps 2 --guidance 2 cd.st -o g2.st &&
+	hi3 -q -m distil diffusion-capture --steps 2 --guidance 6 cd.st -o g6.st &&
+	test_must_fail 1 hi3 diff --tensor latents g2.st g6.st >/dev/null
+'
+
 test_expect_success 'bad input: gen_text conditions (exit 3, the file named)' '
 	requests 5 9 >txt.jsonl &&
 	hi3 -q -m tiny tokenize-concat txt.jsonl -o ct.st &&

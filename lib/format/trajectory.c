@@ -187,12 +187,8 @@ int hi3_trajectory_write(const hi3_trajectory *t, const char *path, hi3_error *e
 	snprintf(sh, sizeof(sh), "%.17g", t->flow_shift);
 	snprintf(steps, sizeof(steps), "%d", t->T);
 	snprintf(rows, sizeof(rows), "%d", t->R);
-	if (!(w = hi3_stw_new()) || hi3_stw_meta(w, "format", HI3_FORMAT_TRAJECTORY) ||
-	    hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION))
+	if (!(w = hi3i_stw_format(HI3_FORMAT_TRAJECTORY, meta, HI3_ARRAY_SIZE(meta))))
 		goto oom;
-	for (size_t i = 0; i < HI3_ARRAY_SIZE(meta); i++)
-		if (meta[i][1] && hi3_stw_meta(w, meta[i][0], meta[i][1]))
-			goto oom;
 	if (hi3_stw_add(w, "latents", t->latent_dtype, 5, s_lat, t->latents) ||
 	    hi3_stw_add(w, "sigmas", HI3_F32, 1, s_sg, t->sigmas) ||
 	    hi3_stw_add(w, "timesteps", HI3_F32, 1, s_ts, t->timesteps) ||

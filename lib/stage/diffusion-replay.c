@@ -141,27 +141,17 @@ int hi3_diffusion_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_traj
                                  void *progress_ctx, hi3_error *err)
 {
 	float *logp = hi3i_calloc((size_t)t->B * HI3_MAX(t->K, 1), sizeof(float), err);
-	hi3_st_writer *w = NULL;
 	char hash[17];
 	int rc = -1;
 
 	if (!logp || hi3_diffusion_replay(m, c, t, logp, rep, progress, progress_ctx, err))
 		goto out;
 	hi3i_cond_hash(c, hash);
-	if (!(w = hi3_stw_new()) || hi3_stw_meta(w, "format", HI3_FORMAT_REPLAY) ||
-	    hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION) ||
-	    hi3_stw_meta(w, "model_fingerprint", hi3_model_fingerprint(m)) || hi3_stw_meta(w, "conditions_hash", hash) ||
-	    hi3_stw_meta(w, "trajectory_file", traj_path) || hi3_stw_meta(w, "mode", "diffusion") ||
-	    hi3_stw_add(w, "sde_logp", HI3_F32, 2, (int64_t[]){t->B, t->K}, logp) ||
-	    hi3_stw_add(w, "sde_steps", HI3_I64, 1, (int64_t[]){t->K}, t->sde_steps)) {
-		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-		goto out;
-	}
-	rc = hi3_stw_write(w, path, err);
+	rc = hi3i_replay_sde_write(path, t->B, t->K, logp, t->sde_steps, hi3_model_fingerprint(m), hash, traj_path,
+	                           err);
 out:
 	if (rc)
 		hi3_diffusion_replay_report_release(rep);
-	hi3_stw_free(w);
 	free(logp);
 	return rc;
 }

@@ -52,6 +52,11 @@ float hi3i_sde_logp(const float *xn, const float *mu, size_t n, const struct hi3
 int hi3i_noise_read(const char *path, int B, int C, int h, int w, int K, float *x_T, float *sde_noise,
                     hi3_error *err);
 
+/* The replay file of a diffusion replay (replay.c, format hi3.replay):
+ * sde_logp (B, K) F32 and sde_steps (K) I64, written atomically. */
+int hi3i_replay_sde_write(const char *path, int B, int K, const float *sde_logp, const int64_t *sde_steps,
+                          const char *fingerprint, const char *conditions_hash, const char *traj_file, hi3_error *err);
+
 /* -------------------------------------------------------- diffusion.c */
 
 /* The upstream defects the denoiser can restore (parity --ablate). */
