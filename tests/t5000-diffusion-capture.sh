@@ -51,6 +51,23 @@ test_expect_success 'hi3 inspect --png draws a request of a trajectory step by s
 	test_grep "requests 0 to 1" err
 '
 
+test_expect_success 'a "tokens" gen_image request is the prompt body: the template adds the rest, <cfg> replaces it' '
+	echo "{\"tokens\": [65, 66, 67], \"mode\": \"gen_image\", \"image_size\": \"32x32\", \"seed\": 3}" >tk.jsonl &&
+	echo "{\"prompt\": \"ABC\", \"mode\": \"gen_image\", \"image_size\": \"32x32\", \"seed\": 3}" >tp.jsonl &&
+	hi3 -q -m tiny tokenize-concat --exact-size tk.jsonl -o ck.st &&
+	hi3 -q -m tiny tokenize-concat --exact-size tp.jsonl -o cp.st &&
+	hi3 diff --atol 0 ck.st cp.st &&
+	hi3 inspect --tensor input_ids ck.st >ids &&
+	test_grep "^\[0, :\] 256 65 66 67 " ids &&
+	cfg=$(sed -n "s/^\[1, :\] 256 \([0-9]*\) .*/\1/p" ids) &&
+	test_grep "^\[1, :\] 256 $cfg $cfg $cfg " ids &&
+	test "$cfg" != 65 &&
+	hi3 -q -m tiny diffusion-capture --steps 2 ck.st -o tk.st &&
+	echo "{\"tokens\": [65], \"prompt\": \"A\", \"mode\": \"gen_image\", \"image_size\": \"32x32\"}" >bad.jsonl &&
+	test_must_fail 3 hi3 -m tiny tokenize-concat bad.jsonl -o x.st 2>err &&
+	test_grep "bad.jsonl:1: field .tokens. in mode gen_image is the prompt.s body" err
+'
+
 test_expect_success 'a size is snapped to its bucket by default; --strict-size refuses it (exit 3)' '
 	gen_requests 32x48 >req.jsonl &&
 	hi3 -q -m tiny tokenize-concat req.jsonl -o cb.st &&
