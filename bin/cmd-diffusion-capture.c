@@ -49,7 +49,7 @@ static int decode_png(const char *traj_path, const char *dir)
 	cli_info("%d images of %d x %d latents into %s/row-<i>.png", t->B, t->h, t->w, dir);
 	rc = 0;
 out:
-	hi3_model_close(m);
+	cli_close_model(m);
 	hi3_trajectory_close(t);
 	return rc ? cli_fail(&err) : 0;
 }
@@ -144,6 +144,6 @@ int cmd_diffusion_capture(int argc, char **argv)
 		}
 		hi3_trajectory_close(t);
 	}
-	hi3_model_close(m);
+	cli_close_model(m);
 	return rc ? cli_fail(&err) : 0;
 }

@@ -73,7 +73,7 @@ static int replay_trajectory(const char *cond, const char *traj, const char *out
 out:
 	free(report);
 	hi3_diffusion_replay_report_release(&rep);
-	hi3_model_close(m);
+	cli_close_model(m);
 	hi3_trajectory_close(t);
 	hi3_cond_close(c);
 	return rc;
@@ -141,7 +141,7 @@ int cmd_replay(int argc, char **argv)
 out:
 	free(report);
 	hi3_replay_report_release(&rep);
-	hi3_model_close(m);
+	cli_close_model(m);
 	hi3_segment_close(s);
 	hi3_cond_close(c);
 	return rc;

@@ -150,6 +150,16 @@ test_expect_success 'Instruct-Distil: one row per request, <guidance> embedded; 
 	test_must_fail 1 hi3 diff --tensor latents g2.st g6.st >/dev/null
 '
 
+test_expect_success 'hi3 run: capture, replay and decode in one process give the files of the separate commands' '
+	hi3 -q -m tiny diffusion-capture --steps 3 --sampler sde c.st -o sep.st --png sep &&
+	hi3 -q -m tiny replay c.st sep.st -o sep-r.st >/dev/null &&
+	printf "%s\n" "diffusion-capture --steps 3 --sampler sde c.st -o one.st --png one" \
+		"replay c.st one.st -o one-r.st" "diffusion-capture --decode one.st --png one2" >script &&
+	hi3 -q -m tiny run <script >/dev/null &&
+	hi3 diff --atol 0 sep.st one.st && hi3 diff --atol 0 sep-r.st one-r.st &&
+	cmp sep/row-1.png one/row-1.png && cmp sep/row-1.png one2/row-1.png
+'
+
 test_expect_success 'bad input: gen_text conditions (exit 3, the file named)' '
 	requests 5 9 >txt.jsonl &&
 	hi3 -q -m tiny tokenize-concat txt.jsonl -o ct.st &&
