@@ -89,6 +89,15 @@ const struct cli_choice cli_ablate_choices[] = {
 	 "--ablate token-placement: the batched runs append new tokens at the padded tail, as upstream did"},
 	{"pos-pad", HI3_ABLATE_POS_PAD,
 	 "--ablate pos-pad: the batched conditions pad position ids with 0, as upstream did"},
+	{"rope-pad", HI3_ABLATE_ROPE_PAD,
+	 "--ablate rope-pad: the batched gen_image runs pad position ids with 0 and the RoPE table with zeros, as "
+	 "UniRL's ragged concat did"},
+	{"rope-1d", HI3_ABLATE_ROPE_1D,
+	 "--ablate rope-1d: the batched gen_image runs give image tokens 1-D RoPE, as UniRL's replay did before its "
+	 "ROPE-FIX"},
+	{"eoi", HI3_ABLATE_EOI,
+	 "--ablate eoi: in the batched gen_image runs every token after row 0's <timestep> attends every key, "
+	 "<eoi> too, as upstream's flash-attention branch does"},
 	{NULL, 0, NULL},
 };
 

@@ -83,8 +83,8 @@ extern const struct cli_choice cli_decode_mask_choices[], cli_placement_choices[
 #define OPT_ABLATE(v, ...) \
 	OPT_CHOICE(0, "ablate", v, cli_ablate_choices, \
 	           "the batched runs restore one defect (decode-mask, token-placement: decode's " \
-	           "--decode-mask=none, --token-placement=tail; pos-pad: tokenize-concat's --pad-positions=zero); " \
-	           "every case must then break", __VA_ARGS__)
+	           "--decode-mask=none, --token-placement=tail; pos-pad: tokenize-concat's --pad-positions=zero; " \
+	           "gen_image requests: pos-pad, rope-pad, rope-1d, eoi); every case must then break", __VA_ARGS__)
 
 /* Tracing (prefill, decode, replay): --trace FILE and what to record. */
 struct cli_trace {

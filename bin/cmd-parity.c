@@ -52,6 +52,9 @@ int cmd_parity(int argc, char **argv)
 		OPT_GROUP("sampled cases (default --temperature 0.8 --top-k 20 --top-p 0.9):"),
 		OPT_SAMPLER(&o.sampler, NULL),
 		OPT_SEED_BASE(&o.seed_base),
+		OPT_GROUP("gen_image requests (steps: denoising steps; greedy: euler, sampled: sde):"),
+		OPT_SET_INT(0, "exact-size", &to.image_size, HI3_SIZE_EXACT, "keep an \"HxW\" that is a multiple of "
+		            "the latent factor (tokenize-concat --exact-size)"),
 		OPT_GROUP_DEFECTS(),
 		OPT_ABLATE(&o.ablate),
 		OPT_END(),

@@ -9,7 +9,7 @@
 static const struct cli_help help = {
 	.usage = {"hi3 tokenize-concat [-m DIR] [--tokenizer FILE] [--template NAME] [--batch | --per-row] "
 	          "[--pad-positions continue|zero] [--max-length N] [--seed N] [--pad-id N] [--drop-think] "
-	          "-o OUT REQUESTS",
+	          "[--exact-size | --strict-size] -o OUT REQUESTS",
 	          "hi3 tokenize-concat --concat [--pad-positions continue|zero] -o OUT COND..."},
 	.description =
 	"Encode JSONL requests (one JSON object per line; '-' reads standard input)\n"
@@ -82,7 +82,7 @@ int cmd_tokenize_concat(int argc, char **argv)
 	hi3_template_opts to = {.pad_id = -1};
 	hi3_cond_build_opts bo = {0};
 	const char *out = NULL;
-	int do_concat = 0, n_mode = 0, n_build = 0;
+	int do_concat = 0, n_mode = 0, n_build = 0, n_size = 0;
 	struct cli_option options[] = {
 		OPT_STRING('m', "model", &cli.model_dir, "DIR", "config.json, tokenizer.json, tokenizer_config.json "
 		           "and generation_config.json; the weights give the fingerprint"),
@@ -102,6 +102,11 @@ int cmd_tokenize_concat(int argc, char **argv)
 		        .given = &n_build),
 		OPT_FLAG(0, "drop-think", &to.drop_think, "drop the <think>...</think> parts of cot texts",
 		         .given = &n_build),
+		OPT_SET_INT(0, "exact-size", &to.image_size, HI3_SIZE_EXACT, "gen_image: keep an \"HxW\" that is a "
+		            "multiple of the latent factor (the ratio token of its nearest bucket) instead of the bucket",
+		            .given = &n_size),
+		OPT_SET_INT(0, "strict-size", &to.image_size, HI3_SIZE_STRICT, "gen_image: refuse an \"HxW\" that is "
+		            "not one of the model's buckets (exit 3)", .given = &n_size),
 		OPT_FLAG(0, "concat", &do_concat, "merge the conditions files COND... instead"),
 		OPT_OUTPUT(&out, "OUT", "the conditions file to write ('-': standard output)"),
 		OPT_GROUP_DEFECTS(),
@@ -114,6 +119,9 @@ int cmd_tokenize_concat(int argc, char **argv)
 		return CLI_PARSE_STATUS(argc);
 	if (n_mode > 1)
 		return cli_usage_error("give one of --batch and --per-row");
+	if (n_size > 1)
+		return cli_usage_error("give one of --exact-size and --strict-size");
+	n_build += n_size;
 	if (do_concat) {
 		if (n_build || n_mode)
 			return cli_usage_error("--concat takes only --pad-positions and -o (the other options build "

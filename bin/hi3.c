@@ -25,6 +25,7 @@ static const struct cli_command commands[] = {
 	CMD("decode", decode, "decode new tokens into the KV file and write a segment"),
 	CMD("replay", replay, "teacher-forced log-probs of a segment and the rollout/replay report"),
 	CMD("import-rollout", import_rollout, "another engine's rollout (vLLM, SGLang JSONL) into conditions and a segment"),
+	CMD("diffusion-capture", diffusion_capture, "generate images by flow matching: a trajectory, and PNGs"),
 	CMD("parity", parity, "prove a batch equals its rows run alone, or show where not"),
 	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
 	CMD("diff", diff, "compare two safetensors files tensor by tensor"),

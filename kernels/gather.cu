@@ -1,7 +1,8 @@
 /* gather.cu -- row gather and weighted scatter-add, the token grouping of
  * the MoE layer: each expert gathers its tokens, runs one GEMM over them,
- * and adds its output back scaled by the routing weight (CPU twins:
- * cpu_gather, cpu_scatter_add). */
+ * and adds its output back scaled by the routing weight; and the row
+ * scatter that puts a diffusion call's image and timestep embeddings in
+ * place (CPU twins: cpu_gather, cpu_scatter_add, cpu_scatter). */
 #include "common.cuh"
 
 /* grid (n), block 256: one row per block */
@@ -39,5 +40,22 @@ extern "C" cudaError_t HI3K(scatter_add)(cudaStream_t s, float *dst, const float
 {
 	if (n > 0)
 		HI3K_LAUNCH(scatter_add_kernel, dim3(n), dim3(256), 0, s)(dst, src, idx, scale, w);
+	return cudaGetLastError();
+}
+
+/* grid (n), block 256; the rows' destinations are distinct */
+static __global__ void scatter_kernel(float *dst, const float *src, const int32_t *idx, int w)
+{
+	const float *sr = src + (size_t)blockIdx.x * (size_t)w;
+	float *dr = dst + (size_t)idx[blockIdx.x] * (size_t)w;
+
+	for (int c = threadIdx.x; c < w; c += blockDim.x)
+		dr[c] = sr[c];
+}
+
+extern "C" cudaError_t HI3K(scatter)(cudaStream_t s, float *dst, const float *src, const int32_t *idx, int n, int w)
+{
+	if (n > 0)
+		HI3K_LAUNCH(scatter_kernel, dim3(n), dim3(256), 0, s)(dst, src, idx, w);
 	return cudaGetLastError();
 }

@@ -68,6 +68,8 @@ cudaError_t HI3K(gather)(cudaStream_t s, float *dst, const float *src, const int
 /* dst[idx[i]] += scale[i] * src[i], rows of width w; idx has no repeats */
 cudaError_t HI3K(scatter_add)(cudaStream_t s, float *dst, const float *src, const int32_t *idx,
                               const float *scale, int n, int w);
+/* dst[idx[i]] = src[i] (CPU twin: cpu_scatter) */
+cudaError_t HI3K(scatter)(cudaStream_t s, float *dst, const float *src, const int32_t *idx, int n, int w);
 /* In place on qkv (M, W): RoPE on each query and key head at pos (M, 2)
  * (y, x) with theta (d/2), then, when qn and kn are not NULL, RMSNorm over
  * d with qn (d) for query heads and kn (d) for key heads. */

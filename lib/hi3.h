@@ -38,6 +38,7 @@ extern "C" {
 #define HI3_FORMAT_SEGMENT "hi3.segment"
 #define HI3_FORMAT_REPLAY "hi3.replay"
 #define HI3_FORMAT_TRACE "hi3.trace"
+#define HI3_FORMAT_TRAJECTORY "hi3.trajectory"
 
 /* ---------------------------------------------------------------- errors */
 
@@ -526,6 +527,19 @@ typedef struct hi3_batch {
 	const int32_t *trace_row;    /* (B) the stage's row of each batch row; NULL: r */
 	const int64_t *trace_pos;    /* (B, T) each token's position in its row, -1 for a pad (never
 	                              * traced); NULL: its column t */
+	/* image generation (the diffusion stage, lib/stage/diffusion.c): input
+	 * rows computed by the image modules instead of looked up in wte, and
+	 * the last layer's output (no ln_f) at chosen tokens. The rows live
+	 * in the model's backend memory (host memory on the CPU backend). */
+	int n_embed;
+	const int32_t *embed_at;     /* (n_embed) host: token b T + t of each row, distinct */
+	const float *embed_rows;     /* (n_embed, H) backend: its input, replacing wte[ids] */
+	int n_hidden;
+	const int32_t *hidden_at;    /* (n_hidden) host: token b T + t of each output row */
+	float *hidden;               /* (n_hidden, H) backend: the last layer's output there */
+	const uint8_t *rope_zero;    /* (B, T) or NULL: 1 zeroes the token's query and key after RoPE,
+	                              * as a zero cos/sin table does (an upstream defect, restored on
+	                              * purpose by parity --ablate rope-pad) */
 } hi3_batch;
 
 /* Run the model over a batch. */
@@ -879,6 +893,122 @@ typedef struct hi3_import_report {
 
 int hi3_import_rollout(hi3_model *m, const char *jsonl_path, const hi3_import_opts *o, const char *cond_path,
                        const char *seg_path, hi3_import_report *rep, hi3_error *err);
+/* -------------------------------------------------------------- diffusion */
+
+/* A standard normal draw for (seed, stream, i), from Philox-4x32-10 keyed
+ * by seed at counter (i, stream, "norm"), Box-Muller on two 53-bit
+ * uniforms (hi3-batching(7), DIFFUSION): x_T of a request is stream 0 of its
+ * seed, the noise of SDE step i stream i + 1, element i of (C, h, w). */
+float hi3_normal(uint64_t seed, uint64_t stream, uint64_t i);
+
+/* A trajectory file (format hi3.trajectory, hi3-files(5)): what
+ * diffusion-capture records of each request's denoising, for a trainer
+ * and for diffusion replay. Opened (pointers into the mapping) or filled in
+ * and written. */
+typedef struct hi3_trajectory {
+	int B, R;                     /* requests, rows of the conditions (R = B cfg_factor) */
+	int T, K;                     /* steps, SDE steps */
+	int C, h, w;                  /* latent channels and grid */
+	hi3_dtype latent_dtype;       /* F32, BF16 or F16: how latents are stored */
+	const void *latents;          /* (B, T + 1, C, h, w) x_T first, then each step's result */
+	const float *sigmas;          /* (T + 1) the schedule, 1 .. 0 */
+	const float *timesteps;       /* (T) 1000 sigma, what the embedders saw */
+	const int64_t *sde_steps;     /* (K) increasing step indices */
+	const float *sde_logp;        /* (B, K) the log-prob of each SDE transition */
+	const float *x_T;             /* (B, C, h, w) the initial noise */
+	const float *sde_noise;       /* (B, K, C, h, w) the noise of each SDE step */
+	const float *velocity;        /* (T, R, C, h, w) each row's prediction before guidance, or NULL */
+	/* metadata (NULL: absent) */
+	const char *sampler;          /* "euler" or "sde" */
+	double eta, guidance, flow_shift;
+	int kv_reuse;
+	const char *cfg_dtype;        /* the guidance combination's dtype: "f32", "bf16", "f16" */
+	const char *variant;          /* base, instruct, instruct-distil */
+	const char *noise;            /* "philox" (the rows' seeds) or the --noise file */
+	const char *model_fingerprint, *conditions_hash;
+	const char *requests;         /* JSON array of the conditions' requests (prompts) */
+	const char *seeds;            /* JSON array of the B seeds the rows' noise came from */
+	hi3_st *st;                   /* the backing file; NULL for one built in memory */
+} hi3_trajectory;
+
+int hi3_trajectory_open(hi3_trajectory **out, const char *path, hi3_error *err);
+void hi3_trajectory_close(hi3_trajectory *t);
+/* Write t atomically ("-": standard output), after the checks open makes. */
+int hi3_trajectory_write(const hi3_trajectory *t, const char *path, hi3_error *err);
+/* Element i of the latents as f32. */
+float hi3_trajectory_latent(const hi3_trajectory *t, size_t i);
+
+enum hi3_diffusion_sampler { HI3_SAMPLER_EULER, HI3_SAMPLER_SDE };
+
+typedef struct hi3_diffusion_opts {
+	int steps;                    /* T; 0: generation_config's diff_infer_steps */
+	int have_guidance;            /* else generation_config's diff_guidance_scale */
+	double guidance;              /* v = v_u + g (v_c - v_u) when g > 1; else the cond rows alone */
+	int have_flow_shift;          /* else generation_config's flow_shift */
+	double flow_shift;
+	int sampler;                  /* enum hi3_diffusion_sampler */
+	double eta;                   /* the SDE's noise scale (1) */
+	const int64_t *sde_steps;     /* the SDE steps, increasing; NULL: every step */
+	int n_sde_steps;
+	hi3_dtype latent_dtype;       /* F32 (default), BF16, F16: rounded to before each log-prob */
+	hi3_dtype cfg_dtype;          /* F32 (default, upstream's pipeline) or F16/BF16 (UniRL's trainer) */
+	int no_kv_reuse;              /* every step over the whole sequence */
+	const char *noise;            /* a safetensors file with x_T and sde_noise, or NULL: the rows' seeds */
+	int capture_velocity;         /* record velocity (T, R, C, h, w) */
+	int ablate;                   /* enum hi3_ablation: a diffusion defect restored (parity) */
+	hi3_progress_fn progress;     /* per step */
+	void *progress_ctx;
+} hi3_diffusion_opts;
+
+typedef struct hi3_diffusion_stats {
+	int B, R, T, K, h, w;
+	int64_t L, image_tokens;      /* columns of the conditions, image tokens per row */
+	double seconds, step0_seconds, step_seconds;  /* total, the first step, the mean of the others */
+} hi3_diffusion_stats;
+
+/* Denoise the gen_image rows of c from noise (the rows' seeds, or
+ * o->noise) by flow matching, and write the trajectory at traj_path
+ * (hi3.trajectory), atomically. The conditions must be gen_image rows
+ * made for m, of one image size. */
+int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_opts *o, const char *traj_path,
+                          hi3_diffusion_stats *st, hi3_error *err);
+
+/* Diffusion replay: for each SDE step i of the trajectory, the velocity at
+ * its recorded x_i by a stateless forward over the whole sequence (as a
+ * trainer recomputes it), the transition mean, and the log-prob of the
+ * recorded x_{i+1}: logp (B, K). The report compares them with the
+ * trajectory's sde_logp. */
+typedef struct hi3_diffusion_replay_row {
+	int steps;                    /* K */
+	double mean_abs, max_abs;     /* |replay - rollout| log-prob */
+	int worst;                    /* index into sde_steps of the largest gap */
+} hi3_diffusion_replay_row;
+
+typedef struct hi3_diffusion_replay_report {
+	int B, K;
+	hi3_diffusion_replay_row *rows;  /* (B) */
+	double mean_abs, max_abs, seconds;
+	int worst_row, worst_step;    /* the step index (not its place in sde_steps); -1 when K = 0 */
+} hi3_diffusion_replay_report;
+
+int hi3_diffusion_replay(hi3_model *m, const hi3_cond *c, const hi3_trajectory *t, float *logp,
+                         hi3_diffusion_replay_report *rep, hi3_progress_fn progress, void *progress_ctx,
+                         hi3_error *err);
+/* hi3_diffusion_replay, then the replay file at path (hi3.replay with
+ * sde_logp (B, K) and sde_steps (K)), atomically; traj_path is recorded. */
+int hi3_diffusion_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_trajectory *t, const char *traj_path,
+                                 const char *path, hi3_diffusion_replay_report *rep, hi3_progress_fn progress,
+                                 void *progress_ctx, hi3_error *err);
+void hi3_diffusion_replay_report_release(hi3_diffusion_replay_report *rep);
+int hi3_diffusion_replay_report_json(const hi3_diffusion_replay_report *rep, char **text, size_t *len,
+                                     hi3_error *err);
+
+/* Decode the final latents of a trajectory with the model's VAE decoder
+ * and write one PNG per request, DIR/row-<i>.png (the directory is made
+ * when missing), with the prompt, seed and sampler settings in text
+ * chunks. A model without VAE weights is an input error naming the
+ * tensor, before anything is written. */
+int hi3_trajectory_png(hi3_model *m, const hi3_trajectory *t, const char *dir, hi3_error *err);
 
 /* ----------------------------------------------------------------- parity */
 
@@ -887,6 +1017,10 @@ enum hi3_ablation {
 	HI3_ABLATE_DECODE_MASK,       /* decode attends every cache slot */
 	HI3_ABLATE_TOKEN_PLACEMENT,   /* new tokens appended at the padded tail */
 	HI3_ABLATE_POS_PAD,           /* pads get position id 0 */
+	/* diffusion (gen_image rows) */
+	HI3_ABLATE_ROPE_PAD,          /* pads: position id 0 and a zero RoPE table (UniRL's ragged concat) */
+	HI3_ABLATE_ROPE_1D,           /* image tokens take 1-D RoPE (the replay before UniRL's ROPE-FIX) */
+	HI3_ABLATE_EOI,               /* tokens after <timestep> attend every key, <eoi> too (flash attention) */
 };
 
 typedef struct hi3_parity_opts {
@@ -913,12 +1047,18 @@ typedef struct hi3_parity_row {
 	int64_t len_batched, len_alone;
 	double logp_max;              /* over the tokens both runs produced */
 	double kv_max, kv_slot0_max, kv_rest_max;  /* prefill K/V over slots [0, n) */
+	/* gen_image requests: the trajectories */
+	double latent_max;            /* over every step's latents */
+	int64_t first_step;           /* the first latents[:, s] over the tolerance, -1 when none */
+	double sde_logp_max;
 } hi3_parity_row;
 
 typedef struct hi3_parity_case {
 	const char *construction;     /* "batch", "per-row+concat", "padded B=1" */
 	int sampled, steps, L, pass, tokens_equal;
 	double logp_max, kv_max, kv_slot0_max, kv_rest_max;
+	int diffusion;                /* gen_image: steps are denoising steps, sampled the SDE */
+	double latent_max, sde_logp_max;
 	int n_rows;
 	hi3_parity_row *rows;
 } hi3_parity_case;
@@ -1010,6 +1150,8 @@ typedef struct hi3_cond {
 	const uint8_t *cond_vit_mask;   /* (B, L) or NULL */
 	const uint8_t *cond_vae_mask;   /* (B, L) or NULL */
 	const int64_t *timestep_index;  /* (B, K) or NULL */
+	const int32_t *gen_image_hw;    /* (B, 2) token grid (h, w) of the row's generated image, (0, 0)
+	                                 * without one; NULL when absent */
 	/* decoding rules of the Instruct code's text stage (-1 padded lists of
 	 * records; NULL when no row has any):
 	 *   forced_after (B, NF): T, k, id_1 .. id_k: once the row produces T,
@@ -1076,6 +1218,12 @@ int hi3_requests_need_tokenizer(const hi3_requests *r);
  * image settings of config.json and the pad id. */
 typedef struct hi3_template hi3_template;
 
+/* How a generated image's "HxW" becomes its token grid: the nearest
+ * bucket by ratio (upstream), kept when a multiple of the latent factor
+ * (with the ratio token of its nearest bucket), or refused unless it is a
+ * bucket. */
+enum hi3_image_size { HI3_SIZE_BUCKET = 0, HI3_SIZE_EXACT, HI3_SIZE_STRICT };
+
 typedef struct hi3_template_opts {
 	const char *model_dir;     /* config.json, tokenizer_config.json, generation_config.json,
 	                            * tokenizer.json; NULL: none */
@@ -1085,6 +1233,7 @@ typedef struct hi3_template_opts {
 	const char *name;          /* "pretrain" or "instruct"; NULL: generation_config.json's
 	                            * sequence_template, else "pretrain" */
 	int drop_think;            /* drop <think>...</think> sections of cot text */
+	int image_size;            /* a gen_image "HxW" (enum hi3_image_size): snapped to its bucket (0) */
 	int64_t pad_id;            /* >= 0: the pad id; -1: from tokenizer_config.json or config.json */
 } hi3_template_opts;
 
@@ -1115,6 +1264,7 @@ typedef struct hi3_cond_row {
 	uint8_t *cond_vae_mask;         /* (n) or NULL */
 	int n_ts;
 	int64_t *timestep_index;        /* (n_ts) positions of <timestep> tokens */
+	int gen_h, gen_w;               /* the generated image's token grid; 0 without one */
 	int n_stop;
 	int64_t *stop_tokens;           /* (n_stop) */
 	int n_forced, n_greedy;

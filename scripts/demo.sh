@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # demo.sh -- the main job on the embedded default: a tiny MoE model made by
 # `hi3 init-model`, run through the whole pipeline, then the parity check
-# with each upstream batching defect restored. Needs a built tree
+# with each upstream batching defect restored; then images: gen_image
+# requests, their parity, an SDE trajectory and its replay, and PNGs. Needs a built tree
 # (scripts/setup.sh). Work files go to ${DEMO_DIR:-/tmp/hi3-demo}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,4 +39,24 @@ for defect in pos-pad decode-mask token-placement; do
 	step "parity with the upstream defect '$defect' restored: must break"
 	"$hi3" -m tiny parity requests.jsonl --steps 3 --greedy-only --ablate "$defect" | head -n 4
 done
-step "done: stage files are in $dir"
+cat >images.jsonl <<'JSONL'
+{"prompt": "a red fox in the snow", "mode": "gen_image", "image_size": "96x128", "seed": 1}
+{"prompt": "a lighthouse on a cliff at dusk, waves below", "mode": "gen_image", "image_size": "96x128", "seed": 2}
+JSONL
+step "images: gen_image requests -> conditions (cond and uncond rows, 2-D RoPE, a full-attention image block)"
+"$hi3" -m tiny tokenize-concat --exact-size images.jsonl -o icond.st
+"$hi3" inspect icond.st | sed -n '1,3p;/^name/,$p'
+
+step "image parity: each request of the ragged batch gives, bitwise, the trajectory it gives alone"
+"$hi3" -m tiny parity --exact-size images.jsonl --steps 4
+step "image parity with UniRL's zero-padded RoPE restored: must break"
+"$hi3" -m tiny parity --exact-size images.jsonl --steps 4 --greedy-only --ablate rope-pad | head -n 2
+
+step "an SDE window for RL, replayed statelessly as a trainer does (log-prob gap)"
+"$hi3" -m tiny diffusion-capture --steps 8 --sampler sde --sde-steps 2,3,4 icond.st -o sde.st
+"$hi3" -m tiny replay --threshold 1e-5 icond.st sde.st -o sde-replay.st | sed -n '/"overall"/,/}$/p'
+
+step "text-to-image: flow matching with CFG and KV reuse, the VAE decoder, one PNG per request"
+"$hi3" -m tiny diffusion-capture --steps 8 icond.st -o traj.st --png png
+"$hi3" inspect traj.st | sed -n '/^name/,$p'
+step "done: stage files are in $dir, the images in $dir/png/row-0.png and row-1.png"

@@ -326,6 +326,12 @@ static void test_gather_scatter(void)
 	gpu->ops->scatter_add(gpu, dacc, dpart, di1, ds1, n, w);
 	gpu->ops->scatter_add(gpu, dacc, dpart, di2, ds2, n, w);
 	check("scatter_add twice, rows shared across calls", dacc, ref, (size_t)rows * w, 1e-6);
+	/* scatter: 4 rows replace rows 7, 2, 9, 0 of a copy of acc; the others stay */
+	memcpy(ref, acc, sizeof(float) * rows * w);
+	cpu->ops->scatter(cpu, ref, part, idx1, n, w);
+	dacc = dev_copy(acc, sizeof(float) * rows * w);
+	gpu->ops->scatter(gpu, dacc, dpart, di1, n, w);
+	check("scatter 4 rows into 10 (the rest untouched)", dacc, ref, (size_t)rows * w, 0.0);
 	gpu->ops->free(gpu, dsrc);
 	gpu->ops->free(gpu, dpart);
 	gpu->ops->free(gpu, di1);

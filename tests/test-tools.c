@@ -16,6 +16,8 @@
  *                                   tensor (ties to the lowest)
  *   test-tools rollout COND SEG FORMAT   a rollout as another engine returns it, on stdout:
  *                                   FORMAT vllm (RequestOutput), openai (choices), sglang (/generate)
+ *   test-tools strip FILE PREFIX    rewrite FILE without the tensors named PREFIX...
+ *   test-tools pngtext FILE         print its text chunks, "KEY=VALUE" a line
  *
  * Values are a hash of what a row *is* (its identity), not where it sits in
  * the batch, so a batched file and a B = 1 file agree on a row's valid
@@ -448,6 +450,71 @@ static uint8_t *png_read(const char *path, int *w, int *h)
 	return px;
 }
 
+/* Rewrite the safetensors file path without the tensors whose names start
+ * with prefix (a model without its VAE, say). */
+static int strip(const char *path, const char *prefix, hi3_error *err)
+{
+	hi3_st *st = NULL;
+	hi3_st_writer *w = NULL;
+	int rc = -1;
+
+	if (hi3_st_open(&st, path, HI3_ST_READ, err))
+		return -1;
+	if (!(w = hi3_stw_new()))
+		goto out;
+	for (int i = 0; i < hi3_st_meta_count(st); i++) {
+		const char *k, *v;
+		hi3_st_meta_at(st, i, &k, &v);
+		if (hi3_stw_meta(w, k, v))
+			goto out;
+	}
+	for (int i = 0; i < hi3_st_count(st); i++) {
+		const hi3_tensor *t = hi3_st_at(st, i);
+		if (strncmp(t->name, prefix, strlen(prefix)) &&
+		    hi3_stw_add(w, t->name, t->dtype, t->ndim, t->shape, t->data))
+			goto out;
+	}
+	if (hi3_stw_write(w, path, err))   /* atomic: the mapping stays valid */
+		goto out;
+	rc = 0;
+out:
+	if (rc && !err->msg[0])
+		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot strip it", path);
+	hi3_stw_free(w);
+	hi3_st_close(st);
+	return rc;
+}
+
+/* Print the text chunks of a PNG, one "key=value" a line (values on one line). */
+static int print_png_text(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+	png_infop info = png ? png_create_info_struct(png) : NULL;
+	png_textp t = NULL;
+	int n = 0;
+
+	if (!f || !png || !info || setjmp(png_jmpbuf(png))) {
+		if (f)
+			fclose(f);
+		png_destroy_read_struct(&png, &info, NULL);
+		fprintf(stderr, "%s: not a valid PNG\n", path);
+		return 1;
+	}
+	png_init_io(png, f);
+	png_read_png(png, info, PNG_TRANSFORM_IDENTITY, NULL);
+	png_get_text(png, info, &t, &n);
+	for (int i = 0; i < n; i++) {
+		printf("%s=", t[i].key);
+		for (const char *c = t[i].text; *c; c++)
+			putchar(*c == '\n' ? ' ' : *c);
+		putchar('\n');
+	}
+	png_destroy_read_struct(&png, &info, NULL);
+	fclose(f);
+	return 0;
+}
+
 static int tool(int argc, char **argv)
 {
 	hi3_error err = {0};
@@ -486,6 +553,10 @@ static int tool(int argc, char **argv)
 			printf("%lld\n", (long long)best);
 		}
 		hi3_st_close(st);
+	} else if (!strcmp(argv[1], "strip") && argc == 4) {
+		rc = strip(argv[2], argv[3], &err);
+	} else if (!strcmp(argv[1], "pngtext") && argc == 3) {
+		return print_png_text(argv[2]);
 	} else if ((!strcmp(argv[1], "pnginfo") && argc == 3) || (!strcmp(argv[1], "pngpix") && argc == 5)) {
 		int w, h;
 		uint8_t *px = png_read(argv[2], &w, &h);

@@ -52,6 +52,7 @@ int hi3i_backend_check(const hi3_backend *be, hi3_error *err)
 		OP(destroy), OP(alloc), OP(free), OP(upload), OP(download), OP(mem_free), OP(weight), OP(weight_free),
 		OP(kv_attach), OP(kv_detach), OP(kv_layer), OP(kv_sync_host), OP(matmul), OP(embed), OP(rmsnorm),
 		OP(zero), OP(add), OP(rope_qk), OP(kv_store), OP(attention), OP(swiglu), OP(gather), OP(scatter_add),
+		OP(scatter),
 	};
 
 	return check_ops(be, required, HI3_ARRAY_SIZE(required), "the model needs", err);

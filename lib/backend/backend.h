@@ -172,6 +172,10 @@ typedef struct hi3_backend_ops {
 	 * CPU: cpu_scatter_add; CUDA: kernels/gather.cu */
 	void (*scatter_add)(struct hi3_backend *be, float *dst, const float *src, const int32_t *idx,
 	                    const float *scale, int n, int w);
+	/* dst[idx[i]] = src[i], rows of width w; no two i share an idx (the
+	 * image and timestep rows that replace a diffusion call's embeddings)
+	 * CPU: cpu_scatter; CUDA: kernels/gather.cu */
+	void (*scatter)(struct hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w);
 
 	/* image ops: needed only by checkpoints with image modules, so checked
 	 * when those load (hi3i_backend_check_image), not at model open.

@@ -618,6 +618,14 @@ static void cpu_scatter_add(hi3_backend *be, float *dst, const float *src, const
 	}
 }
 
+static void cpu_scatter(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
+{
+	(void)be;
+#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
+	for (int i = 0; i < n; i++)
+		memcpy(dst + (size_t)idx[i] * w, src + (size_t)i * w, sizeof(float) * (size_t)w);
+}
+
 static void cpu_destroy(hi3_backend *be)
 {
 	struct cpu *c = be->ctx;
@@ -653,6 +661,7 @@ static const hi3_backend_ops cpu_ops = {
 	.swiglu = cpu_swiglu,
 	.gather = cpu_gather,
 	.scatter_add = cpu_scatter_add,
+	.scatter = cpu_scatter,
 	.im2col = hi3i_cpu_im2col,
 	.bias_add = hi3i_cpu_bias_add,
 	.groupnorm = hi3i_cpu_groupnorm,

@@ -947,6 +947,14 @@ static void cu_scatter_add(hi3_backend *be, float *dst, const float *src, const 
 	op_done(c, "scatter_add");
 }
 
+static void cu_scatter(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
+{
+	struct cuda *c = be->ctx;
+
+	OP_CHECK(c, HI3K(scatter)(c->stream, dst, src, idx, n, w));
+	op_done(c, "scatter");
+}
+
 /* ---------------------------------------------------------------- image ops */
 
 static void cu_im2col(hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0, int n)
@@ -1130,6 +1138,7 @@ static const hi3_backend_ops cuda_ops = {
 	.swiglu = cu_swiglu,
 	.gather = cu_gather,
 	.scatter_add = cu_scatter_add,
+	.scatter = cu_scatter,
 	.im2col = cu_im2col,
 	.bias_add = cu_bias_add,
 	.groupnorm = cu_groupnorm,

@@ -29,6 +29,7 @@ struct rowview {
 	int n_forced, n_greedy;
 	const int64_t *forced;       /* (n_forced) rule records */
 	const int64_t *greedy;       /* (n_greedy) */
+	int32_t gen_hw[2];           /* the generated image's grid, (0, 0) */
 	int64_t seed;
 };
 
@@ -62,6 +63,8 @@ static void view_of_cond(const hi3_cond *c, int b, struct rowview *v)
 	v->n_forced = v->forced ? used_prefix(v->forced, c->NF) : 0;
 	v->greedy = c->greedy_among ? c->greedy_among + (size_t)b * c->NG : NULL;
 	v->n_greedy = v->greedy ? used_prefix(v->greedy, c->NG) : 0;
+	v->gen_hw[0] = c->gen_image_hw ? c->gen_image_hw[2 * b] : 0;
+	v->gen_hw[1] = c->gen_image_hw ? c->gen_image_hw[2 * b + 1] : 0;
 	v->seed = c->seeds[b];
 }
 
@@ -83,6 +86,8 @@ static void view_of_row(const hi3_cond_row *r, struct rowview *v)
 	v->forced = r->forced_after;
 	v->n_greedy = r->n_greedy;
 	v->greedy = r->greedy_among;
+	v->gen_hw[0] = r->gen_h;
+	v->gen_hw[1] = r->gen_w;
 	v->seed = r->seed;
 }
 
@@ -94,6 +99,17 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 	hi3_cond *c = &ci->c;
 	int S = 1, NS = 1, K = 0, NF = 0, NG = 0;
 
+	/* gen_image_hw when every row with generated image tokens knows its
+	 * grid (conditions written before the tensor existed do not) */
+	int has_hw = 0, lacks_hw = 0;
+
+	for (int b = 0; b < B; b++) {
+		int img = 0;
+		for (int64_t t = 0; v[b].mask[0] && t < v[b].n && !img; t++)
+			img = v[b].mask[0][t] != 0;
+		has_hw |= v[b].gen_hw[0] > 0;
+		lacks_hw |= img && v[b].gen_hw[0] == 0;
+	}
 	for (int b = 0; b < B; b++) {
 		L = (int)HI3_MAX(L, v[b].n);
 		S = HI3_MAX(S, v[b].n_blocks);
@@ -116,6 +132,7 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 			[T_BLOCKS] = (size_t)B * S * 8, [T_SEEDS] = (size_t)B * 8, [T_STOPS] = (size_t)B * NS * 8,
 			[T_GMASK] = has_mask[0] ? BL : 0, [T_VIT] = has_mask[1] ? BL : 0, [T_VAE] = has_mask[2] ? BL : 0,
 			[T_TS] = (size_t)B * K * 8, [T_FORCED] = (size_t)B * NF * 8, [T_GREEDY] = (size_t)B * NG * 8,
+			[T_GEN_HW] = has_mask[0] && has_hw && !lacks_hw ? (size_t)B * 8 : 0,
 		};
 		for (int i = 0; i < T_COUNT; i++)
 			if (sizes[i] && !(ci->buf[i] = hi3i_calloc(1, sizes[i], err)))
@@ -134,6 +151,7 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 	c->timestep_index = ci->buf[T_TS];
 	c->forced_after = ci->buf[T_FORCED];
 	c->greedy_among = ci->buf[T_GREEDY];
+	c->gen_image_hw = ci->buf[T_GEN_HW];
 	return 0;
 }
 
@@ -159,6 +177,8 @@ static void put_row(struct hi3i_cond *ci, int b, const struct rowview *v, int64_
 				mask[i][o + t] = real && v->mask[i] ? v->mask[i][t] : 0;
 	}
 	((int64_t *)ci->buf[T_REAL])[b] = v->n;
+	if (ci->buf[T_GEN_HW])
+		memcpy((int32_t *)ci->buf[T_GEN_HW] + 2 * b, v->gen_hw, sizeof(v->gen_hw));
 	((int64_t *)ci->buf[T_SEEDS])[b] = v->seed;
 	if (v->n_blocks)
 		memcpy(blocks + (size_t)b * c->S * 2, v->blocks, (size_t)v->n_blocks * 2 * sizeof(int32_t));
@@ -334,11 +354,25 @@ int hi3_cond_select(hi3_cond **out, const hi3_cond *c, const int *rows, int n, i
 		return -1;
 	if (concat_meta(ci, &c, 1, pad_zero, err) != 0 || !(v = hi3i_calloc((size_t)n, sizeof(*v), err)))
 		goto fail;
-	if (HI3I_COND(c)->cfg_factor == 1) {
+	if (HI3I_COND(c)->cfg_factor > 1) {
+		/* whole requests: rows [q_0 .. q_{k-1}] of each cfg group in the same order */
+		const int f = HI3I_COND(c)->cfg_factor, R = c->B / f, k = n / f;
+		int ok = n % f == 0;
+		for (int g = 1; ok && g < f; g++)
+			for (int i = 0; ok && i < k; i++)
+				ok = rows[i] < R && rows[g * k + i] == rows[i] + g * R;
+		if (!ok) {
+			hi3_error_set(err, HI3_ERR_USAGE, "%s: cfg_factor %d: select whole requests (row i of each of the %d "
+			              "groups of %d rows)", HI3I_COND(c)->name, f, f, R);
+			goto fail;
+		}
+	}
+	{
 		/* the selected rows' requests */
+		const int f = HI3I_COND(c)->cfg_factor;
 		json_t *all = json_loads(c->requests, 0, NULL), *sel = json_array();
 		char *text;
-		for (int i = 0; all && i < n; i++)
+		for (int i = 0; all && i < n / f; i++)
 			json_array_append(sel, json_array_get(all, (size_t)rows[i]));
 		text = json_dumps(sel, JSON_COMPACT | JSON_ENSURE_ASCII);
 		json_decref(all);

@@ -230,10 +230,15 @@ static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, 
 	    get_int_array(rq, r, "stop_tokens", 0, INT64_MAX, &r->stops, &n, err))
 		return -1;
 	r->n_stops = (int)n;
-	if (r->tokens) {
-		if (r->prompt || r->system || r->cot || r->n_cond || r->mode != HI3I_GEN_TEXT)
+	if (r->tokens && r->mode == HI3I_GEN_IMAGE) {
+		/* the pre-tokenized prompt body: the template adds the rest */
+		if (r->prompt || r->cot || r->n_cond)
+			return bad(err, rq, r->line, "field 'tokens' in mode gen_image is the prompt's body: it excludes "
+			           "prompt, cot and cond_images");
+	} else if (r->tokens) {
+		if (r->prompt || r->system || r->cot || r->n_cond)
 			return bad(err, rq, r->line, "field 'tokens' is a complete row: it excludes prompt, system, "
-			           "cot, cond_images and mode gen_image");
+			           "cot and cond_images (in mode gen_text)");
 	} else if (!r->prompt) {
 		return bad(err, rq, r->line, "no 'prompt' (or 'tokens')");
 	}
@@ -345,7 +350,7 @@ int hi3_requests_count(const hi3_requests *rq) { return rq->n; }
 int hi3_requests_need_tokenizer(const hi3_requests *rq)
 {
 	for (int i = 0; i < rq->n; i++)
-		if (!rq->r[i].tokens)
+		if (!rq->r[i].tokens || rq->r[i].mode == HI3I_GEN_IMAGE)
 			return 1;
 	return 0;
 }

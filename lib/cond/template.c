@@ -39,6 +39,7 @@ enum { ATTN_FULL, ATTN_FULL_CAUSAL, ATTN_CAUSAL, ATTN_JOINT_FULL };
 struct hi3_template {
 	char name[16];               /* pretrain or instruct */
 	int drop_think;
+	int image_size;              /* enum hi3_image_size */
 	int variant;                 /* enum hi3_variant */
 	int instruct_code;           /* the Instruct code's rules (Instruct and Distil) */
 	char variant_why[160];
@@ -334,6 +335,7 @@ int hi3_template_open(hi3_template **out, const hi3_template_opts *o, hi3_error 
 			goto fail;
 	}
 	t->drop_think = o->drop_think || t->gen.drop_think;
+	t->image_size = o->image_size;
 	if (!name)
 		name = "pretrain";
 	if (strcmp(name, "pretrain") && strcmp(name, "instruct")) {
@@ -441,12 +443,13 @@ int hi3i_template_cfg_factor(const hi3_template *t, int mode)
 
 /* ------------------------------------------------------------- sections */
 
-enum { SEC_TEXT, SEC_GEN, SEC_JOINT };
+enum { SEC_TEXT, SEC_GEN, SEC_JOINT, SEC_IDS };
 
 struct section {
 	int type;
 	const char *text;            /* SEC_TEXT */
-	size_t len;
+	size_t len;                  /* SEC_TEXT: bytes; SEC_IDS: ids */
+	const int64_t *ids;          /* SEC_IDS: pre-tokenized text */
 	int uncond;                  /* becomes <cfg> tokens in the uncond row */
 	int ratio;                   /* image sections: the bucket index */
 	int h, w;                    /* SEC_GEN grid; SEC_JOINT: the VAE grid */
@@ -667,6 +670,20 @@ static int gen_image_section(const hi3_template *t, const hi3_requests *rq, cons
 	s->h = t->reso[b][0] / (t->down_h * t->patch);
 	s->w = t->reso[b][1] / (t->down_w * t->patch);
 	s->ratio = b;
+	if (r->size_kind == 1 && !r->size_colon && t->image_size != HI3_SIZE_BUCKET &&
+	    (h != t->reso[b][0] || w != t->reso[b][1])) {
+		const int fh = t->down_h * t->patch, fw = t->down_w * t->patch;
+		if (t->image_size == HI3_SIZE_STRICT)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': %lldx%lld is not a bucket of "
+			                     "this model (the nearest is %dx%d; --strict-size)", rq->name, r->line,
+			                     (long long)h, (long long)w, t->reso[b][0], t->reso[b][1]);
+		if (h % fh || w % fw)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': %lldx%lld is not a multiple of "
+			                     "the latent factor %dx%d (--exact-size)", rq->name, r->line, (long long)h,
+			                     (long long)w, fh, fw);
+		s->h = (int)(h / fh);
+		s->w = (int)(w / fw);
+	}
 	if (s->h < 1 || s->w < 1)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': bucket %dx%d gives no image tokens "
 		                     "(vae_downsample_factor x patch_size is larger)", rq->name, r->line, t->reso[b][0],
@@ -709,7 +726,15 @@ static int build_sections(const hi3_template *t, const hi3_requests *rq, const s
 		if (add(l, s, err))
 			return -1;
 	}
-	if (add_text(l, r->prompt, r->prompt_len, 1, err) || add_text(l, sep, strlen(sep), 0, err))
+	if (r->tokens) {
+		/* a pre-tokenized gen_image prompt body: its ids, <cfg> in the uncond row */
+		struct section s = {.type = SEC_IDS, .ids = r->tokens, .len = r->n_tokens, .uncond = 1};
+		if (add(l, s, err))
+			return -1;
+	} else if (add_text(l, r->prompt, r->prompt_len, 1, err)) {
+		return -1;
+	}
+	if (add_text(l, sep, strlen(sep), 0, err))
 		return -1;
 	if (r->cot || r->mode == HI3I_GEN_IMAGE) {
 		final_assistant = 1;
@@ -898,8 +923,14 @@ static int encode_text(const hi3_template *t, const hi3_requests *rq, int i, str
 
 	if (s->len == 0)
 		return 0;
-	if (hi3_tok_encode(t->tok, s->text, s->len, HI3_TOK_SPECIAL, &ids, &n, err) != 0)
+	if (s->type == SEC_IDS) {
+		if (!(ids = hi3i_malloc(s->len * sizeof(int64_t), err)))
+			return -1;
+		memcpy(ids, s->ids, s->len * sizeof(int64_t));
+		n = s->len;
+	} else if (hi3_tok_encode(t->tok, s->text, s->len, HI3_TOK_SPECIAL, &ids, &n, err) != 0) {
 		return hi3_error_prefix(err, "%s:%d", rq->name, rq->r[i].line);
+	}
 	if (uncond && s->uncond) {
 		if (special(t, rq, i, "<cfg>", &cfg, err) != 0) {
 			free(ids);
@@ -936,6 +967,8 @@ static int encode_image(const hi3_template *t, const hi3_requests *rq, int i, st
 	if (push(rb, img, (int64_t)s->h * s->w, err))
 		return -1;
 	if (s->type == SEC_GEN) {
+		r->gen_h = s->h;
+		r->gen_w = s->w;
 		if ((t->rope_2d && add_run(rb, start, s->h, s->w, err)) ||
 		    mark(rb, &r->gen_image_mask, start, r->n - start, err) || add_block(r, start, r->n, err))
 			return -1;
@@ -1142,7 +1175,7 @@ int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, in
 	int rc = -1;
 
 	memset(row, 0, sizeof(*row));
-	if (r->tokens) {
+	if (r->tokens && r->mode == HI3I_GEN_TEXT) {
 		if (!(row->ids = hi3i_malloc(r->n_tokens * sizeof(int64_t), err)))
 			goto out;
 		memcpy(row->ids, r->tokens, r->n_tokens * sizeof(int64_t));
@@ -1172,7 +1205,7 @@ int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, in
 		if (build_sections(t, rq, r, &l, err) != 0 || push(&rb, t->bos_id, 1, err) != 0)
 			goto out;
 		for (int k = 0; k < l.n; k++)
-			if ((l.s[k].type == SEC_TEXT ? encode_text(t, rq, i, &rb, &l.s[k], uncond, err)
+			if ((l.s[k].type == SEC_TEXT || l.s[k].type == SEC_IDS ? encode_text(t, rq, i, &rb, &l.s[k], uncond, err)
 			                             : encode_image(t, rq, i, &rb, &l.s[k], err)) != 0)
 				goto out;
 	}

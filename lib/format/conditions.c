@@ -277,6 +277,15 @@ static int validate(struct hi3i_cond *ci, hi3_error *err)
 			return -1;
 	if (!strcmp(c->mode, "gen_image") && !c->gen_image_mask)
 		return vbad(ci, err, "tensor 'gen_image_mask' is missing (mode gen_image)");
+	for (int b = 0; c->gen_image_hw && b < c->B; b++) {
+		int32_t h = c->gen_image_hw[2 * b], w = c->gen_image_hw[2 * b + 1];
+		int64_t n = 0;
+		for (int t = 0; c->gen_image_mask && t < c->L; t++)
+			n += c->gen_image_mask[(size_t)b * c->L + t];
+		if (h < 0 || w < 0 || (int64_t)h * w != n)
+			return vbad(ci, err, "tensor 'gen_image_hw': row %d: (%d, %d) is not the grid of its %lld "
+			            "generated image tokens", b, h, w, (long long)n);
+	}
 	if (check_mask(ci, "gen_image_mask", c->gen_image_mask, err) ||
 	    check_mask(ci, "cond_vit_mask", c->cond_vit_mask, err) ||
 	    check_mask(ci, "cond_vae_mask", c->cond_vae_mask, err))
@@ -336,7 +345,8 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 		const int64_t B = c->B, L = c->L;
 		const int64_t s_bl[2] = {B, L}, s_b[1] = {B}, s_bl2[3] = {B, L, 2}, s_bs2[3] = {B, -1, 2},
 		              s_bn[2] = {B, -1};
-		const hi3_tensor *pos, *real, *rope, *blk, *seeds, *stops, *gm, *vit, *vae, *ts, *fa, *ga;
+		const int64_t s_b2[2] = {B, 2};
+		const hi3_tensor *pos, *real, *rope, *blk, *seeds, *stops, *gm, *vit, *vae, *ts, *fa, *ga, *hw;
 
 		if (get(ci, "position_ids", HI3_I64, 2, s_bl, 0, &pos, err) ||
 		    get(ci, "real_pos", HI3_I64, 1, s_b, 0, &real, err) ||
@@ -349,7 +359,8 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 		    get(ci, "cond_vae_mask", HI3_U8, 2, s_bl, 1, &vae, err) ||
 		    get(ci, "timestep_index", HI3_I64, 2, s_bn, 1, &ts, err) ||
 		    get(ci, "forced_after", HI3_I64, 2, s_bn, 1, &fa, err) ||
-		    get(ci, "greedy_among", HI3_I64, 2, s_bn, 1, &ga, err))
+		    get(ci, "greedy_among", HI3_I64, 2, s_bn, 1, &ga, err) ||
+		    get(ci, "gen_image_hw", HI3_I32, 2, s_b2, 1, &hw, err))
 			goto fail;
 		c->position_ids = pos->data;
 		c->real_pos = real->data;
@@ -368,6 +379,7 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 		c->NF = fa ? (int)fa->shape[1] : 0;
 		c->greedy_among = ga ? ga->data : NULL;
 		c->NG = ga ? (int)ga->shape[1] : 0;
+		c->gen_image_hw = hw ? hw->data : NULL;
 	}
 	if (validate(ci, err) != 0)
 		goto fail;
@@ -445,6 +457,8 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
 		bad |= hi3_stw_add(w, "forced_after", HI3_I64, 2, s_bf, c->forced_after);
 	if (c->greedy_among)
 		bad |= hi3_stw_add(w, "greedy_among", HI3_I64, 2, s_bg, c->greedy_among);
+	if (c->gen_image_hw)
+		bad |= hi3_stw_add(w, "gen_image_hw", HI3_I32, 2, (const int64_t[]){B, 2}, c->gen_image_hw);
 	for (int i = 0; meta_keys[i]; i++)
 		if ((v = hi3_cond_meta(c, meta_keys[i])))
 			bad |= hi3_stw_meta(w, meta_keys[i], v);

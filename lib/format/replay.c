@@ -13,6 +13,7 @@
  */
 #include <string.h>
 #include "core/internal.h"
+#include "stage/diffusion.h"
 
 int hi3_replay_file_open(hi3_replay_file **out, const char *path, hi3_error *err)
 {
@@ -115,4 +116,24 @@ int hi3_replay_file_write(const hi3_replay_file *r, const char *path, hi3_error 
 oom:
 	hi3_stw_free(w);
 	return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+}
+
+int hi3i_replay_sde_write(const char *path, int B, int K, const float *sde_logp, const int64_t *sde_steps,
+                          const char *fingerprint, const char *conditions_hash, const char *traj_file, hi3_error *err)
+{
+	const char *meta[][2] = {
+		{"model_fingerprint", fingerprint}, {"conditions_hash", conditions_hash}, {"trajectory_file", traj_file},
+		{"mode", "diffusion"},
+	};
+	hi3_st_writer *w = hi3i_stw_format(HI3_FORMAT_REPLAY, meta, HI3_ARRAY_SIZE(meta));
+	int rc;
+
+	if (!w || hi3_stw_add(w, "sde_logp", HI3_F32, 2, (const int64_t[]){B, K}, sde_logp) ||
+	    hi3_stw_add(w, "sde_steps", HI3_I64, 1, (const int64_t[]){K}, sde_steps)) {
+		hi3_stw_free(w);
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	}
+	rc = hi3_stw_write(w, path, err);
+	hi3_stw_free(w);
+	return rc;
 }

@@ -142,3 +142,17 @@ void hi3i_conv(hi3_backend *be, float *y, const float *x, const struct hi3_conv_
 {
 	hi3i_conv_rows(be, y, x, cw, cv, 0, (int64_t)cv->B * cv->T * cv->H * cv->W, col);
 }
+
+int hi3i_dev_reserve(hi3_backend *be, float **p, size_t *cap, size_t n, const char *what, hi3_error *err)
+{
+	if (n <= *cap)
+		return 0;
+	if (*p)
+		be->ops->free(be, *p);
+	*cap = 0;
+	if (!(*p = be->ops->alloc(be, n * sizeof(float))))
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of %s memory for %.1f MiB of activations (%zu MiB free)",
+		                     what, be->name, (double)n * 4 / 1048576.0, be->ops->mem_free(be) >> 20);
+	*cap = n;
+	return 0;
+}

@@ -49,4 +49,8 @@ void hi3i_conv_rows(hi3_backend *be, float *y, const float *x, const struct hi3_
 void hi3i_conv(hi3_backend *be, float *y, const float *x, const struct hi3_conv_w *cw, const struct hi3_conv *cv,
                float *col);
 
+/* Make the backend buffer *p hold n floats (its contents are not kept);
+ * what names the user in the out-of-memory message. */
+int hi3i_dev_reserve(hi3_backend *be, float **p, size_t *cap, size_t n, const char *what, hi3_error *err);
+
 #endif

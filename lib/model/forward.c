@@ -6,6 +6,9 @@
  *   per layer: x += o_proj(attn(rope_qknorm(qkv_proj(rmsnorm_in(x)))))
  *              x += mlp(rmsnorm_post(x))        (dense SwiGLU or MoE)
  *   logits = lm_head(rmsnorm_f(x))
+ * A diffusion call replaces the input rows of its image and timestep
+ * tokens (b->embed_rows) and reads the last layer's output at the image
+ * tokens (b->hidden), before ln_f, which image generation never applies.
  *
  * Shapes: M = B*T tokens of this call, H hidden, W = (n_h + 2 n_kv) d.
  *
@@ -419,6 +422,7 @@ out:
 static int check_batch(const hi3_model *m, const hi3_kvcache *kv, const hi3_batch *b, hi3_error *err)
 {
 	const hi3_config *c = &m->cfg;
+	const int M = b->B * b->T;
 
 	if (b->B <= 0 || b->T <= 0 || !b->ids || !b->rope || !b->hi)
 		return hi3_error_set(err, HI3_ERR_USAGE, "forward: empty batch or missing ids/rope/hi");
@@ -455,6 +459,18 @@ static int check_batch(const hi3_model *m, const hi3_kvcache *kv, const hi3_batc
 				                     b->hi[i], kv->C);
 		}
 	}
+	if (b->n_embed < 0 || b->n_embed > M || (b->n_embed && (!b->embed_at || !b->embed_rows)) || b->n_hidden < 0 ||
+	    b->n_hidden > M || (b->n_hidden && (!b->hidden_at || !b->hidden)))
+		return hi3_error_set(err, HI3_ERR_USAGE, "forward: bad embedding or hidden-state rows (%d, %d of %d tokens)",
+		                     b->n_embed, b->n_hidden, M);
+	for (int i = 0; i < b->n_embed; i++)
+		if (b->embed_at[i] < 0 || b->embed_at[i] >= M)
+			return hi3_error_set(err, HI3_ERR_USAGE, "forward: embedding row %d replaces token %d of %d", i,
+			                     b->embed_at[i], M);
+	for (int i = 0; i < b->n_hidden; i++)
+		if (b->hidden_at[i] < 0 || b->hidden_at[i] >= M)
+			return hi3_error_set(err, HI3_ERR_USAGE, "forward: hidden row %d asked at token %d of %d", i,
+			                     b->hidden_at[i], M);
 	for (int i = 0; i < b->n_logits; i++)
 		if (b->logit_at[2 * i] < 0 || b->logit_at[2 * i] >= b->B || b->logit_at[2 * i + 1] < 0 ||
 		    b->logit_at[2 * i + 1] >= b->T)
@@ -485,6 +501,77 @@ static void trace_final(hi3_model *m, hi3_trace *tr)
 		be->ops->matmul(be, lg, lx + (size_t)i * H, m->lm_head, c);
 		hi3i_trace_logits(tr, lg, V, c);
 	}
+}
+
+/* The rope-pad ablation: the query and key heads of the tokens flagged in
+ * rope_zero (B, T) become 0, as RoPE with a zero cos/sin table leaves them
+ * (the QK norm of 0 is 0): their qkv rows are gathered, scaled by 0 on the
+ * query and key channels and by 1 on the value channels (scale_shift with
+ * scale -1 / 0, shift 0: exact), and scattered back. */
+struct rope_zero {
+	int n;
+	int32_t *idx;             /* (n) device */
+	float *tmp, *ss;          /* (n, W), (n, 2 W) device */
+};
+
+static int rope_zero_prepare(hi3_model *m, const hi3_batch *b, struct rope_zero *rz, hi3_error *err)
+{
+	hi3_backend *be = m->be;
+	const int M = b->B * b->T, d = m->dims.d, g = m->dims.n_h / m->dims.n_kv;
+	const int W = (m->dims.n_h + 2 * m->dims.n_kv) * d;
+	int32_t *idx = NULL;
+	float *ss = NULL;
+	int rc = -1;
+
+	memset(rz, 0, sizeof(*rz));
+	for (int i = 0; i < M; i++)
+		rz->n += b->rope_zero[i] != 0;
+	if (!rz->n)
+		return 0;
+	if (!(idx = hi3i_malloc(sizeof(int32_t) * (size_t)rz->n, err)) ||
+	    !(ss = hi3i_calloc((size_t)rz->n * 2 * W, sizeof(float), err)))
+		goto out;
+	for (int i = 0, k = 0; i < M; i++)
+		if (b->rope_zero[i])
+			idx[k++] = i;
+	for (int r = 0; r < rz->n; r++)
+		for (int c = 0; c < W; c++)
+			ss[(size_t)r * 2 * W + c] = (c / d) % (g + 2) == g + 1 ? 0.0f : -1.0f;
+	if (!(rz->idx = be->ops->alloc(be, sizeof(int32_t) * (size_t)rz->n)) ||
+	    !(rz->tmp = be->ops->alloc(be, sizeof(float) * (size_t)rz->n * W)) ||
+	    !(rz->ss = be->ops->alloc(be, sizeof(float) * (size_t)rz->n * 2 * W)) ||
+	    be->ops->upload(be, rz->idx, idx, sizeof(int32_t) * (size_t)rz->n) ||
+	    be->ops->upload(be, rz->ss, ss, sizeof(float) * (size_t)rz->n * 2 * W)) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of %s memory for the rope-pad rows", be->name);
+		goto out;
+	}
+	rc = 0;
+out:
+	free(idx);
+	free(ss);
+	return rc;
+}
+
+static void rope_zero_apply(hi3_model *m, const struct rope_zero *rz, float *qkv)
+{
+	hi3_backend *be = m->be;
+	const int W = (m->dims.n_h + 2 * m->dims.n_kv) * m->dims.d;
+
+	if (!rz->n)
+		return;
+	be->ops->gather(be, rz->tmp, qkv, rz->idx, rz->n, W);
+	be->ops->scale_shift(be, rz->tmp, rz->ss, rz->n, 1, W);
+	be->ops->scatter(be, qkv, rz->tmp, rz->idx, rz->n, W);
+}
+
+static void rope_zero_release(hi3_model *m, struct rope_zero *rz)
+{
+	void *p[] = {rz->idx, rz->tmp, rz->ss};
+
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(p); i++)
+		if (p[i])
+			m->be->ops->free(m->be, p[i]);
+	memset(rz, 0, sizeof(*rz));
 }
 
 /* Per-query attention plan and per-token cache rows/slots, on the host. */
@@ -531,6 +618,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	hi3_attn_q *plan = NULL;
 	int32_t *rows = NULL, *lidx = NULL;
 	int64_t *slots = NULL;
+	struct rope_zero rz = {0};
 	int rc = -1;
 
 	if (check_batch(m, kv, b, err) != 0 || hi3i_backend_failed(be, err) != 0)
@@ -562,6 +650,13 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		hi3i_trace_begin(b->trace, b);
 
 	be->ops->embed(be, m->w.x, m->w.ids, m->wte, M);
+	if (b->n_embed > 0) {
+		if (be->ops->upload(be, m->w.idx, b->embed_at, sizeof(int32_t) * (size_t)b->n_embed))
+			goto be_failed;
+		be->ops->scatter(be, m->w.x, b->embed_rows, m->w.idx, b->n_embed, H);
+	}
+	if (b->rope_zero && rope_zero_prepare(m, b, &rz, err) != 0)
+		goto out;
 	point(b->trace, HI3_TRACE_EMBED, -1, m->w.x, H);
 	for (int l = 0; l < c->num_hidden_layers; l++) {
 		const struct hi3_layer_w *L = &m->layers[l];
@@ -577,6 +672,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		point(b->trace, HI3_TRACE_IN_NORM, l, m->w.h, H);
 		be->ops->matmul(be, m->w.qkv, m->w.h, L->qkv, M);
 		be->ops->rope_qk(be, m->w.qkv, m->w.pos, m->theta, L->qn, L->kn, &m->dims, M);
+		rope_zero_apply(m, &rz, m->w.qkv);
 		point(b->trace, HI3_TRACE_Q, l, m->w.qkv, (int)W);    /* q, k and v */
 		if (kv) {
 			be->ops->kv_layer(be, kv, l, &dst.k, &dst.v);
@@ -644,6 +740,11 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	if (b->hidden_out && be->ops->download(be, b->hidden_out + (size_t)c->num_hidden_layers * M * H, m->w.x,
 	                                       sizeof(float) * (size_t)M * H))
 		goto be_failed;
+	if (b->n_hidden > 0) {
+		if (be->ops->upload(be, m->w.idx, b->hidden_at, sizeof(int32_t) * (size_t)b->n_hidden))
+			goto be_failed;
+		be->ops->gather(be, b->hidden, m->w.x, m->w.idx, b->n_hidden, H);
+	}
 	if (b->trace) {
 		point(b->trace, HI3_TRACE_FINAL, -1, m->w.x, H);
 		trace_final(m, b->trace);
@@ -673,6 +774,7 @@ be_failed:
 out:
 	if (rc && b->trace)
 		hi3i_trace_abort(b->trace, err);
+	rope_zero_release(m, &rz);
 	free(plan);
 	free(rows);
 	free(slots);

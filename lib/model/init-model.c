@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "core/internal.h"
+#include "model/vae.h"
 
 /* ------------------------------------------------------------- presets */
 
@@ -47,6 +48,21 @@ static const char preset_small[] =
 	" \"num_hidden_layers\": 8, \"num_attention_heads\": 16, \"num_key_value_heads\": 4,"
 	" \"attention_head_dim\": 64, \"use_qk_norm\": true, \"use_mixed_mlp_moe\": true,"
 	" \"num_experts\": 16, \"moe_topk\": 4, \"moe_intermediate_size\": 512, \"num_shared_expert\": 1}";
+
+/* The image heads and VAE decoder of the older presets (config fields as
+ * upstream names them): patch_embed_hidden_dim by preset (a quarter of the
+ * hidden size, as the release's 1024 of 4096), image base 256 (buckets of
+ * 16 x 16 latent tokens at 1:1), and a VAE decoder of 32 channels on five
+ * levels (ffactor_spatial 16, temporal 4, as the release) with 16 latent
+ * channels and one block per level (two in the decoder). */
+static const char preset_image_fields[] =
+	"{\"image_base_size\": 256, \"vae_downsample_factor\": [16, 16], \"patch_size\": 1,"
+	" \"img_proj_type\": \"unet\", \"rope_type\": \"2d\","
+	" \"vae\": {\"_class_name\": \"AutoencoderKLConv3D\", \"block_out_channels\": [32, 32, 32, 32, 32],"
+	" \"in_channels\": 3, \"out_channels\": 3, \"latent_channels\": 16, \"layers_per_block\": 1,"
+	" \"ffactor_spatial\": 16, \"ffactor_temporal\": 4, \"sample_size\": 384, \"sample_tsize\": 96,"
+	" \"downsample_match_channel\": true, \"upsample_match_channel\": true,"
+	" \"scaling_factor\": 0.562679178327931}}";
 
 /* Fields every older preset shares, named as in the upstream config.json. */
 static const char common_fields[] =
@@ -281,8 +297,23 @@ static int build_specs(const hi3_config *c, struct wlist *l)
 
 /* ------------------------------------------------- the image modules */
 
-/* A tensor of any rank named prefix.suffix: ".bias" ~ N(0, 0.02^2), a norm's
+/* The scale of an image-module tensor: ".bias" ~ N(0, 0.02^2), a norm's
  * weight (a 1-D weight) ~ 1 + N(0, 0.1^2), the rest ~ N(0, 1/fan_in). */
+static void spec_scale(struct wspec *s, int64_t fan_in)
+{
+	size_t n = strlen(s->name);
+
+	if (n > 5 && !strcmp(s->name + n - 5, ".bias"))
+		s->std = 0.02f;
+	else if (s->ndim == 1) {
+		s->mean = 1.0f;
+		s->std = 0.1f;
+	} else {
+		s->std = 1.0f / sqrtf((float)fan_in);
+	}
+}
+
+/* A tensor of any rank named prefix.suffix, scaled by spec_scale. */
 static void nd(struct wlist *l, const char *prefix, const char *suffix, int ndim, ...)
 {
 	char nm[192];
@@ -301,14 +332,7 @@ static void nd(struct wlist *l, const char *prefix, const char *suffix, int ndim
 			fan_in *= s->shape[i];
 	}
 	va_end(ap);
-	if (strlen(nm) > 5 && !strcmp(nm + strlen(nm) - 5, ".bias"))
-		s->std = 0.02f;
-	else if (ndim == 1) {
-		s->mean = 1.0f;
-		s->std = 0.1f;
-	} else {
-		s->std = 1.0f / sqrtf((float)fan_in);
-	}
+	spec_scale(s, fan_in);
 }
 
 #define I64(x) ((int64_t)(x))
@@ -368,101 +392,23 @@ static void resblock(struct wlist *l, const char *pre, int64_t in, int64_t emb, 
 	}
 }
 
-/* The VAE's ResnetBlock (3-D). */
-static void vae_resnet(struct wlist *l, const char *pre, int64_t in, int64_t out)
+/* The VAE's tensors: the list model/vae.c loads (hi3i_vae_tensors), so
+ * that what init-model writes is what the VAE reads. */
+static void vae_spec(void *ctx, const char *name, int ndim, const int64_t *shape)
 {
-	char p[160];
+	struct wlist *l = ctx;
+	struct wspec *s = new_spec(l, name);
+	int64_t fan_in = 1;
 
-	snprintf(p, sizeof(p), "%s.norm1", pre);
-	norm(l, p, in);
-	snprintf(p, sizeof(p), "%s.conv1", pre);
-	conv(l, p, 3, out, in, 3);
-	snprintf(p, sizeof(p), "%s.norm2", pre);
-	norm(l, p, out);
-	snprintf(p, sizeof(p), "%s.conv2", pre);
-	conv(l, p, 3, out, out, 3);
-	if (in != out) {
-		snprintf(p, sizeof(p), "%s.nin_shortcut", pre);
-		conv(l, p, 3, out, in, 1);
+	if (!s)
+		return;
+	s->ndim = ndim;
+	for (int i = 0; i < ndim; i++) {
+		s->shape[i] = shape[i];
+		if (i > 0)
+			fan_in *= shape[i];
 	}
-}
-
-static void vae_mid(struct wlist *l, const char *coder, int64_t c)
-{
-	static const char *const qkv[] = {"q", "k", "v", "proj_out"};
-	char p[160];
-
-	snprintf(p, sizeof(p), "vae.%s.mid.block_1", coder);
-	vae_resnet(l, p, c, c);
-	snprintf(p, sizeof(p), "vae.%s.mid.attn_1.norm", coder);
-	norm(l, p, c);
-	for (int i = 0; i < 4; i++) {
-		snprintf(p, sizeof(p), "vae.%s.mid.attn_1.%s", coder, qkv[i]);
-		conv(l, p, 3, c, c, 1);
-	}
-	snprintf(p, sizeof(p), "vae.%s.mid.block_2", coder);
-	vae_resnet(l, p, c, c);
-}
-
-static int ilog2(int x)
-{
-	int k = 0;
-
-	while ((1 << (k + 1)) <= x)
-		k++;
-	return k;
-}
-
-/* AutoencoderKLConv3D: the encoder's levels (DCAE downsampling while the
- * level is below log2(ffactor_spatial), temporally from level
- * log2(spatial / temporal) on) and the decoder's (channels reversed,
- * layers_per_block + 1 blocks, temporal upsampling below
- * log2(ffactor_temporal)). */
-static void vae_specs(const hi3_vae_config *v, struct wlist *l)
-{
-	const int n = v->n_levels, ls = ilog2(v->ffactor_spatial), lt = ilog2(v->ffactor_spatial / v->ffactor_temporal);
-	const int ut = ilog2(v->ffactor_temporal);
-	int64_t in = v->block_out_channels[0];
-	char p[160];
-
-	conv(l, "vae.encoder.conv_in", 3, in, v->in_channels, 3);
-	for (int i = 0; i < n; i++) {
-		int64_t out = v->block_out_channels[i];
-		for (int b = 0; b < v->layers_per_block; b++) {
-			snprintf(p, sizeof(p), "vae.encoder.down.%d.block.%d", i, b);
-			vae_resnet(l, p, in, out);
-			in = out;
-		}
-		if (i < ls && i < n - 1) {
-			int64_t next = v->downsample_match_channel ? v->block_out_channels[i + 1] : in;
-			snprintf(p, sizeof(p), "vae.encoder.down.%d.downsample.conv", i);
-			conv(l, p, 3, next / (i >= lt ? 8 : 4), in, 3);
-			in = next;
-		}
-	}
-	vae_mid(l, "encoder", in);
-	norm(l, "vae.encoder.norm_out", in);
-	conv(l, "vae.encoder.conv_out", 3, 2 * v->latent_channels, in, 3);
-
-	in = v->block_out_channels[n - 1];
-	conv(l, "vae.decoder.conv_in", 3, in, v->latent_channels, 3);
-	vae_mid(l, "decoder", in);
-	for (int i = 0; i < n; i++) {
-		int64_t out = v->block_out_channels[n - 1 - i];
-		for (int b = 0; b < v->layers_per_block + 1; b++) {
-			snprintf(p, sizeof(p), "vae.decoder.up.%d.block.%d", i, b);
-			vae_resnet(l, p, in, out);
-			in = out;
-		}
-		if ((i < ls || i < ut) && i < n - 1) {
-			int64_t next = v->upsample_match_channel ? v->block_out_channels[n - 2 - i] : in;
-			snprintf(p, sizeof(p), "vae.decoder.up.%d.upsample.conv", i);
-			conv(l, p, 3, next * (i < ut ? 8 : 4), in, 3);
-			in = next;
-		}
-	}
-	norm(l, "vae.decoder.norm_out", in);
-	conv(l, "vae.decoder.conv_out", 3, v->out_channels, in, 3);
+	spec_scale(s, fan_in);
 }
 
 /* Siglip2VisionTransformer (with its pooling head) and the aligner. */
@@ -512,8 +458,10 @@ static void vit_specs(const hi3_config *c, struct wlist *l)
 /* Every module of HunyuanImage3ForCausalMM beside the backbone: the
  * timestep embedders, patch_embed (UNetDown), final_layer (UNetUp with its
  * output norm), the VAE, the ViT and the aligner; a Distil model's
- * guidance_emb and timestep_r_emb. Patch size 1 (the release's). */
-static int image_specs(const hi3_config *c, struct wlist *l)
+ * guidance_emb and timestep_r_emb. Patch size 1 (the release's). The
+ * older presets (full 0) hold what image generation needs: the heads and
+ * the VAE decoder. */
+static int image_specs(const hi3_config *c, struct wlist *l, int full, hi3_error *err)
 {
 	int64_t H = c->hidden_size, P = c->patch_embed_hidden_dim, Z = c->vae.latent_channels;
 
@@ -530,9 +478,11 @@ static int image_specs(const hi3_config *c, struct wlist *l)
 	norm(l, "final_layer.model.1.0", P);
 	conv(l, "final_layer.model.1.2", 2, Z, P, 3);
 	timestep_embedder(l, "time_embed_2", H);
-	vit_specs(c, l);
+	if (full)
+		vit_specs(c, l);
 	l->shard = 2;
-	vae_specs(&c->vae, l);
+	if (hi3i_vae_tensors(&c->vae, HI3_VAE_DECODER | (full ? HI3_VAE_ENCODER : 0), vae_spec, l, err))
+		return -1;
 	return l->failed ? -1 : 0;
 }
 
@@ -842,6 +792,12 @@ static json_t *build_config(const hi3_init_opts *o, int preset, hi3_error *err)
 		HI3_ASSERT(cfg && p);
 		json_object_update(cfg, p);
 		json_decref(p);
+		p = json_loads(preset_image_fields, 0, NULL);
+		HI3_ASSERT(p);
+		json_object_update(cfg, p);
+		json_decref(p);
+		json_object_set_new(cfg, "patch_embed_hidden_dim",
+		                    json_integer(json_integer_value(json_object_get(cfg, "hidden_size")) / 4));
 		json_object_set_new(cfg, "bos_token_id", json_integer(special_id(BOS_NAME)));
 		json_object_set_new(cfg, "eos_token_id", json_integer(special_id(EOS_NAME)));
 		json_object_set_new(cfg, "pad_token_id", json_integer(special_id(PAD_NAME)));
@@ -968,8 +924,17 @@ int hi3_init_model(const char *dir, const hi3_init_opts *o, hi3_error *err)
 		              "patch_size 1");
 		goto out;
 	}
-	if (build_specs(&cfg, &specs) != 0 || (release && image_specs(&cfg, &specs) != 0)) {
+	if (!release && cfg.vae.present && cfg.patch_size != 1) {
+		hi3_error_set(err, HI3_ERR_USAGE, "the image heads of init-model have patch_size 1");
+		goto out;
+	}
+	if (build_specs(&cfg, &specs) != 0) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto out;
+	}
+	if ((release || cfg.vae.present) && image_specs(&cfg, &specs, release, err) != 0) {
+		if (!err->msg[0] || specs.failed)
+			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
 	}
 	if (mkdir(dir, 0777) != 0 && errno != EEXIST) {

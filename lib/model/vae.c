@@ -505,19 +505,9 @@ const hi3_vae_config *hi3_vae_get_config(const hi3_vae *v)
 
 /* ------------------------------------------------------------ forward */
 
-/* Make *p hold n floats (its contents are not kept). */
 static int reserve(hi3_vae *v, float **p, size_t *cap, size_t n, hi3_error *err)
 {
-	if (n <= *cap)
-		return 0;
-	if (*p)
-		v->be->ops->free(v->be, *p);
-	*cap = 0;
-	if (!(*p = v->be->ops->alloc(v->be, n * sizeof(float))))
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "VAE: out of %s memory for %.1f MiB of activations (%zu MiB free)",
-		                     v->be->name, (double)n * 4 / 1048576.0, v->be->ops->mem_free(v->be) >> 20);
-	*cap = n;
-	return 0;
+	return hi3i_dev_reserve(v->be, p, cap, n, "VAE", err);
 }
 
 /* A pass over one image: its dims change as levels resample. */

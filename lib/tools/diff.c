@@ -6,7 +6,8 @@
  * are over. NaN equals NaN; NaN against a number differs (|a - b| = +Inf).
  * Where the format is known, an element is named by what its dimensions
  * mean (kv: row, head, slot, col; segment: row and position via cu_seqlens;
- * trace: the token's row and position, then col, or slot and col).
+ * trace: the token's row and position, then col, or slot and col;
+ * trajectory: row, step, channel, y, x).
  *
  * Shapes: B rows, n_kv heads, C cache slots, d head dim, L prompt columns,
  * V vocabulary, T packed tokens.
@@ -16,7 +17,7 @@
 #include <string.h>
 #include "tools/tools.h"
 
-enum kind { K_OTHER, K_KV, K_COND, K_SEG, K_TRACE };
+enum kind { K_OTHER, K_KV, K_COND, K_SEG, K_TRACE, K_TRAJ };
 
 /* One input file and what its format tells about rows. */
 struct side {
@@ -105,6 +106,10 @@ static int side_open(struct side *s, const char *path, int need_rows, hi3_error 
 			s->tpos = p->data;
 			s->tn = r->shape[0];
 		}
+	} else if (!strcmp(s->format, HI3_FORMAT_TRAJECTORY)) {
+		s->kind = K_TRAJ;
+		if ((t = hi3_st_find(s->st, "latents")) && t->ndim == 5)
+			s->B = t->shape[0];
 	}
 	t = hi3_st_find(s->st, "cu_seqlens");
 	if (t || (s->kind == K_SEG && need_rows)) {
@@ -154,12 +159,45 @@ static const char *const rope_dims[] = {"row", "column", "axis"};
 static const char *const block_dims[] = {"row", "block", "end"};
 static const char *const index_dims[] = {"row", "index"};
 static const char *const row_dims[] = {"row", "column"};
+static const char *const traj_lat_dims[] = {"row", "step", "channel", "y", "x"};
+static const char *const traj_x_dims[] = {"row", "channel", "y", "x"};
+static const char *const traj_noise_dims[] = {"row", "sde step", "channel", "y", "x"};
+static const char *const traj_logp_dims[] = {"row", "sde step"};
+static const char *const traj_vel_dims[] = {"step", "cfg row", "channel", "y", "x"};
+static const char *const traj_step_dims[] = {"step"};
+
+/* A trajectory's tensors with a request axis first (the others: the
+ * schedule, shared by every row, and velocity, by cfg row). */
+static int traj_rowed(const char *name)
+{
+	return !strcmp(name, "latents") || !strcmp(name, "x_T") || !strcmp(name, "sde_noise") ||
+	       !strcmp(name, "sde_logp");
+}
+
+static const char *const *traj_dims(const hi3_tensor *t)
+{
+	if (!strcmp(t->name, "latents") && t->ndim == 5)
+		return traj_lat_dims;
+	if (!strcmp(t->name, "x_T") && t->ndim == 4)
+		return traj_x_dims;
+	if (!strcmp(t->name, "sde_noise") && t->ndim == 5)
+		return traj_noise_dims;
+	if (!strcmp(t->name, "sde_logp") && t->ndim == 2)
+		return traj_logp_dims;
+	if (!strcmp(t->name, "velocity") && t->ndim == 5)
+		return traj_vel_dims;
+	if (t->ndim == 1)
+		return traj_step_dims;
+	return NULL;
+}
 
 static const char *const *dim_names(const struct side *a, const hi3_tensor *t, int *n)
 {
 	const char *name = t->name;
 
 	*n = t->ndim;
+	if (a->kind == K_TRAJ)
+		return traj_dims(t);
 	if (a->B < 0 || t->ndim < 1 || t->shape[0] != a->B)
 		return NULL;
 	if (a->kind == K_KV && is_layer_kv(name) && t->ndim == 4)
@@ -441,6 +479,10 @@ static void compare_tensor(const struct side *a, const struct side *b, const hi3
 	int64_t sa[HI3_MAX_DIMS], sb[HI3_MAX_DIMS];
 	const int64_t *la = NULL, *lb = NULL;
 	int rows = o->row_a >= 0, lax = valid_only ? limited_axis(a, b, ta, &la, &lb) : -1;
+
+	/* a trajectory's schedule is every row's: compared whole under --row */
+	if (rows && a->kind == K_TRAJ && b->kind == K_TRAJ && !traj_rowed(ta->name) && strcmp(ta->name, "velocity"))
+		rows = 0;
 
 	if (ta->dtype != tb->dtype) {
 		r->status = HI3_DIFF_DTYPE;

@@ -1,7 +1,8 @@
 /*
  * inspect.c -- hi3 inspect: what a safetensors file (or a checkpoint
  * directory) holds, a tensor's values, and pictures: a heatmap of a 2-D
- * selection, a conditions row's attention mask, a kv file's valid slots.
+ * selection, a conditions row's attention mask, a kv file's valid slots,
+ * a trajectory request's latents step by step.
  *
  * Shapes: B rows, L prompt columns, C cache slots, S image blocks.
  */
@@ -519,6 +520,51 @@ static int kv_slots(const struct src *src, struct picture *p, hi3_error *err)
 	return 0;
 }
 
+/* A trajectory's request `row`: its latents at every step side by side, x_T
+ * first, each h x w cell the mean over the channels, one scale for all,
+ * one dark column between steps. */
+static int traj_steps(const struct src *src, int64_t row, struct picture *p, hi3_error *err)
+{
+	const hi3_tensor *lat = hi3_st_find(src->st, "latents");
+	int64_t B, S, C, h, w, n;
+	double *v, m = 0.0;
+
+	if (!lat || lat->ndim != 5)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: no tensor 'latents' (B, T + 1, C, h, w)", src->path);
+	B = lat->shape[0], S = lat->shape[1], C = lat->shape[2], h = lat->shape[3], w = lat->shape[4];
+	if (row >= B)
+		return hi3_error_set(err, HI3_ERR_USAGE, "--row %lld: %s has requests 0 to %lld", (long long)row, src->path,
+		                     (long long)B - 1);
+	if (C < 1 || picture_alloc(p, h, S * (w + 1) - 1, err) != 0)
+		return C < 1 ? hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'latents' has no channels", src->path) : -1;
+	n = p->rows * p->cols;
+	if (!(v = hi3i_malloc(sizeof(double) * (size_t)n, err)))
+		return -1;
+	for (int64_t i = 0; i < n; i++)
+		v[i] = NAN;
+	for (int64_t st = 0; st < S; st++)
+		for (int64_t y = 0; y < h; y++)
+			for (int64_t x = 0; x < w; x++) {
+				double sum = 0.0;
+				for (int64_t c = 0; c < C; c++)
+					sum += hi3_elem_f64(lat->data, lat->dtype, (size_t)((((row * S + st) * C + c) * h + y) * w + x));
+				sum /= (double)C;
+				v[y * p->cols + st * (w + 1) + x] = sum;
+				if (isfinite(sum))
+					m = fmax(m, fabs(sum));
+			}
+	p->kind = "trajectory-steps";
+	p->lo = -m;
+	p->hi = m;
+	p->diverging = 1;
+	hi3i_colormap(v, n, -m, m, 1, p->rgb);
+	for (int64_t y = 0; y < h; y++)
+		for (int64_t st = 1; st < S; st++)
+			put(p, y, st * (w + 1) - 1, 25, 25, 25);
+	free(v);
+	return 0;
+}
+
 static int render(const struct src *src, const hi3_tensor *t, const hi3i_slice *s, const hi3_inspect_opts *o,
                   FILE *f, hi3_error *err)
 {
@@ -535,10 +581,12 @@ static int render(const struct src *src, const hi3_tensor *t, const hi3i_slice *
 		rc = hi3_error_set(err, HI3_ERR_USAGE, "--png on a conditions file needs --row I (or --tensor NAME)");
 	else if (format && !strcmp(format, HI3_FORMAT_KV))
 		rc = kv_slots(src, &p, err);
+	else if (format && !strcmp(format, HI3_FORMAT_TRAJECTORY))
+		rc = traj_steps(src, o->row >= 0 ? o->row : 0, &p, err);
 	else
 		rc = hi3_error_set(err, HI3_ERR_USAGE,
-		                   "--png needs --tensor NAME: %s is not a conditions or kv file (format '%s')", src->path,
-		                   format ? format : "none");
+		                   "--png needs --tensor NAME: %s is not a conditions, kv or trajectory file (format '%s')",
+		                   src->path, format ? format : "none");
 	if (rc != 0)
 		goto out;
 	rc = -1;

@@ -22,7 +22,8 @@
 #include "format/kv.h"
 #include "format/provenance.h"
 
-static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad"};
+static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad", "rope-pad",
+                                             "rope-1d", "eoi"};
 
 const char *hi3_parity_ablation_name(int a)
 {
@@ -174,6 +175,191 @@ static int add_case(hi3_parity_report *rep, hi3_error *err)
 	return 0;
 }
 
+/* ------------------------------------------------------------ diffusion */
+
+/* Capture c's trajectory into dir/tag.traj (the conditions beside it). */
+static int diffusion_run(hi3_model *m, const hi3_cond *c, const char *dir, const char *tag, int steps, int sde,
+                         int ablate, char **traj, hi3_error *err)
+{
+	hi3_diffusion_opts d = {.steps = steps, .sampler = sde ? HI3_SAMPLER_SDE : HI3_SAMPLER_EULER, .eta = 1.0,
+	                        .latent_dtype = HI3_F32, .cfg_dtype = HI3_F32, .ablate = ablate};
+	hi3_diffusion_stats st;
+	hi3_cond *onfile = NULL;
+	char *cond = hi3i_asprintf("%s/%s.cond", dir, tag);
+	int rc = -1;
+
+	*traj = hi3i_asprintf("%s/%s.traj", dir, tag);
+	if (!cond || !*traj) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		goto out;
+	}
+	if (hi3_cond_write(c, cond, err) || hi3_cond_open(&onfile, cond, err) ||
+	    hi3_diffusion_capture(m, onfile, &d, *traj, &st, err))
+		goto out;
+	rc = 0;
+out:
+	if (rc)
+		hi3_error_prefix(err, "parity: %s", tag);
+	hi3_cond_close(onfile);
+	free(cond);
+	return rc;
+}
+
+/* Row ra of trajectory a against row 0 of the row-alone trajectory b. */
+static int diffusion_compare(const char *a, int ra, const char *b, double tol, hi3_parity_row *out, hi3_error *err)
+{
+	hi3_trajectory *ta = NULL, *tb = NULL;
+	int rc = -1;
+
+	out->first_step = -1;
+	if (hi3_trajectory_open(&ta, a, err) || hi3_trajectory_open(&tb, b, err))
+		goto out;
+	if (ta->T != tb->T || ta->K != tb->K || ta->C != tb->C || ta->h != tb->h || ta->w != tb->w || ra >= ta->B) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "parity: %s and %s: trajectories of other shapes", a, b);
+		goto out;
+	}
+	{
+		const size_t n = (size_t)ta->C * ta->h * ta->w;
+		for (int s = 0; s <= ta->T; s++) {
+			double mx = 0.0;
+			for (size_t e = 0; e < n; e++) {
+				double d = fabs((double)hi3_trajectory_latent(ta, ((size_t)ra * (ta->T + 1) + s) * n + e) -
+				                (double)hi3_trajectory_latent(tb, (size_t)s * n + e));
+				if (!(d <= mx))
+					mx = d;
+			}
+			if (!(mx <= tol) && out->first_step < 0)
+				out->first_step = s;
+			if (!(mx <= out->latent_max))
+				out->latent_max = mx;
+		}
+		for (int k = 0; k < ta->K; k++) {
+			double d = fabs((double)ta->sde_logp[(size_t)ra * ta->K + k] - (double)tb->sde_logp[k]);
+			if (!(d <= out->sde_logp_max))
+				out->sde_logp_max = d;
+		}
+	}
+	rc = 0;
+out:
+	hi3_trajectory_close(ta);
+	hi3_trajectory_close(tb);
+	return rc;
+}
+
+/* hi3-batching(7), DIFFUSION: each request of a gen_image batch gives the
+ * trajectory it gives alone. cons: the batched constructions (the defect
+ * of a pad ablation built in); the other diffusion ablations are restored
+ * in the batched captures only. */
+static int parity_diffusion(hi3_model *m, const hi3_cond *good, hi3_cond *const cons[2], const hi3_parity_opts *o,
+                            hi3_parity_report *rep, hi3_error *err)
+{
+	static const char *const cons_names[3] = {"batch", "per-row+concat", "padded B=1"};
+	const int f = hi3_cond_cfg_factor(good), R = good->B / f;
+	const int bad = o->ablate == HI3_ABLATE_ROPE_PAD || o->ablate == HI3_ABLATE_ROPE_1D ||
+	                o->ablate == HI3_ABLATE_EOI ? o->ablate : HI3_ABLATE_NONE;
+	char **ar = hi3i_calloc((size_t)R, sizeof(char *), err), *br = NULL;
+	int *sel = hi3i_malloc(sizeof(int) * (size_t)f, err);
+	int rc = -1;
+
+	if (o->ablate == HI3_ABLATE_DECODE_MASK || o->ablate == HI3_ABLATE_TOKEN_PLACEMENT) {
+		hi3_error_set(err, HI3_ERR_USAGE, "parity: --ablate %s is a decode defect; gen_image requests take pos-pad, "
+		              "rope-pad, rope-1d or eoi", hi3_parity_ablation_name(o->ablate));
+		goto out;
+	}
+	if (!ar || !sel)
+		goto out;
+	rep->B = R;
+	for (int sm = 0; sm < 2; sm++) {
+		const char *smn = sm ? "sde" : "euler";
+		if ((sm == 0 && !o->greedy) || (sm == 1 && !o->sampled))
+			continue;
+		for (int si = 0; si < o->n_steps; si++) {
+			const int steps = (int)o->steps[si];
+
+			for (int i = 0; i < R; i++) {
+				hi3_cond *one = NULL;
+				char tag[96];
+				for (int g = 0; g < f; g++)
+					sel[g] = i + g * R;
+				snprintf(tag, sizeof(tag), "alone-row%d-%s-%d", i, smn, steps);
+				free(ar[i]);
+				ar[i] = NULL;
+				rc = hi3_cond_select(&one, good, sel, f, 0, err) ? -1
+				     : diffusion_run(m, one, o->workdir, tag, steps, sm, HI3_ABLATE_NONE, &ar[i], err);
+				hi3_cond_close(one);
+				if (rc)
+					goto out;
+				rc = -1;
+			}
+			for (int k = 0; k < 3; k++) {
+				hi3_parity_case *pc;
+				char tag[96];
+
+				if (add_case(rep, err) != 0)
+					goto out;
+				pc = &rep->cases[rep->n - 1];
+				pc->construction = cons_names[k];
+				pc->diffusion = 1;
+				pc->sampled = sm;
+				pc->steps = steps;
+				if (!(pc->rows = hi3i_calloc((size_t)R, sizeof(*pc->rows), err)))
+					goto out;
+				pc->n_rows = R;
+				pc->pass = 1;
+				for (int i = 0; i < R; i++) {
+					hi3_parity_row *r = &pc->rows[i];
+					int ra = i;
+
+					if (k == 2 || i == 0) {
+						hi3_cond *one = NULL;
+						const hi3_cond *c = cons[k == 1];
+						free(br);
+						br = NULL;
+						if (k == 2) {
+							/* request i as a right-padded B = 1 */
+							for (int g = 0; g < f; g++)
+								sel[g] = i + g * R;
+							snprintf(tag, sizeof(tag), "padded-row%d-%s-%d", i, smn, steps);
+							if (hi3_cond_select(&one, cons[0], sel, f, cons[0]->L, err))
+								goto out;
+							c = one;
+						} else {
+							snprintf(tag, sizeof(tag), "%s-%s-%d", k == 0 ? "batch" : "concat", smn, steps);
+						}
+						pc->L = c->L;
+						rc = diffusion_run(m, c, o->workdir, tag, steps, sm, bad, &br, err);
+						hi3_cond_close(one);
+						if (rc)
+							goto out;
+						rc = -1;
+					}
+					if (k == 2)
+						ra = 0;
+					r->row = i;
+					r->n = good->real_pos[i];
+					if (diffusion_compare(br, ra, ar[i], o->tol, r, err))
+						goto out;
+					r->tokens_equal = r->first_step < 0;
+					pc->latent_max = fmax(pc->latent_max, r->latent_max);
+					pc->sde_logp_max = fmax(pc->sde_logp_max, r->sde_logp_max);
+					pc->pass &= r->latent_max <= o->tol && r->sde_logp_max <= o->tol;
+				}
+				pc->tokens_equal = pc->pass;
+				if (o->progress)
+					o->progress(o->progress_ctx, rep->n, (int64_t)o->n_steps * 3 * (o->greedy + o->sampled));
+			}
+		}
+	}
+	rc = 0;
+out:
+	for (int i = 0; ar && i < R; i++)
+		free(ar[i]);
+	free(ar);
+	free(br);
+	free(sel);
+	return rc;
+}
+
 static int parity_in(hi3_model *m, const hi3_template *t, const hi3_requests *rq, const hi3_parity_opts *o,
                      hi3_parity_report *rep, hi3_error *err)
 {
@@ -181,7 +367,7 @@ static int parity_in(hi3_model *m, const hi3_template *t, const hi3_requests *rq
 	hi3_cond **alone = NULL;
 	struct run *ar = NULL;
 	static const char *const cons_names[3] = {"batch", "per-row+concat", "padded B=1"};
-	int B = 0, rc = -1, ablate_pad = o->ablate == HI3_ABLATE_POS_PAD;
+	int B = 0, rc = -1, ablate_pad = o->ablate == HI3_ABLATE_POS_PAD || o->ablate == HI3_ABLATE_ROPE_PAD;
 	hi3_cond_build_opts bo = {.seed_base = o->seed_base};
 
 	memset(rep, 0, sizeof(*rep));
@@ -198,6 +384,22 @@ static int parity_in(hi3_model *m, const hi3_template *t, const hi3_requests *rq
 	bo.per_row = 1;
 	if (hi3_cond_build(&cons[1], t, rq, &bo, err) != 0)
 		goto out;
+	if (!strcmp(good->mode, "gen_image")) {
+		if (o->pad_to > 0) {
+			hi3_error_set(err, HI3_ERR_USAGE, "parity: --pad-to is for gen_text requests");
+			goto out;
+		}
+		if ((rc = parity_diffusion(m, good, cons, o, rep, err)) != 0)
+			goto out;
+		rc = -1;
+		B = 0;
+		goto report;
+	}
+	if (o->ablate == HI3_ABLATE_ROPE_PAD || o->ablate == HI3_ABLATE_ROPE_1D || o->ablate == HI3_ABLATE_EOI) {
+		hi3_error_set(err, HI3_ERR_USAGE, "parity: --ablate %s is a diffusion defect (gen_image requests)",
+		              hi3_parity_ablation_name(o->ablate));
+		goto out;
+	}
 	alone = hi3i_calloc((size_t)B, sizeof(*alone), err);
 	ar = hi3i_calloc((size_t)B, sizeof(*ar), err);
 	if (!alone || !ar)
@@ -300,10 +502,11 @@ static int parity_in(hi3_model *m, const hi3_template *t, const hi3_requests *rq
 			}
 		}
 	}
-	rep->real_pos = hi3i_malloc(sizeof(int64_t) * (size_t)B, err);
+report:
+	rep->real_pos = hi3i_malloc(sizeof(int64_t) * (size_t)rep->B, err);
 	if (!rep->real_pos)
 		goto out;
-	memcpy(rep->real_pos, good->real_pos, sizeof(int64_t) * (size_t)B);
+	memcpy(rep->real_pos, good->real_pos, sizeof(int64_t) * (size_t)rep->B);
 	rep->pass = 1;
 	for (int i = 0; i < rep->n; i++)
 		rep->pass &= o->ablate ? !rep->cases[i].pass : rep->cases[i].pass;
@@ -390,6 +593,27 @@ static void print_case(FILE *f, const hi3_parity_report *rep, const hi3_parity_c
 			break;
 		}
 	}
+	if (pc->diffusion) {
+		fprintf(f, "[%s] %s, B=%d %s real_pos [%s], L=%d, %d diffusion steps, %s%s%s: latents max|d|=%s sde logp "
+		        "max|d|=%s%s\n", pc->pass ? "PASS" : "FAIL", pc->construction, rep->B, equal ? "equal" : "unequal",
+		        lens, pc->L, pc->steps, pc->sampled ? "sde" : "euler", o->ablate ? ", --ablate " : "",
+		        o->ablate ? hi3_parity_ablation_name(o->ablate) : "", num_str(a, sizeof(a), pc->latent_max),
+		        num_str(b, sizeof(b), pc->sde_logp_max), o->ablate ? (pc->pass ? " -> expect FAIL: NOT BROKEN" :
+		                                                                   " -> expect FAIL") : "");
+		for (int i = 0; i < pc->n_rows; i++) {
+			const hi3_parity_row *r = &pc->rows[i];
+			if (!rows && r->first_step < 0 && r->sde_logp_max <= o->tol)
+				continue;
+			fprintf(f, "    request %d (n=%lld): latents %s", r->row, (long long)r->n,
+			        r->first_step < 0 ? "equal" : "differ");
+			if (r->first_step >= 0)
+				fprintf(f, " from step %lld (latents[:, %lld])", (long long)r->first_step - 1,
+				        (long long)r->first_step);
+			fprintf(f, ", max|d|=%s; sde logp max|d|=%s\n", num_str(a, sizeof(a), r->latent_max),
+			        num_str(b, sizeof(b), r->sde_logp_max));
+		}
+		return;
+	}
 	fprintf(f, "[%s] %s, B=%d %s real_pos [%s], L=%d, %d decode steps, %s%s%s: tokens equal=%s logp max|d|=%s "
 	       "prefill-KV max|d|=%s (cache slot 0 max|d|=%s, other slots %s)%s\n",
 	       pc->pass ? "PASS" : "FAIL", pc->construction, rep->B, equal ? "equal" : "unequal", lens, pc->L,
@@ -431,6 +655,23 @@ static json_t *report_json(const hi3_parity_report *rep, const hi3_parity_opts *
 			                                      (json_int_t)r->len_alone, "logp_max_abs", r->logp_max,
 			                                      "kv_max_abs", r->kv_max, "kv_slot0_max_abs", r->kv_slot0_max,
 			                                      "kv_other_slots_max_abs", r->kv_rest_max));
+		}
+		if (pc->diffusion) {
+			json_t *drows = json_array();
+			for (int i = 0; i < pc->n_rows; i++) {
+				const hi3_parity_row *r = &pc->rows[i];
+				json_array_append_new(drows, json_pack("{s:i, s:I, s:b, s:I, s:f, s:f}", "request", r->row, "n",
+				                                       (json_int_t)r->n, "latents_equal", r->first_step < 0,
+				                                       "first_step", (json_int_t)r->first_step, "latent_max_abs",
+				                                       r->latent_max, "sde_logp_max_abs", r->sde_logp_max));
+			}
+			json_decref(rows);
+			json_array_append_new(cases, json_pack("{s:s, s:s, s:i, s:i, s:b, s:f, s:f, s:o}", "construction",
+			                                       pc->construction, "sampler", pc->sampled ? "sde" : "euler",
+			                                       "steps", pc->steps, "L", pc->L, "pass", pc->pass,
+			                                       "latent_max_abs", pc->latent_max, "sde_logp_max_abs",
+			                                       pc->sde_logp_max, "rows", drows));
+			continue;
 		}
 		json_array_append_new(cases, json_pack("{s:s, s:s, s:i, s:i, s:b, s:b, s:f, s:f, s:f, s:f, s:o}",
 		                                       "construction", pc->construction, "decoding",

@@ -221,7 +221,7 @@ class Model:
 
     # ----------------------------------------------------------- forward
 
-    def forward(self, ids, rope, hi, blocks=None, cache=None, slots=None, record=False):
+    def forward(self, ids, rope, hi, blocks=None, cache=None, slots=None, record=False, embeds=None, logits=True):
         """One forward call over B rows x T tokens.
 
         ids (B, T) token ids; rope (B, T, 2) RoPE (y, x); hi (B, T) last
@@ -230,7 +230,11 @@ class Model:
         With a cache (a StaticCache), K/V of the T tokens are first written
         to slots (B, T) (-1: not written) and the queries attend cache
         slots, the query index being its slot.
-        Returns a dict: logits (B, T, V), and with record=True also hidden
+        embeds (B, T, H), when given, is the input instead of wte[ids] (the
+        image and timestep rows of a diffusion call); logits=False skips
+        ln_f and lm_head (image generation reads only "last").
+        Returns a dict: logits (B, T, V), last (B, T, H) the last layer's
+        output before ln_f, and with record=True also hidden
         (n_layers + 1, B, T, H), k/v per layer (B, n_kv, T, d), route ids /
         weights / probabilities per MoE layer (B, T, k) / (B, T, E)."""
         c = self.cfg
@@ -243,7 +247,7 @@ class Model:
             mask = attention_mask(torch.arange(T).expand(B, T), hi, blocks, T)
         else:
             mask = attention_mask(slots, hi, blocks, cache.C)
-        x = self.w["model.wte.weight"][ids]                   # (B, T, H)
+        x = self.w["model.wte.weight"][ids] if embeds is None else embeds.float()   # (B, T, H)
         rec = {"hidden": [], "k": [], "v": [], "route_ids": [], "route_w": [], "route_p": []}
         for l in range(c.n_layers):
             pre = "model.layers.%d" % l
@@ -283,8 +287,9 @@ class Model:
             x = x + y
         if record:
             rec["hidden"].append(x.clone())
-        logits = rms_norm(x, self.w["model.ln_f.weight"], c.eps) @ self.w["lm_head.weight"].t()
-        out = {"logits": logits.float()}
+        out = {"last": x}
+        if logits:
+            out["logits"] = (rms_norm(x, self.w["model.ln_f.weight"], c.eps) @ self.w["lm_head.weight"].t()).float()
         if record:
             out["hidden"] = torch.stack(rec["hidden"])
             for key in ("k", "v", "route_ids", "route_w", "route_p"):

@@ -1,0 +1,149 @@
+/* cmd-diffusion-capture.c -- hi3 diffusion-capture: text-to-image by flow
+ * matching, the trajectory for RL, and the VAE decode to PNG. */
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+#include "commands.h"
+
+static const struct cli_help help = {
+	.usage = {"hi3 diffusion-capture -m MODEL [options] COND -o TRAJ [--png DIR]",
+	          "hi3 diffusion-capture -m MODEL --decode TRAJ --png DIR"},
+	.description =
+	"Generate the image of every gen_image row of the conditions file COND by flow\n"
+	"matching (hi3-batching(7), DIFFUSION) and write the trajectory TRAJ (format\n"
+	"hi3.trajectory): the latents of every step (x_T first), the schedule, the\n"
+	"noise used, and the log-prob of every SDE step, for replay and training.\n"
+	"Step 0 runs the whole sequence into a KV cache of L slots per row; later\n"
+	"steps feed only <timestep> (and <guidance>, <timestep_r>) and the image\n"
+	"tokens. Classifier-free guidance combines the cond and uncond rows,\n"
+	"v = v_u + g (v_c - v_u), when g > 1. x_T and the SDE noise come from each\n"
+	"request's seed through the counter-based generator, or from --noise FILE.\n"
+	"Steps, guidance and shift default to the model's generation_config.json.\n"
+	"With --png DIR the final latents are decoded by the model's VAE into\n"
+	"DIR/row-<i>.png; --decode TRAJ does that for an existing trajectory.\n",
+	.operands = NULL,
+};
+
+static const struct cli_choice samplers[] = {{"euler", HI3_SAMPLER_EULER, NULL}, {"sde", HI3_SAMPLER_SDE, NULL},
+                                             {NULL, 0, NULL}};
+static const struct cli_choice dtypes[] = {{"f32", HI3_F32, NULL}, {"bf16", HI3_BF16, NULL}, {"f16", HI3_F16, NULL},
+                                           {NULL, 0, NULL}};
+
+static int decode_png(const char *traj_path, const char *dir)
+{
+	hi3_trajectory *t = NULL;
+	hi3_model *m = NULL;
+	hi3_error err = {0};
+	int rc = -1;
+
+	if (hi3_trajectory_open(&t, traj_path, &err) || cli_open_model(&m, &err))
+		goto out;
+	if (!t->model_fingerprint || strcmp(t->model_fingerprint, hi3_model_fingerprint(m))) {
+		hi3_error_set(&err, HI3_ERR_INPUT, "%s: made by model fingerprint %s, but the model %s has %s", traj_path,
+		              t->model_fingerprint ? t->model_fingerprint : "(none)", hi3_model_dir(m),
+		              hi3_model_fingerprint(m));
+		goto out;
+	}
+	if (hi3_trajectory_png(m, t, dir, &err))
+		goto out;
+	cli_info("%d images of %d x %d latents into %s/row-<i>.png", t->B, t->h, t->w, dir);
+	rc = 0;
+out:
+	cli_close_model(m);
+	hi3_trajectory_close(t);
+	return rc ? cli_fail(&err) : 0;
+}
+
+int cmd_diffusion_capture(int argc, char **argv)
+{
+	hi3_diffusion_opts o = {.eta = 1.0, .progress = cli_progress_fn, .progress_ctx = "diffusion steps"};
+	hi3_diffusion_stats st;
+	int64_t sde[4096];
+	int n_sde = 0, latent = HI3_F32, cfg_dt = HI3_F32, n_eta = 0, json = 0;
+	const char *out = NULL, *png = NULL, *decode = NULL;
+	hi3_model *m = NULL;
+	hi3_cond *c = NULL;
+	hi3_error err = {0};
+	int rc;
+	struct cli_option options[] = {
+		OPT_STRING('m', "model", &cli.model_dir, "DIR", "model directory"),
+		OPT_GROUP("sampling:"),
+		OPT_INT(0, "steps", &o.steps, 1, 100000, "T", "denoising steps (default: generation_config's "
+		        "diff_infer_steps)"),
+		OPT_DOUBLE(0, "guidance", &o.guidance, -1e6, 1e6, "G", "classifier-free guidance scale, v = v_u + G (v_c - "
+		           "v_u) when G > 1, the cond rows alone otherwise; a cfg-distilled model embeds it in <guidance> "
+		           "(default: diff_guidance_scale)", .given = &o.have_guidance),
+		OPT_DOUBLE(0, "flow-shift", &o.flow_shift, 0.0, 1e6, "S", "the schedule's shift, sigma = S s / (1 + "
+		           "(S - 1) s) (default: flow_shift)", .flags = CLI_OPT_LO_OPEN, .given = &o.have_flow_shift),
+		OPT_CHOICE(0, "sampler", &o.sampler, samplers, "euler (default, upstream's) or sde (Flow-GRPO's; a "
+		           "log-prob per SDE step)"),
+		OPT_DOUBLE(0, "eta", &o.eta, 0.0, 1e6, "E", "the SDE's noise scale (default 1)", .given = &n_eta),
+		OPT_INT_LIST(0, "sde-steps", sde, &n_sde, 0, 99999, "LIST", "the steps taken by the SDE, e.g. 2,3,4 (a "
+		             "window); the others are Euler (default: every step)"),
+		OPT_CHOICE(0, "latent-dtype", &latent, dtypes, "how latents are stored and read back before each "
+		           "log-prob and step: f32 (default), bf16 or f16"),
+		OPT_CHOICE(0, "cfg-dtype", &cfg_dt, dtypes, "the dtype of the guidance combination: f32 (default, "
+		           "upstream's pipeline), f16 or bf16 (a trainer that casts the predictions first)"),
+		OPT_FLAG(0, "no-kv-reuse", &o.no_kv_reuse, "run the whole sequence at every step"),
+		OPT_STRING(0, "noise", &o.noise, "FILE", "x_T (B, C, h, w) and sde_noise (B, K, C, h, w) from this "
+		           "safetensors file (a trajectory is one) instead of the rows' seeds"),
+		OPT_FLAG(0, "capture-velocity", &o.capture_velocity, "store every row's prediction (velocity, T x R)"),
+		OPT_GROUP("output:"),
+		OPT_STRING('o', "output", &out, "TRAJ", "the trajectory to write (atomically)"),
+		OPT_STRING(0, "png", &png, "DIR", "decode the final latents with the VAE into DIR/row-<i>.png"),
+		OPT_STRING(0, "decode", &decode, "TRAJ", "decode this trajectory (with --png) instead of generating"),
+		OPT_JSON(&json, "print a JSON summary on standard output"),
+		OPT_GLOBALS(),
+		OPT_END(),
+	};
+
+	if ((argc = cli_parse_options(argc, argv, options, &help, 0)) < 0)
+		return CLI_PARSE_STATUS(argc);
+	if (decode) {
+		if (!png)
+			return cli_usage_error("--decode needs --png DIR");
+		if (argc || out)
+			return cli_usage_error("--decode takes no conditions file and no -o");
+		return decode_png(decode, png);
+	}
+	if (argc != 1)
+		return cli_usage_error("expected one conditions file COND");
+	if (!out)
+		return cli_usage_error("-o TRAJ is required");
+	if (n_sde && o.sampler != HI3_SAMPLER_SDE)
+		return cli_usage_error("--sde-steps needs --sampler sde");
+	if (n_eta && o.sampler != HI3_SAMPLER_SDE)
+		return cli_usage_error("--eta needs --sampler sde");
+	o.sde_steps = n_sde ? sde : NULL;
+	o.n_sde_steps = n_sde;
+	o.latent_dtype = (hi3_dtype)latent;
+	o.cfg_dtype = (hi3_dtype)cfg_dt;
+	if (cli_open_cond_model(argv[0], &c, &m, &err))
+		return cli_fail(&err);
+	rc = hi3_diffusion_capture(m, c, &o, out, &st, &err);
+	cli_progress_end();
+	if (rc == 0) {
+		cli_info("%d requests (%d rows, L %d), %d x %d latent tokens, %d steps (%d SDE) in %.3f s: step 0 %.3f s, "
+		         "later steps %.3f s each (%s) into %s", st.B, st.R, (int)st.L, st.h, st.w, st.T, st.K, st.seconds,
+		         st.step0_seconds, st.step_seconds, o.no_kv_reuse ? "whole sequence" : "KV reuse", out);
+		if (json)
+			printf("{\"requests\": %d, \"rows\": %d, \"L\": %lld, \"image_tokens\": %lld, \"steps\": %d, "
+			       "\"sde_steps\": %d, \"kv_reuse\": %s, \"seconds\": %.6f, \"step0_s\": %.6f, \"step_s\": %.6f}\n",
+			       st.B, st.R, (long long)st.L, (long long)st.image_tokens, st.T, st.K,
+			       o.no_kv_reuse ? "false" : "true", st.seconds, st.step0_seconds, st.step_seconds);
+	}
+	hi3_cond_close(c);
+	c = NULL;
+	if (rc == 0 && png) {
+		hi3_trajectory *t = NULL;
+		if (hi3_trajectory_open(&t, out, &err) || hi3_trajectory_png(m, t, png, &err)) {
+			hi3_error_prefix(&err, "no PNG (the trajectory %s is written)", out);
+			rc = -1;
+		} else {
+			cli_info("%d images into %s/row-<i>.png", t->B, png);
+		}
+		hi3_trajectory_close(t);
+	}
+	cli_close_model(m);
+	return rc ? cli_fail(&err) : 0;
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# diffusion_fixtures.sh OUTDIR -- the trajectory fixtures of
+# tests/t5300-diffusion-reference.sh: on the tiny model (hi3 init-model
+# --preset tiny --seed 1), the conditions of tests/fixtures/diffusion/
+# ref-requests.jsonl, the noise hi3 drew for them (a trajectory: x_T,
+# sde_noise), and what the PyTorch reference (diffusion_ref.py trajectory:
+# upstream's heads and scheduler, UniRL's SDE step, hi3ref's backbone, the
+# whole sequence every step) makes of that noise.
+# Needs HI3 (the hi3 binary) and PYTHON_REF (the Python of /work/venv).
+set -euo pipefail
+out=$1
+here=$(cd "$(dirname "$0")" && pwd)
+: "${HI3:?HI3 must name the hi3 binary}"
+py=${PYTHON_REF:-/work/venv/bin/python}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/hi3-diffusion-fixtures.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+"$HI3" -q init-model --preset tiny --seed 1 -o "$tmp/tiny"
+"$HI3" -q -m "$tmp/tiny" tokenize-concat --exact-size "$out/ref-requests.jsonl" -o "$tmp/c.st"
+# case: CFG (g 4.5), 5 steps, SDE at 1 and 3, the rest Euler, f32 latents
+"$HI3" -q -m "$tmp/tiny" diffusion-capture --steps 5 --guidance 4.5 --sampler sde --sde-steps 1,3 --eta 0.9 \
+	"$tmp/c.st" -o "$out/ref-noise.safetensors"
+"$py" "$here/diffusion_ref.py" trajectory --model "$tmp/tiny" --cond "$tmp/c.st" \
+	--noise "$out/ref-noise.safetensors" --out "$out/ref-trajectory.safetensors" \
+	--steps 5 --guidance 4.5 --sampler sde --sde-steps 1,3 --eta 0.9
+# case: bf16 latents, Euler, g 1 (the cond rows alone)
+"$HI3" -q -m "$tmp/tiny" diffusion-capture --steps 3 --guidance 1 --latent-dtype bf16 \
+	"$tmp/c.st" -o "$out/ref-noise-bf16.safetensors"
+"$py" "$here/diffusion_ref.py" trajectory --model "$tmp/tiny" --cond "$tmp/c.st" \
+	--noise "$out/ref-noise-bf16.safetensors" --out "$out/ref-trajectory-bf16.safetensors" \
+	--steps 3 --guidance 1 --latent-dtype bf16
