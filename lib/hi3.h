@@ -1044,6 +1044,41 @@ void hi3_vae_latent(const hi3_vae *v, const float *mean, const float *logvar, co
  * in fp32 with ties to even (as diffusers' VaeImageProcessor in numpy). */
 void hi3_vae_to_rgb8(const float *image, int H, int W, uint8_t *rgb);
 
+/* --------------------------------------------------------- vision encoder */
+
+/* The SigLIP2 vision encoder (upstream siglip2.py Siglip2VisionTransformer,
+ * tensors vision_model.*; its pooling head vision_model.head.* is not read,
+ * its output being unused upstream) and the aligner (LightProjector,
+ * vision_aligner.*) that maps the encoder's output to the LLM's width. The
+ * configs are the "vit" and "vit_aligner" blocks of config.json. Every call
+ * runs fp32 on the model's backend; on the CPU backend an image gives the
+ * same bits alone or in any batch, at any place in it. */
+
+typedef struct hi3_vit hi3_vit;
+
+/* The ViT and aligner of an open model, through its backend (m must
+ * outlive them). A model without them is an input error naming the missing
+ * block or tensor. */
+int hi3_vit_open(hi3_vit **out, hi3_model *m, hi3_error *err);
+/* The same from a model directory alone (config.json with vit and
+ * vit_aligner blocks, the checkpoint), on a backend of its own; opts as
+ * hi3_model_open's. */
+int hi3_vit_open_dir(hi3_vit **out, const char *dir, const hi3_model_opts *opts, hi3_error *err);
+void hi3_vit_close(hi3_vit *v);
+const hi3_vit_config *hi3_vit_get_config(const hi3_vit *v);
+const hi3_vit_aligner_config *hi3_vit_get_aligner_config(const hi3_vit *v);
+
+/* n images as hi3_image_vit_view makes them: pixel_values (n, P, D) with D
+ * = num_channels patch_size^2, mask (n, P) (1: a real patch, anything else
+ * padding, a key no query attends to; every image needs a 1),
+ * spatial_shapes (n, 2) the patch grids (nph, npw), nph npw <= P. Writes
+ * hidden (n, P, vit hidden_size), the encoder's last_hidden_state, and
+ * embeds (n, P, vit_aligner n_embed), the aligner's output; either may be
+ * NULL. Pad slots carry real outputs (they attend to the real patches), as
+ * upstream's do. */
+int hi3_vit_encode(hi3_vit *v, const float *pixel_values, const int32_t *mask, const int32_t *spatial_shapes, int n,
+                   int P, float *hidden, float *embeds, hi3_error *err);
+
 /* ------------------------------------------------------------------ tools */
 
 /* Statistics of a tensor of any dtype: min, max and mean over the finite
