@@ -76,6 +76,15 @@ const struct cli_choice cli_ablate_choices[] = {
 	{NULL, 0, NULL},
 };
 
+const struct cli_choice cli_vit_resize_choices[] = {
+	{"uint8", HI3_TV_UINT8, NULL}, {"float", HI3_TV_FLOAT, NULL}, {NULL, 0, NULL},
+};
+
+int cli_load_images(hi3_requests *rq, const struct cli_images *io, hi3_error *err)
+{
+	return hi3_requests_have_images(rq) ? hi3_requests_load_images(rq, &io->load, err) : 0;
+}
+
 int cli_check_seed_base(int64_t base, int n)
 {
 	if (n > 1 && base > INT64_MAX - (n - 1))

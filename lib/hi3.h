@@ -420,6 +420,9 @@ typedef struct hi3_batch {
 	const int16_t *force_route;  /* (B, T, n_moe, k) experts to use instead of top-k, or NULL;
 	                              * a token whose first entry is -1 routes freely */
 	const float *force_route_w;  /* (B, T, n_moe, k) weights to use with force_route, or NULL */
+	int n_embed;                 /* input rows that replace their token embedding (cond images) */
+	const int32_t *embed_at;     /* (n_embed, 2) (b, t), each at most once */
+	const float *embed_rows;     /* (n_embed, H) the rows */
 } hi3_batch;
 
 /* Run the model over a batch. */
@@ -639,6 +642,7 @@ typedef struct hi3_parity_opts {
 	int64_t seed_base;            /* seed of a request without "seed": seed_base + index */
 	int ablate;                   /* enum hi3_ablation, applied to the batched runs only */
 	int pad_to;                   /* pad the batched constructions to at least this many columns */
+	int vit_kernel;               /* cond images' ViT resize (hi3_cond_build_opts) */
 	hi3_dtype kv_dtype;
 	double tol;                   /* a case passes with equal tokens and max |d| <= tol */
 	hi3_progress_fn progress;
@@ -759,6 +763,20 @@ typedef struct hi3_cond {
 	const int64_t *forced_after;
 	const int64_t *greedy_among;
 	int NF, NG;
+	/* the cond images' pixels (requests with "images"; NI 0 and NULL when
+	 * none): NI images in row order, each row's in the order of its blocks,
+	 * the k-th of a row feeding its k-th run of cond_vit_mask columns */
+	int NI;                         /* images */
+	int VP, VD;                     /* ViT slots P and features D = 3 patch^2 per image */
+	const int64_t *image_row;       /* (NI) the row of each image, non-decreasing */
+	const int32_t *vit_grid;        /* (NI, 2) spatial_shapes (nph, npw), nph npw <= VP */
+	const uint8_t *vit_pixels;      /* (NI, VP, VD) the ViT view's resized uint8 values as patches
+	                                 * (feature (py patch + px) 3 + c), rows from nph npw on 0; the
+	                                 * encoder's input is (u - 127.5) / 127.5 */
+	const int32_t *vae_shape;       /* (NI, 2) the VAE view's bucket (H, W) */
+	const uint8_t *vae_pixels;      /* (sum H W 3) each image's VAE view, (H, W, 3) after the other:
+	                                 * the cropped LANCZOS resize; the encoder's input is u / 255 2 - 1 */
+	int64_t NV;                     /* bytes of vae_pixels */
 	const char *mode;               /* "gen_text" or "gen_image" */
 	const char *bot_task;           /* auto, image, think, recaption, img_ratio, think_recaption, or mixed */
 	const char *template_name;      /* pretrain, instruct, or none (pre-tokenized) */
@@ -785,6 +803,9 @@ int hi3_cond_cfg_factor(const hi3_cond *c);
  * Built and merged conditions live in memory (st is NULL); every
  * hi3_cond is released with hi3_cond_close. */
 int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err);
+/* Cond image k's ViT view as the encoder saw it, re-assembled from its
+ * patches: *rgb (h, w, 3) malloc'd, h = patch nph, w = patch npw. */
+int hi3_cond_vit_image(const hi3_cond *c, int k, uint8_t **rgb, int *w, int *h, hi3_error *err);
 /* Merge conditions of any B and L into one (row groups kept in order: all
  * cond rows, then all uncond rows). Inputs must agree on mode, template,
  * cfg_factor, pad id, tokenizer and model ("" agrees with anything); the
@@ -809,6 +830,19 @@ void hi3_requests_free(hi3_requests *r);
 int hi3_requests_count(const hi3_requests *r);
 /* 1 when some request has a prompt (needs the tokenizer and template). */
 int hi3_requests_need_tokenizer(const hi3_requests *r);
+/* Read the "images" of every request (hi3_image_load: EXIF orientation,
+ * convert("RGB")), paths relative to the JSONL file's directory (standard
+ * input, or parsed text: the working directory); each image's size then
+ * lays out its block. A missing, bad or too large image, or with
+ * safe_paths one whose real path is outside that directory, is an input
+ * error naming FILE:LINE and the image. hi3_cond_build needs them read. */
+typedef struct hi3_request_image_opts {
+	int64_t max_pixels;             /* as hi3_image_opts: 0 HI3_IMAGE_MAX_PIXELS, < 0 no limit */
+	int safe_paths;                 /* refuse images outside the requests' directory */
+} hi3_request_image_opts;
+int hi3_requests_load_images(hi3_requests *r, const hi3_request_image_opts *o, hi3_error *err);
+/* 1 when some request has "images". */
+int hi3_requests_have_images(const hi3_requests *r);
 
 /* The sequence template (hi3-batching(7)) with what it needs: the tokenizer (only
  * for requests with a prompt), special token ids looked up by name, the
@@ -875,6 +909,8 @@ typedef struct hi3_cond_build_opts {
 	int pad_zero;                   /* pad position_ids with 0 (the upstream defect) */
 	int64_t max_length;             /* > 0: refuse rows longer than this */
 	int64_t seed_base;              /* seed of a request without "seed": seed_base + its index */
+	int vit_kernel;                 /* the ViT view's resize, enum hi3_tv_kernel (0: HI3_TV_UINT8) */
+	int64_t max_image_pixels;       /* refuse a VAE view resize larger than this (0: HI3_IMAGE_MAX_PIXELS) */
 } hi3_cond_build_opts;
 
 /* Build the conditions of a batch of requests (hi3-batching(7), rule 1; hi3-files(5)). */
@@ -959,6 +995,8 @@ typedef struct hi3_image_vae_opts {
 	                               * LANCZOS resize to the bucket; 0: cover and centre crop */
 	int64_t max_pixels;           /* refuse a resize (before the crop) larger than this;
 	                               * 0: HI3_IMAGE_MAX_PIXELS, < 0: no limit */
+	int target_h, target_w;       /* > 0: this bucket (H, W) instead of the nearest of the
+	                               * table (a template's own bucket table chose it) */
 } hi3_image_vae_opts;
 
 /* The VAE view of an image (vae_process_image, resize_and_crop). */

@@ -345,6 +345,14 @@ static int check_batch(const hi3_model *m, const hi3_kvcache *kv, const hi3_batc
 				                     b->hi[i], kv->C);
 		}
 	}
+	if (b->n_embed < 0 || (b->n_embed && (!b->embed_at || !b->embed_rows)))
+		return hi3_error_set(err, HI3_ERR_USAGE, "forward: %d embedding rows without their places or values",
+		                     b->n_embed);
+	for (int i = 0; i < b->n_embed; i++)
+		if (b->embed_at[2 * i] < 0 || b->embed_at[2 * i] >= b->B || b->embed_at[2 * i + 1] < 0 ||
+		    b->embed_at[2 * i + 1] >= b->T)
+			return hi3_error_set(err, HI3_ERR_USAGE, "forward: embedding row %d at (%d, %d) of (%d, %d)", i,
+			                     b->embed_at[2 * i], b->embed_at[2 * i + 1], b->B, b->T);
 	for (int i = 0; i < b->n_logits; i++)
 		if (b->logit_at[2 * i] < 0 || b->logit_at[2 * i] >= b->B || b->logit_at[2 * i + 1] < 0 ||
 		    b->logit_at[2 * i + 1] >= b->T)
@@ -424,6 +432,16 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		goto be_failed;
 
 	be->ops->embed(be, m->w.x, m->w.ids, m->wte, M);
+	/* rows given in place of their embeddings (cond images), copied by runs
+	 * of consecutive places */
+	for (int i = 0, j; i < b->n_embed; i = j) {
+		const size_t at = (size_t)b->embed_at[2 * i] * b->T + (size_t)b->embed_at[2 * i + 1];
+		for (j = i + 1; j < b->n_embed && (size_t)b->embed_at[2 * j] * b->T + (size_t)b->embed_at[2 * j + 1] ==
+		                                         at + (size_t)(j - i); j++)
+			;
+		if (be->ops->upload(be, m->w.x + at * H, b->embed_rows + (size_t)i * H, sizeof(float) * (size_t)(j - i) * H))
+			goto be_failed;
+	}
 	for (int l = 0; l < c->num_hidden_layers; l++) {
 		const struct hi3_layer_w *L = &m->layers[l];
 		hi3_kv_src ks, vs;

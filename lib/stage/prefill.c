@@ -6,13 +6,16 @@
  * self-attention mode: query column t attends key columns j <= t and its
  * image block; K/V go to cache slot position_ids[i, t] (rules 1, 2); each
  * row's first logits come from column n_i - 1 (rule 5). The file is built
- * under a temporary name and renamed into place when complete.
+ * under a temporary name and renamed into place when complete. Rows with
+ * cond images take the ViT and aligner outputs at their ViT columns
+ * (stage/images.c), computed here, on the prefill pass only.
  */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 #include "format/conditions.h"
 #include "format/kv.h"
+#include "stage/images.h"
 
 int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi3_prefill_opts *o,
                 const char *kv_path, hi3_error *err)
@@ -23,7 +26,10 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	hi3_kvfile kv = {0};
 	char *tmp = NULL;
 	int32_t *hi = NULL, *at = NULL, *crow = NULL;
+	int *rows = NULL;
 	float *logits = NULL;
+	hi3_vit *vit = NULL;
+	struct hi3i_image_embeds emb = {0};
 
 	if (o->max_new < 0 || (o->kv_dtype != HI3_F32 && o->kv_dtype != HI3_BF16))
 		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: max_new must be >= 0 and the cache F32 or BF16");
@@ -47,10 +53,13 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)rows_per, err);
 	crow = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per, err);
 	logits = hi3i_malloc(sizeof(float) * (size_t)rows_per * V, err);
-	if (!tmp || !hi || !at || !crow || !logits) {
+	rows = hi3i_malloc(sizeof(int) * (size_t)rows_per, err);
+	if (!tmp || !hi || !at || !crow || !logits || !rows) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
 	}
+	if (hi3i_image_vit_for(&vit, m, c, cond_path, err))
+		goto out;
 	if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0)
 		goto out;
 	created = 1;
@@ -80,9 +89,16 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			crow[r] = r0 + r;
 			at[2 * r] = r;
 			at[2 * r + 1] = (int32_t)c->real_pos[r0 + r] - 1;
+			rows[r] = r0 + r;
 		}
+		if (hi3i_image_embeds(vit, c, rows, nb, hi3_model_config(m)->hidden_size, &emb, err))
+			goto out;
+		b.n_embed = emb.n;
+		b.embed_at = emb.at;
+		b.embed_rows = emb.rows;
 		if (hi3_forward(m, &kv.cache, &b, err) != 0)
 			goto out;
+		hi3i_image_embeds_release(&emb);
 		for (int r = 0; r < nb; r++)
 			memcpy(kv.next_logits + (size_t)(r0 + r) * V, logits + (size_t)r * V, sizeof(float) * (size_t)V);
 		if (o->progress)
@@ -109,6 +125,9 @@ out:
 	free(hi);
 	free(at);
 	free(crow);
+	free(rows);
 	free(logits);
+	hi3i_image_embeds_release(&emb);
+	hi3_vit_close(vit);
 	return rc;
 }
