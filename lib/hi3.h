@@ -157,6 +157,8 @@ const hi3_tensor *hi3_ckpt_find(const hi3_ckpt *ck, const char *name);
 int hi3_ckpt_count(const hi3_ckpt *ck);
 const hi3_tensor *hi3_ckpt_at(const hi3_ckpt *ck, int i);  /* sorted by name */
 const char *hi3_ckpt_file_of(const hi3_ckpt *ck, const char *name);
+/* The bytes of the checkpoint's files, all mapped; *n_files (may be NULL): how many. */
+size_t hi3_ckpt_file_bytes(const hi3_ckpt *ck, int *n_files);
 
 /* ---------------------------------------------------------------- config */
 
@@ -686,14 +688,15 @@ int hi3_parity_ablation_parse(const char *name);   /* -1 when unknown */
 /* ------------------------------------------------------------------ bench */
 
 typedef struct hi3_bench_model_result {
-	double prefill_s, prefill_tok_s, prefill_flops;
+	double first_prefill_s;   /* the first prefill: it also reads the weights in from the mapping */
+	double prefill_s, prefill_tok_s, prefill_flops;   /* the same prefill again */
 	double decode_s, decode_tok_s;
 } hi3_bench_model_result;
 
 /* Best-of-reps read bandwidth over a buffer of bytes, in bytes/s. */
 double hi3_bench_membw(size_t bytes, int reps);
 /* One layer's prefill GEMMs at M tokens: total flops, and the best times
- * of OpenBLAS sgemm (f32 weights) and hi3's packed GEMM (weights wdt). */
+ * of OpenBLAS sgemm (f32 weights) and hi3's batch-invariant GEMM (weights wdt, in place). */
 int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *flops, double *t_blas,
                    double *t_hi3);
 /* Bytes one B = 1 decode step reads at ctx cached slots. */

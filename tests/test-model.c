@@ -207,11 +207,43 @@ int main(void)
 	   strstr(err.msg, "(194, 128)") && strstr(err.msg, "(192, 128)"),
 	   "config contradicting a tensor shape: %s", err.msg);
 
+	/* weights are read when first used, not at open: the NaN check goes with the first read */
 	copy_dir(a, c);
 	rewrite(c, NULL, "model.layers.0.self_attn.o_proj.weight");
 	warned[0] = 0;
-	ok(open_err(c, &err) == 0 && strstr(warned, "model.layers.0.self_attn.o_proj.weight") &&
-	   strstr(warned, "NaN"), "NaN in weights: loads with a warning naming the tensor: %s", warned);
+	memset(&err, 0, sizeof(err));
+	ok(hi3_model_open(&m, c, NULL, &err) == 0 && !warned[0], "NaN in weights: the open reads no weight: %s%s",
+	   err.msg, warned);
+	if (m) {
+		int64_t ids[1] = {7};
+		int32_t rope[2] = {0, 0}, hi[1] = {0}, at[2] = {0, 0};
+		float *logits = calloc((size_t)hi3_model_config(m)->vocab_size, sizeof(float));
+		hi3_batch bt = {.B = 1, .T = 1, .mode = HI3_ATTN_SELF, .ids = ids, .rope = rope, .hi = hi,
+		                .n_logits = 1, .logit_at = at, .logits = logits};
+		ok(hi3_forward(m, NULL, &bt, &err) == 0 && strstr(warned, "model.layers.0.self_attn.o_proj.weight") &&
+		   strstr(warned, "NaN") && strstr(warned, "model.safetensors"),
+		   "NaN in weights: the first forward warns, naming the file and tensor: %s", warned);
+		warned[0] = 0;
+		ok(hi3_forward(m, NULL, &bt, &err) == 0 && !warned[0], "... once: the next forward does not: %s", warned);
+		free(logits);
+		hi3_model_close(m);
+		m = NULL;
+	}
+
+	/* a shard cut short fails at open, naming it, before anything maps past its end */
+	copy_dir(a, c);
+	shard(c, 0);
+	{
+		char *sp = p("c", "model-00002-of-00002.safetensors");
+		struct stat sb;
+		ok(stat(sp, &sb) == 0 && truncate(sp, sb.st_size - 100) == 0, "cut 100 bytes off a shard");
+		ok(open_err(c, &err) == -1 && err.status == HI3_ERR_INPUT && strstr(err.msg, "model-00002-of-00002") &&
+		   strstr(err.msg, "truncated"), "a truncated shard is refused at open: %s", err.msg);
+		ok(stat(sp, &sb) == 0 && truncate(sp, 4) == 0 && open_err(c, &err) == -1 &&
+		   err.status == HI3_ERR_INPUT && strstr(err.msg, "model-00002-of-00002") && strstr(err.msg, "truncated"),
+		   "a shard cut inside its header size is refused at open: %s", err.msg);
+		free(sp);
+	}
 
 	copy_dir(a, c);
 	{

@@ -23,7 +23,8 @@
 
 #include "core/internal.h"
 
-/* A weight prepared by a backend (packed for its matmul, or converted). */
+/* A weight as a backend uses it: the CPU multiplies the mapped tensor in
+ * place; CUDA holds a device copy. */
 typedef struct hi3_wt hi3_wt;
 
 enum hi3_wt_kind {
@@ -31,6 +32,10 @@ enum hi3_wt_kind {
 	                  * dims is (shape[0], the product of the rest) */
 	HI3_WT_VECTOR,   /* (n): norm weights, kept as f32 */
 	HI3_WT_ROWS,     /* (V, H): embedding rows, gathered by embed */
+	/* or-ed into a kind: the tensor and its data are valid only during the
+	 * weight() call (a layout made for it, e.g. a permuted conv weight), so
+	 * the backend keeps a copy instead of the pointer */
+	HI3_WT_TRANSIENT = 0x100,
 };
 
 /* Where attention reads keys or values: element (row, head, slot, 0..d-1)
@@ -88,6 +93,12 @@ typedef struct hi3_backend {
 	void *ctx;
 	int batch_invariant;
 	hi3_error err;            /* the first failure of an op (status 0: none) */
+	/* Set by the model, or NULL: called on the host the first time the
+	 * backend reads a weight's bytes (a matrix or vector whole, an
+	 * embedding row when a token first needs it), with the bytes read:
+	 * weights.c checks them for NaN/Inf and counts what a stage touched. */
+	void (*first_use)(struct hi3_backend *be, const hi3_tensor *t, const void *data, size_t bytes);
+	void *first_use_ctx;
 } hi3_backend;
 
 typedef struct hi3_backend_ops {
@@ -101,7 +112,8 @@ typedef struct hi3_backend_ops {
 	int (*download)(struct hi3_backend *be, void *host_dst, const void *src, size_t n);
 	size_t (*mem_free)(struct hi3_backend *be);           /* bytes free, for messages */
 
-	/* weights: t stays mapped while the model is open */
+	/* weights: t stays mapped while the model is open. CPU: nothing is
+	 * copied (vectors become f32); CUDA: uploaded, see weights_done */
 	hi3_wt *(*weight)(struct hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err);
 	void (*weight_free)(struct hi3_backend *be, hi3_wt *w);
 
@@ -113,7 +125,7 @@ typedef struct hi3_backend_ops {
 
 	/* ops */
 	/* y (M, N) = x (M, K) . W^T, W (N, K)
-	 * CPU: cpu_matmul (gemm.c, or OpenBLAS); CUDA: cuBLAS, kernels/gemv.cu for few rows */
+	 * CPU: cpu_matmul (gemm.c over W as stored, or OpenBLAS); CUDA: cuBLAS, kernels/gemv.cu for few rows */
 	void (*matmul)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M);
 	/* n products y[i] (M[i], N_i) = x[i] . W_i^T, the same bits as n
 	 * matmul calls; optional (NULL: the model calls matmul n times)

@@ -323,9 +323,9 @@ void hi3i_cpu_attention_dense(hi3_backend *be, float *out, const float *q, const
 	const int64_t C = (int64_t)n_h * d;
 	const int qb = query_block(M), inv = be->batch_invariant;
 	const float scale = (float)(1.0 / sqrt((double)d));
-	size_t nk = inv ? hi3i_pack_floats(M, d) : 0, nv = inv ? hi3i_pack_floats(d, M) : 0;
+	const size_t nk = inv ? (size_t)M * d : 0;
 	float *s = hi3i_aligned_alloc(sizeof(float) * (size_t)qb * M, NULL);
-	float *pk = inv ? hi3i_aligned_alloc(sizeof(float) * (nk + nv), NULL) : NULL;
+	float *pk = inv ? hi3i_aligned_alloc(sizeof(float) * 2 * nk, NULL) : NULL;
 	float *qh = inv ? hi3i_aligned_alloc(sizeof(float) * (size_t)qb * d * 2, NULL) : NULL;
 
 	if (M <= 0 || B <= 0)
@@ -341,11 +341,17 @@ void hi3i_cpu_attention_dense(hi3_backend *be, float *out, const float *q, const
 			const float *vb0 = v + (int64_t)b * M * C + (int64_t)h * d;
 			float *ob0 = out + (int64_t)b * M * C + (int64_t)h * d;
 			const uint8_t *mask = key_mask ? key_mask + (int64_t)b * M : NULL;
-			hi3_packed kp, vp;
+			hi3_wmat kp, vp;
 
-			if (inv) {
-				hi3i_pack_view(&kp, pk, kb0, M, d, C, 1);        /* (M keys, d) */
-				hi3i_pack_view(&vp, pk + nk, vb0, d, M, 1, C);   /* V^T (d, M keys) */
+			if (inv) {      /* the head's K (M keys, d) and V^T (d, M keys), contiguous */
+				float *kt = pk, *vt = pk + nk;
+				for (int j = 0; j < M; j++) {
+					memcpy(kt + (size_t)j * d, kb0 + (int64_t)j * C, sizeof(float) * (size_t)d);
+					for (int c = 0; c < d; c++)
+						vt[(size_t)c * M + j] = vb0[(int64_t)j * C + c];
+				}
+				hi3i_wmat_init(&kp, kt, HI3_F32, M, d, NULL);
+				hi3i_wmat_init(&vp, vt, HI3_F32, d, M, NULL);
 			}
 			for (int i0 = 0; i0 < M; i0 += qb) {
 				const int n = HI3_MIN(qb, M - i0);
@@ -353,9 +359,15 @@ void hi3i_cpu_attention_dense(hi3_backend *be, float *out, const float *q, const
 					float *oh = qh + (size_t)qb * d;
 					for (int i = 0; i < n; i++)
 						memcpy(qh + (size_t)i * d, qb0 + (int64_t)(i0 + i) * C, sizeof(float) * (size_t)d);
-					hi3i_gemm(s, qh, &kp, n);
+					if (hi3i_gemm(s, qh, &kp, n) != 0) {
+						hi3i_backend_fail(be, "cpu attention_dense: out of memory for GEMM scratch");
+						goto out;
+					}
 					softmax_rows(s, n, M, scale, mask);
-					hi3i_gemm(oh, s, &vp, n);
+					if (hi3i_gemm(oh, s, &vp, n) != 0) {
+						hi3i_backend_fail(be, "cpu attention_dense: out of memory for GEMM scratch");
+						goto out;
+					}
 					for (int i = 0; i < n; i++)
 						memcpy(ob0 + (int64_t)(i0 + i) * C, oh + (size_t)i * d, sizeof(float) * (size_t)d);
 				} else {

@@ -1,6 +1,14 @@
 /*
- * cpu.c -- the CPU backend: f32 activations, OpenMP threads, packed
- * batch-invariant GEMM (gemm.c) or, with batch invariance off, OpenBLAS.
+ * cpu.c -- the CPU backend: f32 activations, OpenMP threads, the
+ * batch-invariant GEMM of gemm.c or, with batch invariance off, OpenBLAS.
+ *
+ * Weights are used where they lie: a matrix is multiplied from its tensor
+ * in the memory-mapped checkpoint, as stored (F32, BF16 or F16), and an
+ * embedding row is read from it when a token needs it, so a stage touches
+ * only the weights it uses (a routed expert when a token is routed to it).
+ * Only norm vectors are converted, to f32, at open (a few KiB a layer).
+ * OpenBLAS takes F32 rows in place; BF16 and F16 rows are widened for it a
+ * block of rows at a time into a scratch buffer (cpu_sgemm).
  *
  * Batch invariance holds op by op: every reduction (dot products, norms,
  * softmax sums) runs in a fixed order within one token, one row or one
@@ -12,6 +20,14 @@
 #include <string.h>
 #include <unistd.h>
 #include "backend/cpu.h"
+
+/* OpenBLAS with BF16/F16 weights: rows widened per block, about this many bytes of f32. */
+#define SGEMM_BLOCK_BYTES ((size_t)1 << 20)
+
+struct cpu {
+	float *wide;              /* cpu_sgemm's widened rows */
+	size_t wide_cap;          /* floats */
+};
 
 static void *cpu_alloc(hi3_backend *be, size_t n)
 {
@@ -43,6 +59,21 @@ static size_t cpu_mem_free(hi3_backend *be)
 	return (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
 }
 
+/* The first read of weight bytes: tell the model (checks, accounting). */
+static void first_use(hi3_backend *be, const hi3_wt *w, const void *data, size_t bytes)
+{
+	if (be->first_use)
+		be->first_use(be, w->t, data, bytes);
+}
+
+static void mark_used(hi3_backend *be, const hi3_wt *w)
+{
+	if (w->used)
+		return;
+	((hi3_wt *)w)->used = 1;             /* the op's weight is const to it, not to its owner */
+	first_use(be, w, w->t->data, w->t->nbytes);
+}
+
 static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err)
 {
 	hi3_wt *w = hi3i_calloc(1, sizeof(*w), err);
@@ -50,30 +81,40 @@ static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_er
 
 	if (!w)
 		return NULL;
+	if (kind & HI3_WT_TRANSIENT) {
+		kind &= ~HI3_WT_TRANSIENT;
+		w->copy = *t;
+		if (!(w->copy.data = hi3i_aligned_alloc(t->nbytes ? t->nbytes : 1, err)))
+			goto fail;
+		memcpy((void *)w->copy.data, t->data, t->nbytes);
+		t = &w->copy;
+	}
 	w->kind = kind;
+	w->t = t;
 	w->N = (int)t->shape[0];
 	w->K = t->ndim > 1 ? (int)t->shape[1] : 1;
 	if (kind == HI3_WT_MATRIX && w->N > 0)    /* a conv weight [Cout, C, k...]: (Cout, C k...) */
 		w->K = (int)(hi3_tensor_numel(t) / w->N);
 	if (kind == HI3_WT_ROWS) {
-		w->raw = t->data;
-		w->raw_dtype = t->dtype;
+		if (!(w->seen = hi3i_calloc((size_t)w->N / 8 + 1, 1, err)))
+			goto fail;
 		return w;
 	}
-	if (kind == HI3_WT_VECTOR || !be->batch_invariant) {
-		w->f32 = hi3i_aligned_alloc(n * sizeof(float), err);
-		if (!w->f32) {
-			free(w);
-			return NULL;
-		}
+	if (kind == HI3_WT_VECTOR) {
+		if (!(w->f32 = hi3i_aligned_alloc(n * sizeof(float), err)))
+			goto fail;
+		mark_used(be, w);
 		hi3_to_f32(w->f32, t->data, t->dtype, n);
 		return w;
 	}
-	if (hi3i_pack(&w->packed, t->data, t->dtype, w->N, w->K, err) != 0) {
-		free(w);
-		return NULL;
-	}
+	if (hi3i_wmat_init(&w->mat, t->data, t->dtype, w->N, w->K, err) != 0)
+		goto fail;
 	return w;
+fail:
+	free(w->seen);
+	free((void *)w->copy.data);
+	free(w);
+	return NULL;
 }
 
 static void cpu_weight_free(hi3_backend *be, hi3_wt *w)
@@ -81,8 +122,9 @@ static void cpu_weight_free(hi3_backend *be, hi3_wt *w)
 	(void)be;
 	if (!w)
 		return;
-	hi3i_pack_release(&w->packed);
 	free(w->f32);
+	free(w->seen);
+	free((void *)w->copy.data);
 	free(w);
 }
 
@@ -115,43 +157,86 @@ static int cpu_kv_sync_host(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 	return 0;
 }
 
+/* OpenBLAS: y (M, N) = x W^T. F32 rows aligned for it are used in place;
+ * others are widened a block of rows at a time (the blocks' products are
+ * columns of y, so no sum is split). */
+static void cpu_sgemm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M)
+{
+	struct cpu *c = be->ctx;
+	const int N = w->N, K = w->K;
+	const hi3_wmat *wm = &w->mat;
+	const size_t es = hi3_dtype_size(wm->dtype);
+	int nb;
+
+	if (wm->dtype == HI3_F32 && (uintptr_t)wm->data % sizeof(float) == 0) {
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, wm->data, K, 0.0f, y, N);
+		return;
+	}
+	nb = (int)HI3_MAX(1, HI3_MIN((size_t)N, SGEMM_BLOCK_BYTES / (sizeof(float) * (size_t)HI3_MAX(K, 1))));
+	if (c->wide_cap < (size_t)nb * (size_t)K) {
+		free(c->wide);
+		c->wide_cap = 0;
+		if (!(c->wide = hi3i_aligned_alloc(sizeof(float) * (size_t)nb * (size_t)K, NULL))) {
+			hi3i_backend_fail(be, "cpu matmul: out of memory for %d widened weight rows of %d", nb, K);
+			return;
+		}
+		c->wide_cap = (size_t)nb * (size_t)K;
+	}
+	for (int n0 = 0; n0 < N; n0 += nb) {
+		const int nr = HI3_MIN(nb, N - n0);
+		const unsigned char *src = (const unsigned char *)wm->data + (size_t)n0 * (size_t)K * es;
+#pragma omp parallel for schedule(static) if (PAR((size_t)nr * K))
+		for (int r = 0; r < nr; r++)
+			hi3_to_f32(c->wide + (size_t)r * K, src + (size_t)r * K * es, wm->dtype, (size_t)K);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nr, K, 1.0f, x, K, c->wide, K, 0.0f, y + n0, N);
+	}
+}
+
 static void cpu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M)
 {
 	if (M <= 0)
 		return;
-	if (w->f32) {
-		(void)be;
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, w->N, w->K, 1.0f, x, w->K, w->f32, w->K,
-		            0.0f, y, w->N);
-		return;
-	}
-	hi3i_gemm(y, x, &w->packed, M);
+	mark_used(be, w);
+	if (!be->batch_invariant)
+		cpu_sgemm(be, y, x, w, M);
+	else if (hi3i_gemm(y, x, &w->mat, M) != 0)
+		hi3i_backend_fail(be, "cpu matmul: out of memory for the GEMM's scratch");
 }
 
 static void cpu_matmul_group(hi3_backend *be, int n, float *const *y, const float *const *x,
                              const hi3_wt *const *w, const int *M)
 {
-	const hi3_packed *pk[64];
+	const hi3_wmat *wm[64];
 
 	if (n > 64 || !be->batch_invariant) {
 		for (int i = 0; i < n; i++)
 			cpu_matmul(be, y[i], x[i], w[i], M[i]);
 		return;
 	}
-	for (int i = 0; i < n; i++)
-		pk[i] = &w[i]->packed;
-	hi3i_gemm_group(n, y, x, pk, M);
+	for (int i = 0; i < n; i++) {
+		if (M[i] > 0)
+			mark_used(be, w[i]);
+		wm[i] = &w[i]->mat;
+	}
+	if (hi3i_gemm_group(n, y, x, wm, M) != 0)
+		hi3i_backend_fail(be, "cpu matmul: out of memory for the GEMM's scratch");
 }
 
 static void cpu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M)
 {
-	size_t es = hi3_dtype_size(wte->raw_dtype), H = (size_t)wte->K;
+	size_t es = hi3_dtype_size(wte->t->dtype), H = (size_t)wte->K;
+	const unsigned char *rows = wte->t->data;
 
-	(void)be;
+	for (int m = 0; m < M; m++) {
+		uint8_t *bit = wte->seen + ids[m] / 8, mask = (uint8_t)(1u << (ids[m] % 8));
+		if (!(*bit & mask)) {
+			*bit |= mask;
+			first_use(be, wte, rows + (size_t)ids[m] * H * es, H * es);
+		}
+	}
 #pragma omp parallel for schedule(static) if (PAR((size_t)M * H))
 	for (int m = 0; m < M; m++)
-		hi3_to_f32(x + (size_t)m * H, (const unsigned char *)wte->raw + (size_t)ids[m] * H * es,
-		           wte->raw_dtype, H);
+		hi3_to_f32(x + (size_t)m * H, rows + (size_t)ids[m] * H * es, wte->t->dtype, H);
 }
 
 /* y = x * rsqrt(mean(x^2) + eps) * w over n, like HunyuanRMSNorm in fp32. */
@@ -534,6 +619,11 @@ static void cpu_scatter_add(hi3_backend *be, float *dst, const float *src, const
 
 static void cpu_destroy(hi3_backend *be)
 {
+	struct cpu *c = be->ctx;
+
+	if (c)
+		free(c->wide);
+	free(c);
 	free(be);
 }
 
@@ -582,6 +672,10 @@ int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_er
 	*out = NULL;
 	if (!be)
 		return -1;
+	if (!(be->ctx = hi3i_calloc(1, sizeof(struct cpu), err))) {
+		free(be);
+		return -1;
+	}
 	if (threads > 0)
 		omp_set_num_threads(threads);
 	openblas_set_num_threads(threads > 0 ? threads : omp_get_max_threads());

@@ -15,10 +15,12 @@
 struct hi3_wt {
 	int kind;
 	int N, K;                 /* matrix (N, K); vector n = N; rows (N = V, K = H) */
-	hi3_packed packed;        /* batch-invariant matmul */
-	float *f32;               /* vectors; OpenBLAS matrices; NULL for rows */
-	const void *raw;          /* rows: the mapped tensor */
-	hi3_dtype raw_dtype;
+	const hi3_tensor *t;      /* the mapped tensor, as stored */
+	hi3_wmat mat;             /* matrices: t in place */
+	float *f32;               /* vectors: converted */
+	int used;                 /* first use reported (be->first_use) */
+	uint8_t *seen;            /* rows: a bit per row gathered so far */
+	hi3_tensor copy;          /* HI3_WT_TRANSIENT: t is &copy, its data owned */
 };
 
 /* cpu-image.c (backend.h documents each op) */

@@ -293,6 +293,9 @@ static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_err
 	}
 	if (!(w = hi3i_calloc(1, sizeof(*w), err)))
 		return NULL;
+	if (be->first_use)
+		be->first_use(be, t, t->data, t->nbytes);
+	kind &= ~HI3_WT_TRANSIENT;         /* the data is copied to the device below, before return */
 	w->kind = kind;
 	w->N = (int)t->shape[0];
 	w->K = t->ndim > 1 ? (int)t->shape[1] : 1;

@@ -199,6 +199,17 @@ const hi3_tensor *hi3_ckpt_at(const hi3_ckpt *ck, int i)
 	return i >= 0 && i < ck->n ? ck->e[i].t : NULL;
 }
 
+size_t hi3_ckpt_file_bytes(const hi3_ckpt *ck, int *n_files)
+{
+	size_t total = 0;
+
+	for (int i = 0; i < ck->n_files; i++)
+		total += hi3_st_file_size(ck->files[i]);
+	if (n_files)
+		*n_files = ck->n_files;
+	return total;
+}
+
 const char *hi3_ckpt_file_of(const hi3_ckpt *ck, const char *name)
 {
 	const struct ck_entry *e = ck_lookup(ck, name);

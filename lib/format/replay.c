@@ -82,14 +82,11 @@ int hi3_replay_file_write(const hi3_replay_file *r, const char *path, hi3_error 
 		{"model_fingerprint", r->model_fingerprint}, {"conditions_hash", r->conditions_hash},
 		{"segment_file", r->segment_file}, {"mode", r->mode}, {"routing", r->routing},
 	};
-	hi3_st_writer *w = hi3_stw_new();
+	hi3_st_writer *w = hi3i_stw_format(HI3_FORMAT_REPLAY, meta, HI3_ARRAY_SIZE(meta));
 	int rc;
 
-	if (!w || hi3_stw_meta(w, "format", HI3_FORMAT_REPLAY) || hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION))
+	if (!w)
 		goto oom;
-	for (size_t i = 0; i < HI3_ARRAY_SIZE(meta); i++)
-		if (meta[i][1] && hi3_stw_meta(w, meta[i][0], meta[i][1]))
-			goto oom;
 	if (hi3_stw_add(w, "logprobs", HI3_F32, 1, sT, r->logprobs) ||
 	    (r->route_ids && (hi3_stw_add(w, "routing_experts", HI3_I16, 3, sr, r->route_ids) ||
 	                      hi3_stw_add(w, "routing_weights", HI3_F32, 3, sr, r->route_w) ||

@@ -498,6 +498,21 @@ hi3_st_writer *hi3_stw_new(void)
 	return w;
 }
 
+hi3_st_writer *hi3i_stw_format(const char *format, const char *const (*meta)[2], size_t n)
+{
+	hi3_st_writer *w = hi3_stw_new();
+
+	if (!w || hi3_stw_meta(w, "format", format) || hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION))
+		goto fail;
+	for (size_t i = 0; i < n; i++)
+		if (meta[i][1] && hi3_stw_meta(w, meta[i][0], meta[i][1]))
+			goto fail;
+	return w;
+fail:
+	hi3_stw_free(w);
+	return NULL;
+}
+
 void hi3_stw_free(hi3_st_writer *w)
 {
 	if (!w)

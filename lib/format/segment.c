@@ -94,13 +94,8 @@ int hi3_segment_write(const hi3_segment *s, const char *path, hi3_error *err)
 
 	if (check(s, path, err) != 0)
 		return -1;
-	if (!(w = hi3_stw_new()))
+	if (!(w = hi3i_stw_format(HI3_FORMAT_SEGMENT, meta, HI3_ARRAY_SIZE(meta))))
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	if (hi3_stw_meta(w, "format", HI3_FORMAT_SEGMENT) || hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION))
-		goto oom;
-	for (size_t i = 0; i < HI3_ARRAY_SIZE(meta); i++)
-		if (meta[i][1] && hi3_stw_meta(w, meta[i][0], meta[i][1]))
-			goto oom;
 	if (hi3_stw_add(w, "tokens", HI3_I64, 1, sT, s->tokens) || hi3_stw_add(w, "logprobs", HI3_F32, 1, sT, s->logprobs) ||
 	    hi3_stw_add(w, "cu_seqlens", HI3_I64, 1, sB1, s->cu_seqlens) ||
 	    hi3_stw_add(w, "stop_reason", HI3_U8, 1, sB, s->stop_reason) ||

@@ -63,7 +63,7 @@ hi3_wt *hi3i_conv_weight(hi3_backend *be, const hi3_tensor *t, hi3_error *err)
 				memcpy(buf + ((o * taps + k) * C + c) * es, (const unsigned char *)t->data + ((o * C + c) * taps + k) * es,
 				       es);
 	p.data = buf;
-	w = be->ops->weight(be, &p, HI3_WT_MATRIX, err);
+	w = be->ops->weight(be, &p, HI3_WT_MATRIX | HI3_WT_TRANSIENT, err);
 	free(buf);
 	return w;
 }

@@ -504,6 +504,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	}
 	if (hi3i_backend_failed(be, err))
 		goto out;
+	hi3i_model_forward_done(m);
 	rc = 0;
 	goto out;
 be_failed:

@@ -54,9 +54,15 @@ struct hi3_model {
 	struct hi3_dims dims;
 	struct hi3_work w;
 	hi3_kvcache *attached;    /* the cache the backend mirrors */
+	double t_open, open_s;    /* when the open began (hi3i_now), how long it took */
+	size_t mapped;            /* bytes of the checkpoint's files */
+	size_t touched;           /* weight bytes the backend has read (be->first_use) */
+	int64_t forwards;         /* forward calls done */
 };
 
 /* Free the scratch buffers (forward.c); they grow again on demand. */
 void hi3i_model_work_free(hi3_model *m);
+/* After each forward call (forward.c): -v reports the first one. */
+void hi3i_model_forward_done(hi3_model *m);
 
 #endif

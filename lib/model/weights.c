@@ -2,6 +2,14 @@
  * weights.c -- opening a model: config.json, the checkpoint, its
  * fingerprint, and every weight handed to the backend (backend.h), which
  * prepares it for its ops. The forward pass is forward.c's.
+ *
+ * Opening touches only the safetensors headers (and, on the CPU, the norm
+ * vectors): the checkpoint stays mapped and the CPU backend reads a weight
+ * where it lies when an op first needs it. That first read is reported
+ * here (on_first_use): the bytes are checked for NaN/Inf then, once, with
+ * a warning naming the file and tensor, and counted, so that -v can say
+ * how much of the mapped checkpoint a stage touched. The CUDA backend
+ * reads every weight at open, to upload it, and so checks them all then.
  */
 #include "config.h"
 #include <math.h>
@@ -18,12 +26,6 @@ static hi3_wt *load_w(hi3_model *m, const char *name, int kind, hi3_error *err)
 	if (!t) {
 		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is missing", m->dir, name);
 		return NULL;
-	}
-	{
-		int64_t bad = hi3i_count_nonfinite(t->data, t->dtype, (size_t)hi3_tensor_numel(t));
-		if (bad)
-			hi3_log(HI3_LOG_WARN, "%s: tensor '%s' holds %lld NaN/Inf values of %lld",
-			        hi3_ckpt_file_of(m->ck, name), name, (long long)bad, (long long)hi3_tensor_numel(t));
 	}
 	w = m->be->ops->weight(m->be, t, kind, err);
 	if (!w)
@@ -94,16 +96,46 @@ static int load_layer(hi3_model *m, int l, hi3_error *err)
 	return 0;
 }
 
+/* be->first_use: the backend reads these bytes of t for the first time. */
+static void on_first_use(hi3_backend *be, const hi3_tensor *t, const void *data, size_t bytes)
+{
+	hi3_model *m = be->first_use_ctx;
+	size_t es = hi3_dtype_size(t->dtype), n = es ? bytes / es : 0;
+	int64_t bad = hi3i_count_nonfinite(data, t->dtype, n);
+
+	m->touched += bytes;
+	if (!bad)
+		return;
+	if (bytes == t->nbytes)
+		hi3_log(HI3_LOG_WARN, "%s: tensor '%s' holds %lld NaN/Inf values of %lld", hi3_ckpt_file_of(m->ck, t->name),
+		        t->name, (long long)bad, (long long)n);
+	else
+		hi3_log(HI3_LOG_WARN, "%s: tensor '%s': row %lld holds %lld NaN/Inf values of %lld",
+		        hi3_ckpt_file_of(m->ck, t->name), t->name,
+		        (long long)(((const unsigned char *)data - (const unsigned char *)t->data) / (ptrdiff_t)bytes),
+		        (long long)bad, (long long)n);
+}
+
+void hi3i_model_forward_done(hi3_model *m)
+{
+	if (m->forwards++)
+		return;
+	hi3_log(HI3_LOG_DEBUG, "%s: first forward done %.3f s after the model opened (open %.3f s); weights read so "
+	        "far: %.1f MB of the %.1f MB mapped", m->dir, hi3i_now() - m->t_open, m->open_s, m->touched / 1e6,
+	        m->mapped / 1e6);
+}
+
 int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts, hi3_error *err)
 {
 	hi3_model *m = hi3i_calloc(1, sizeof(*m), err);
 	hi3_model_opts def = {.backend = "cpu", .batch_invariant = 1};
 	char *cfg_path = NULL;
-	int rc = -1;
+	int rc = -1, n_files = 0;
 
 	*out = NULL;
 	if (!m)
 		return -1;
+	m->t_open = hi3i_now();
 	if (!opts)
 		opts = &def;
 	m->dir = hi3i_strdup(dir);
@@ -136,6 +168,8 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 	}
 	if (hi3i_backend_check(m->be, err) != 0)
 		goto out;
+	m->be->first_use = on_first_use;
+	m->be->first_use_ctx = m;
 	m->dims.H = m->cfg.hidden_size;
 	m->dims.n_h = m->cfg.num_attention_heads;
 	m->dims.n_kv = m->cfg.num_key_value_heads;
@@ -161,6 +195,11 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 			goto out;
 		}
 	}
+	m->mapped = hi3_ckpt_file_bytes(m->ck, &n_files);
+	m->open_s = hi3i_now() - m->t_open;
+	hi3_log(HI3_LOG_DEBUG, "%s: opened in %.3f s on %s: %d tensors in %d file%s, %.1f MB mapped, %.1f MB read",
+	        dir, m->open_s, m->be->name, hi3_ckpt_count(m->ck), n_files, n_files == 1 ? "" : "s", m->mapped / 1e6,
+	        m->touched / 1e6);
 	*out = m;
 	rc = 0;
 out:
