@@ -7,8 +7,13 @@
 #include <time.h>
 #include <unistd.h>
 #include "cli.h"
+#ifdef HI3_MPI
+#include "par/comm-mpi.h"
+#endif
 
 struct cli_globals cli = {.backend = "cpu", .batch_invariant = 1};
+static hi3_par par;              /* --parallel's layout and communicator */
+static int par_state;            /* 0 not started, 1 open, -1 failed */
 
 static int set_quiet(const struct cli_option *opt, const char *arg)
 {
@@ -37,6 +42,9 @@ const struct cli_option cli_global_options[] = {
 	           "on (default): reductions in an order independent of the batch, so a row gives the same bits "
 	           "alone or batched; off: OpenBLAS sgemm (CPU)"),
 	OPT_INT('t', "threads", &cli.threads, 0, 4096, "N", "worker threads (default: all cores)"),
+	OPT_STRING(0, "parallel", &cli.parallel, "tp=T,ep=E",
+	           "run as one of T*E ranks: tensor parallel T, expert parallel E (hi3-mpi under mpirun; "
+	           "hi3-parallel(7))"),
 	OPT_CALLBACK('q', "quiet", NULL, NULL, set_quiet, "only errors and warnings on stderr"),
 	OPT_CALLBACK('v', "verbose", NULL, NULL, set_verbose, "more detail on stderr"),
 	OPT_HELP('h', "help", "this help; 'hi3 help COMMAND' or 'hi3 COMMAND --help' for a command"),
@@ -107,7 +115,17 @@ int cli_usage_error(const char *fmt, ...)
 
 int cli_fail(const hi3_error *err)
 {
-	fprintf(stderr, "hi3 %s: error: %s\n", cli.cmd ? cli.cmd : "", err->msg[0] ? err->msg : "failed");
+	/* a rank that fails before its model opened still joins the others,
+	 * so that its message names it and cli_parallel_end ends them all */
+	if (cli.parallel && par_state == 0) {
+		hi3_error ignored = {0};
+		cli_parallel(&ignored);
+	}
+	if (par_state == 1 && par.comm->size > 1)
+		fprintf(stderr, "hi3 %s: rank %d of %d: error: %s\n", cli.cmd ? cli.cmd : "", par.comm->rank,
+		        par.comm->size, err->msg[0] ? err->msg : "failed");
+	else
+		fprintf(stderr, "hi3 %s: error: %s\n", cli.cmd ? cli.cmd : "", err->msg[0] ? err->msg : "failed");
 	return err->status ? err->status : HI3_ERR_RUNTIME;
 }
 
@@ -149,6 +167,57 @@ int cli_open_cond_model(const char *cond_path, hi3_cond **c, hi3_model **m, hi3_
 	return 0;
 }
 
+const hi3_par *cli_parallel(hi3_error *err)
+{
+	if (!cli.parallel)
+		return NULL;
+	if (par_state == 1)
+		return &par;
+	if (par_state < 0) {
+		hi3_error_set(err, HI3_ERR_USAGE, "--parallel: the communicator could not be started");
+		return NULL;
+	}
+	par_state = -1;
+	if (hi3_par_parse(&par, cli.parallel, err) != 0)
+		return NULL;
+#ifdef HI3_MPI
+	if (hi3_comm_mpi_open(&par.comm, NULL, NULL, err) != 0)
+		return NULL;
+	par_state = 1;
+	/* results for machines come from rank 0 alone */
+	if (par.comm->rank != 0 && !freopen("/dev/null", "w", stdout)) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "rank %d: cannot redirect standard output to /dev/null",
+		              par.comm->rank);
+		return NULL;
+	}
+	if (par.comm->size != par.tp * par.ep) {
+		hi3_error_set(err, HI3_ERR_USAGE, "--parallel tp=%d,ep=%d needs %d ranks; the launcher started %d",
+		              par.tp, par.ep, par.tp * par.ep, par.comm->size);
+		return NULL;
+	}
+	return &par;
+#else
+	hi3_error_set(err, HI3_ERR_USAGE, "--parallel: this hi3 is built without MPI; run the layout as 'mpirun -np "
+	              "%d hi3-mpi ... --parallel %s' (hi3-parallel(7))", par.tp * par.ep, cli.parallel);
+	return NULL;
+#endif
+}
+
+int cli_parallel_end(int rc)
+{
+	if (par_state != 1)
+		return rc;
+	par_state = 0;
+	if (rc != 0 && par.comm->size > 1)
+		par.comm->ops->abort(par.comm, rc, NULL);
+	if (!cli.quiet)
+		fprintf(stderr, "hi3 %s: rank %d of %d: %.3f s in collectives, %.1f MiB received\n", cli.cmd ? cli.cmd : "",
+		        par.comm->rank, par.comm->size, par.comm->seconds, (double)par.comm->bytes / 1048576.0);
+	par.comm->ops->destroy(par.comm);
+	par.comm = NULL;
+	return rc;
+}
+
 int cli_open_model(hi3_model **m, hi3_error *err)
 {
 	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = cli.batch_invariant};
@@ -158,6 +227,8 @@ int cli_open_model(hi3_model **m, hi3_error *err)
 		              "or a Hugging Face checkpoint)");
 		return -1;
 	}
+	if (cli.parallel && !(o.par = cli_parallel(err)))
+		return -1;
 	return hi3_model_open(m, cli.model_dir, &o, err);
 }
 

@@ -13,6 +13,7 @@ struct cli_globals {
 	int threads;             /* -t/--threads */
 	int quiet, verbose;      /* -q, -v */
 	int batch_invariant;     /* --batch-invariant=on|off (default on) */
+	const char *parallel;    /* --parallel tp=T,ep=E, or NULL */
 	const char *cmd;         /* the running command's name */
 };
 extern struct cli_globals cli;
@@ -112,7 +113,15 @@ int cli_fail(const hi3_error *err);
 void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Open the model named by -m (usage error when missing). */
+/* The layout of --parallel, its communicator started on first use (hi3-mpi
+ * under an MPI launcher); NULL without --parallel or on error (err set). */
+const hi3_par *cli_parallel(hi3_error *err);
+/* At the end of a command: with --parallel, a failure (rc != 0) ends every
+ * rank with rc (the error was printed, naming this rank); success
+ * finalizes MPI. Returns rc. */
+int cli_parallel_end(int rc);
+
+/* Open the model named by -m (usage error when missing), with --parallel's layout. */
 int cli_open_model(hi3_model **m, hi3_error *err);
 /* Open a conditions file, then the model; on failure nothing stays open. */
 int cli_open_cond_model(const char *cond_path, hi3_cond **c, hi3_model **m, hi3_error *err);

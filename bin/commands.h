@@ -10,6 +10,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_parity(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_tokenize_concat(int argc, char **argv);
 

@@ -27,6 +27,7 @@ static const struct cli_command commands[] = {
 	CMD("parity", parity, "prove a batch equals its rows run alone, or show where not"),
 	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
 	CMD("diff", diff, "compare two safetensors files tensor by tensor"),
+	CMD("plan", plan, "per-rank memory of a parallel layout from config.json, and whether it fits"),
 	CMD("bench", bench, "measure bandwidth, GEMMs, prefill and decode side by side"),
 };
 
@@ -51,7 +52,7 @@ static void list_commands(FILE *f)
 }
 
 static const struct cli_help main_help = {
-	.usage = {"hi3 [-m DIR] [--backend cpu|cuda] [-t N] [-q|-v] <command> [options] [args]"},
+	.usage = {"hi3 [-m DIR] [--backend cpu|cuda] [-t N] [--parallel tp=T,ep=E] [-q|-v] <command> [options] [args]"},
 	.description = "hi3 runs the HunyuanImage-3.0 transformer stage by stage, in batches, over\n"
 	               "memory-mapped safetensors stage files (see hi3(1), hi3-files(5)).\n",
 	.more = list_commands,
@@ -132,7 +133,7 @@ int main(int argc, char **argv)
 		return HI3_ERR_USAGE;
 	}
 	cli.cmd = c->name;
-	rc = c->run(argc, argv);
+	rc = cli_parallel_end(c->run(argc, argv));
 	if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
 		fprintf(stderr, "hi3 %s: error: standard output: %s\n", c->name, strerror(errno));
 		return rc ? rc : HI3_ERR_RUNTIME;

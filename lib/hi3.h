@@ -349,10 +349,107 @@ typedef struct hi3_cond hi3_cond;      /* conditions, below */
 typedef struct hi3_template hi3_template;
 typedef struct hi3_requests hi3_requests;
 
+/*
+ * Scale-out (lib/par/comm.c, hi3-parallel(7)): a communicator is a table
+ * of collectives over `size` ranks. libhi3 holds the single-process one;
+ * the MPI (host buffers) and NCCL (device buffers) ones live in the
+ * hi3-mpi program (lib/par/comm-mpi.c, comm-nccl.c), so that libhi3 and
+ * hi3 need no MPI library at run time. Every call returns 0, or -1 with
+ * err set; byte counts and displacements are per rank, in rank order.
+ */
+typedef struct hi3_comm hi3_comm;
+struct hi3_comm_ops {
+	/* recv (size * n bytes) = every rank's send (n bytes), in rank order */
+	int (*allgather)(hi3_comm *c, const void *send, size_t n, void *recv, hi3_error *err);
+	/* recv + displs[r] = rank r's send (counts[r] bytes) */
+	int (*allgatherv)(hi3_comm *c, const void *send, size_t n, void *recv, const size_t *counts,
+	                  const size_t *displs, hi3_error *err);
+	/* rank r's send + sdispls[q] (scounts[q] bytes) to rank q's recv + rdispls[r] */
+	int (*alltoallv)(hi3_comm *c, const void *send, const size_t *scounts, const size_t *sdispls, void *recv,
+	                 const size_t *rcounts, const size_t *rdispls, hi3_error *err);
+	int (*bcast)(hi3_comm *c, void *buf, size_t n, int root, hi3_error *err);
+	int (*barrier)(hi3_comm *c, hi3_error *err);
+	/* end every rank now with status, after printing msg (NULL: none) */
+	void (*abort)(hi3_comm *c, int status, const char *msg);
+	void (*destroy)(hi3_comm *c);
+};
+struct hi3_comm {
+	const struct hi3_comm_ops *ops;
+	const char *name;        /* "single", "mpi", "nccl" */
+	int rank, size;
+	int device;              /* 1: buffers are device memory (NCCL) */
+	void *ctx;
+	double seconds;          /* time spent in collectives (hi3_comm_* calls) */
+	uint64_t bytes;          /* bytes received by them */
+};
+
+/* The single-process communicator (rank 0 of 1); static, never freed. */
+hi3_comm *hi3_comm_single(void);
+/* The collectives through c, timed into c->seconds and c->bytes. */
+int hi3_comm_allgather(hi3_comm *c, const void *send, size_t n, void *recv, hi3_error *err);
+int hi3_comm_allgatherv(hi3_comm *c, const void *send, size_t n, void *recv, const size_t *counts,
+                        const size_t *displs, hi3_error *err);
+int hi3_comm_alltoallv(hi3_comm *c, const void *send, const size_t *scounts, const size_t *sdispls, void *recv,
+                       const size_t *rcounts, const size_t *rdispls, hi3_error *err);
+int hi3_comm_bcast(hi3_comm *c, void *buf, size_t n, int root, hi3_error *err);
+int hi3_comm_barrier(hi3_comm *c, hi3_error *err);
+/* x (n) = the sum over ranks of x, the same bits on every rank and for
+ * any layout of the same terms: an all-gather, then a sum in rank order
+ * on each rank (host buffers). */
+int hi3_comm_allreduce_sum_f32(hi3_comm *c, float *x, size_t n, hi3_error *err);
+/* Every rank holds the same `what` (a string: a fingerprint, a hash), or
+ * an HI3_ERR_INPUT error naming the first rank that differs from rank 0. */
+int hi3_comm_check_same(hi3_comm *c, const char *what, const char *value, hi3_error *err);
+/* 0 when every rank's status is 0; else -1 on every rank, with err naming
+ * the lowest failing rank and its message (a collective: all ranks call it). */
+int hi3_comm_agree(hi3_comm *c, const hi3_error *mine, hi3_error *err);
+
+/* A parallel layout: size = tp * ep ranks; rank r is tensor slot r % tp of
+ * expert group r / tp (hi3-parallel(7)). */
+typedef struct hi3_par {
+	hi3_comm *comm;
+	int tp, ep;
+} hi3_par;
+/* "tp=T,ep=E" (either part may be left out: 1) into p->tp, p->ep. */
+int hi3_par_parse(hi3_par *p, const char *spec, hi3_error *err);
+
+/*
+ * Planning a layout from config.json alone (lib/tools/plan.c, hi3-plan(1)):
+ * the bytes one rank holds, the largest over the ranks of the layout.
+ * Weights are the transformer's (what hi3_model_open maps and uses);
+ * activations are the forward's scratch for a prefill chunk of tokens
+ * (min(batch * max_len, chunk_tokens)) plus a layout's gather buffers.
+ */
+typedef struct hi3_plan_opts {
+	int tp, ep;               /* the layout: tp * ep ranks */
+	int batch;                /* B rows */
+	int64_t max_len;          /* C cache slots per row (prompt + new tokens) */
+	hi3_dtype dtype;          /* weights (the MoE router stays f32) */
+	hi3_dtype kv_dtype;       /* the cache */
+	int64_t chunk_tokens;     /* tokens per prefill forward (0: 8192, prefill's default) */
+	uint64_t mem;             /* bytes a rank may use; 0: unknown */
+} hi3_plan_opts;
+
+typedef struct hi3_plan {
+	uint64_t weights, weights_split, weights_replicated;  /* per rank */
+	uint64_t kv, activations, total;
+	uint64_t weights_all;     /* the whole checkpoint's transformer weights, one copy */
+	int fits;                 /* total <= mem (1 when mem is 0) */
+} hi3_plan;
+
+/* 0, or -1 with err: a layout whose kv heads or experts do not divide
+ * (HI3_ERR_USAGE, naming which). */
+int hi3_plan_compute(const hi3_config *c, const hi3_plan_opts *o, hi3_plan *p, hi3_error *err);
+/* "141G", "512GiB", "1.5T", "80000000000" (suffixes K M G T binary) into bytes. */
+int hi3_parse_bytes(const char *s, uint64_t *out);
+/* b as "150.81 GiB", "3.52 MiB", "512 B" (binary units) into buf (32 bytes); returns buf. */
+const char *hi3_format_bytes(uint64_t b, char *buf);
+
 typedef struct hi3_model_opts {
 	const char *backend;     /* "cpu" (default) or "cuda" */
 	int threads;             /* 0: OpenMP default */
 	int batch_invariant;     /* 1: reduction orders independent of batch (default) */
+	const hi3_par *par;      /* NULL: one process holds everything */
 } hi3_model_opts;
 
 int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,

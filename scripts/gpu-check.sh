@@ -14,7 +14,9 @@
 #   4. prefill and decode on `small` and on a wide model with the real layer
 #      shape (hidden 4096, 32 heads / 8 kv heads of 128, 64 experts top-8 of
 #      width 3072, shared MLP; 2 layers), through tests/bench-cuda,
-#   5. a table, last: decode at B = 1 as a fraction of the copy bandwidth
+#   5. scale-out: the NCCL communicator's collectives on every GPU
+#      (tests/test-comm-nccl) and an ep=2 layout on cuda against one process,
+#   6. a table, last: decode at B = 1 as a fraction of the copy bandwidth
 #      (bytes it must read: active weights + KV), prefill GEMMs as a fraction
 #      of the GEMM peak.
 #
@@ -53,6 +55,40 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 
 step "make check-cuda (ops, forward passes, sampling, the pipeline and parity with --backend cuda)"
 HI3_CUDA_SYNC=1 timeout 300 make -s check-cuda || fail "make check-cuda"
+
+step "scale-out: the NCCL communicator on every GPU, and ep=2 on cuda against one process"
+# tests/test-comm.c through NCCL (device buffers: CUDA managed memory), one
+# rank per GPU (1 included), then tiny-moe prefill and decode as 2 ranks of
+# --parallel ep=2 on the cuda backend (2 ranks share a GPU when there is
+# one), which must equal one cuda process within the pipeline's tolerance.
+if [ -x bin/hi3-mpi ] && command -v mpirun >/dev/null 2>&1 && grep -q '^#define HI3_HAVE_NCCL 1' config.h; then
+	export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+	ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || ngpu=0
+	[ "$ngpu" -ge 1 ] || ngpu=1
+	if timeout 120 mpirun -np "$ngpu" tests/test-comm-nccl >"$WORK/nccl.tap" 2>&1 &&
+		! grep -q '^not ok' "$WORK/nccl.tap" && grep -q "^ok .* $ngpu ranks: alltoallv" "$WORK/nccl.tap"; then
+		echo "NCCL communicator: $(grep -c '^ok' "$WORK/nccl.tap") checks on $ngpu GPU(s) passed" | tee -a "$RESULTS"
+	else
+		cat "$WORK/nccl.tap"; fail "the NCCL communicator (tests/test-comm-nccl)"
+	fi
+	pm="$WORK/par-tm" pc="$WORK/par.cond"
+	[ -f "$pm/config.json" ] || $HI3 -q init-model --preset tiny-moe --seed 1 -o "$pm"
+	printf '{"prompt": "a red fox"}\n{"prompt": "two cats on a mat", "seed": 3}\n' |
+		$HI3 -q -m "$pm" tokenize-concat - -o "$pc"
+	if $HI3 -q --backend cuda --batch-invariant=off -m "$pm" prefill "$pc" -o "$WORK/par1.kv" --max-new 8 &&
+		$HI3 -q --backend cuda --batch-invariant=off -m "$pm" decode "$pc" "$WORK/par1.kv" -o "$WORK/par1.seg" &&
+		timeout 120 mpirun -np 2 bin/hi3-mpi -q --backend cuda --batch-invariant=off -m "$pm" --parallel ep=2 \
+			prefill "$pc" -o "$WORK/par2.kv" --max-new 8 &&
+		timeout 120 mpirun -np 2 bin/hi3-mpi -q --backend cuda --batch-invariant=off -m "$pm" --parallel ep=2 \
+			decode "$pc" "$WORK/par2.kv" -o "$WORK/par2.seg" &&
+		$HI3 diff "$WORK/par1.seg" "$WORK/par2.seg" && $HI3 diff --valid-only "$WORK/par1.kv" "$WORK/par2.kv"; then
+		echo "ep=2 on cuda: segment and KV equal one process" | tee -a "$RESULTS"
+	else
+		fail "ep=2 on cuda against one process"
+	fi
+else
+	echo "gpu-check: scale-out skipped: no hi3-mpi, mpirun or NCCL in this build" | tee -a "$RESULTS"
+fi
 
 step "peaks: copy bandwidth and cuBLAS bf16 GEMM (prefill shapes of the wide model, 4096 tokens)"
 # qkv and shared gate_up (4096 x 6144 x 4096), o (4096 x 4096 x 4096),

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential autoconf automake libtool pkg-config
           libopenblas-dev libjansson-dev libpcre2-dev libpng-dev libutf8proc-dev libstb-dev
-          groff-base)
+          groff-base libopenmpi-dev openmpi-bin)
 
 if [ "${1:-}" != "--no-apt" ]; then
 	missing=()

@@ -58,6 +58,9 @@ typedef struct hi3_kv_dst {
 	void *k, *v;              /* (B, n_kv, C, d) */
 	hi3_dtype dtype;
 	int C;
+	int64_t row_stride;       /* elements from one cache row to the next; 0: n_kv C d. A rank of a
+	                           * tensor-parallel layout stores its kv heads (k, v at its first head)
+	                           * into the whole cache (hi3-parallel(7)); CPU only */
 } hi3_kv_dst;
 
 struct hi3_dims {

@@ -327,6 +327,7 @@ static void cpu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qk
                          const int64_t *slot, const struct hi3_dims *dm, int M)
 {
 	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
+	const size_t rs = dst->row_stride ? (size_t)dst->row_stride : (size_t)dm->n_kv * (size_t)dst->C * (size_t)d;
 
 	(void)be;
 	/* Parallel over kv heads; each thread stores its head for all tokens
@@ -337,7 +338,7 @@ static void cpu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qk
 			if (slot[m] < 0)
 				continue;
 			const float *blk = qkv + (size_t)m * W + (size_t)j * (g + 2) * d;
-			size_t off = (((size_t)row[m] * dm->n_kv + j) * (size_t)dst->C + (size_t)slot[m]) * d;
+			size_t off = (size_t)row[m] * rs + ((size_t)j * (size_t)dst->C + (size_t)slot[m]) * d;
 			store_vec(dst->k, dst->dtype, off, blk + (size_t)g * d, d);
 			store_vec(dst->v, dst->dtype, off, blk + (size_t)(g + 1) * d, d);
 		}

@@ -712,6 +712,11 @@ static void cu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv
 
 	if (M <= 0)
 		return;
+	if (dst->row_stride && dst->row_stride != (int64_t)dm->n_kv * dst->C * dm->d) {
+		hi3i_backend_fail(be, "kv_store: a cache of other kv heads than the layer's (tensor parallel) is not "
+		                  "supported on cuda");
+		return;
+	}
 	if (!grow(c, &c->keep, &c->keep_cap, (size_t)M, "the KV store plan"))
 		return;
 	OP_CHECK(c, HI3K(kv_store)(c->stream, dst->k, dst->v, (int)dst->dtype, dst->C, qkv, row, slot, c->keep,

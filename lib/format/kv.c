@@ -112,11 +112,14 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 	int64_t B, L, C, C_want, G, V = cfg->vocab_size;
 	char name[32];
 	int nl = cfg->num_hidden_layers;
+	hi3_comm *comm = hi3i_model_comm(m);
 
 	memset(kv, 0, sizeof(*kv));
 	if (hi3_st_open(&kv->st, path, HI3_ST_RDWR, err) != 0)
 		return -1;
-	if (hi3_st_expect_format(kv->st, HI3_FORMAT_KV, err) != 0 || hi3i_st_lock(kv->st, err) != 0)
+	/* the ranks of a layout share the file: rank 0 holds the lock for them all */
+	if (hi3_st_expect_format(kv->st, HI3_FORMAT_KV, err) != 0 ||
+	    ((!comm || comm->rank == 0) && hi3i_st_lock(kv->st, err) != 0))
 		goto fail;
 	if (hi3i_check_made_by(path, hi3_st_meta(kv->st, "model_fingerprint"), m, err) != 0)
 		goto fail;
@@ -227,6 +230,7 @@ fail:
 
 void hi3i_kv_close(hi3_kvfile *kv)
 {
+	free(kv->priv);
 	free(kv->cache.k);
 	free(kv->cache.v);
 	hi3_st_close(kv->st);
@@ -269,4 +273,64 @@ void hi3i_kv_settle(hi3_kvfile *kv)
 		if (kv->gen_len[i] % 2)
 			memcpy(kv->next_logits + (size_t)i * kv->V, kv->next_logits_alt + (size_t)i * kv->V,
 			       sizeof(float) * (size_t)kv->V);
+}
+
+/*
+ * A rank other than 0 keeps its own copy of the decode record (everything
+ * but k.* and v.*): it runs the same steps on the same numbers as rank 0,
+ * which alone writes the record to the file, while each rank writes its kv
+ * heads of k.* and v.* there. No rank reads what another writes.
+ */
+static int privatize(hi3_kvfile *kv, hi3_error *err)
+{
+	const size_t B = (size_t)kv->B, G = (size_t)kv->G, V = (size_t)kv->V, R = (size_t)kv->n_moe * kv->k_route;
+	struct {
+		void **p;
+		size_t n;
+	} f[] = {
+		{(void **)&kv->kv_len, B * 8}, {(void **)&kv->prompt_len, B * 8}, {(void **)&kv->gen_tokens, B * G * 8},
+		{(void **)&kv->gen_len, B * 8}, {(void **)&kv->commit, B * 8}, {(void **)&kv->next_logits, B * V * 4},
+		{(void **)&kv->next_logits_alt, B * V * 4}, {(void **)&kv->gen_logprobs, B * G * 4},
+		{(void **)&kv->finished, B}, {(void **)&kv->gen_route_ids, B * G * R * 2},
+		{(void **)&kv->gen_route_w, B * G * R * 4}, {(void **)&kv->prompt_route_ids, B * (size_t)kv->L * R * 2},
+		{(void **)&kv->prompt_route_w, B * (size_t)kv->L * R * 4},
+	};
+	size_t tot = 0, off = 0;
+	char *mem;
+
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(f); i++)
+		tot += *f[i].p ? (f[i].n + 63) / 64 * 64 : 0;
+	if (!(mem = hi3i_aligned_alloc(tot + 64, err)))
+		return -1;
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(f); i++) {
+		if (!*f[i].p)
+			continue;
+		memcpy(mem + off, *f[i].p, f[i].n);
+		*f[i].p = mem + off;
+		off += (f[i].n + 63) / 64 * 64;
+	}
+	kv->priv = mem;
+	return 0;
+}
+
+int hi3i_kv_open_ranks(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err)
+{
+	hi3_comm *comm = hi3i_model_comm(m);
+	hi3_error mine = {0};
+
+	if (!comm)
+		return hi3i_kv_open(kv, path, m, c, err);
+	/* rank 0 first (it takes the lock), then the others; each step agreed */
+	for (int turn = 0; turn < 2; turn++) {
+		if ((turn == 0) == (comm->rank == 0) &&
+		    (hi3i_kv_open(kv, path, m, c, &mine) != 0 || (comm->rank && privatize(kv, &mine) != 0)))
+			if (kv->st)
+				hi3i_kv_close(kv);
+		if (hi3_comm_agree(comm, &mine, err) != 0) {
+			if (kv->st)
+				hi3i_kv_close(kv);
+			return -1;
+		}
+	}
+	return 0;
 }

@@ -39,6 +39,7 @@ typedef struct hi3_kvfile {
 	float *gen_route_w;       /* (B, G, n_moe, k) or NULL */
 	int16_t *prompt_route_ids;/* (B, L, n_moe, k) with prefill --record-routing, or NULL */
 	float *prompt_route_w;    /* (B, L, n_moe, k) */
+	void *priv;               /* a rank's own copy of the record (hi3i_kv_open_ranks), or NULL */
 } hi3_kvfile;
 
 /* Create a zeroed KV file for (model, conditions) at path, atomically. */
@@ -48,6 +49,10 @@ int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, cons
  * to (c may be NULL to skip that); repair derived fields from commit. */
 int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err);
 void hi3i_kv_close(hi3_kvfile *kv);
+/* hi3i_kv_open on every rank of the model's layout, rank 0 first (it locks
+ * the file for all), failing on every rank when one fails; in one process
+ * hi3i_kv_open itself. */
+int hi3i_kv_open_ranks(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err);
 /* The logits buffer holding row i's current logits. */
 float *hi3i_kv_logits(hi3_kvfile *kv, int row);
 float *hi3i_kv_logits_next(hi3_kvfile *kv, int row);

@@ -78,14 +78,17 @@ oom:
 	                     be->ops->mem_free(be) >> 20);
 }
 
-/* y (M, H) = SwiGLU MLP of h (M, H). */
-static void mlp_forward(hi3_model *m, const struct hi3_mlp_w *mw, float *y, const float *h, int M)
+/* y (M, H) = SwiGLU MLP of h (M, H), into ab (M, 2I) and mid (M, I)
+ * (split on the output rows of both products under tensor parallelism). */
+static int mlp_forward(hi3_model *m, const struct hi3_mlp_w *mw, float *y, const float *h, float *ab, float *mid,
+                       int M, hi3_error *err)
 {
 	hi3_backend *be = m->be;
 
-	be->ops->matmul(be, m->w.ab, h, mw->gate_up, M);
-	be->ops->swiglu(be, m->w.mid, m->w.ab, M, mw->I);
-	be->ops->matmul(be, y, m->w.mid, mw->down, M);
+	if (hi3i_shard_matmul(m, ab, h, mw->gate_up, 2 * mw->I, M, err) != 0)
+		return -1;
+	be->ops->swiglu(be, mid, ab, M, mw->I);
+	return hi3i_shard_matmul(m, y, mid, mw->down, m->cfg.hidden_size, M, err);
 }
 
 /* Grouped products through the backend, or one by one when it has none. */
@@ -151,6 +154,78 @@ static void route_token(const float *logit, int E, int k, int norm, float scale,
 		for (int j = 0; j < k; j++)
 			w[j] *= scale;
 	}
+}
+
+/*
+ * The routed experts and the shared MLP on a rank of a layout: expert
+ * group e computes its experts' (token, expert) rows, rows
+ * [first[e0], first[e0 + ne]) of the packed buffers, on its tensor slot's
+ * output columns; the gathers give every rank all rows of ab (rows, 2I)
+ * and ye (rows, H), the same bits as one process (each element one dot
+ * product in the GEMM's order), and the caller adds them up as one
+ * process does. first/count (E) as moe_forward's.
+ */
+static int moe_experts_sharded(hi3_model *m, const struct hi3_layer_w *L, const float *h, int M, int rows,
+                               const int *first, const int *count, hi3_error *err)
+{
+	const struct hi3_shard *sh = &m->sh;
+	const int E = L->E, H = m->cfg.hidden_size, inter = L->experts[L->e0].I;
+	const int g_lo = first[L->e0], g_rows = (L->e0 + L->ne < E ? first[L->e0 + L->ne] : rows) - g_lo;
+	struct hi3_block *blk = NULL;
+	float **ys = NULL, *part;
+	const float **xs = NULL;
+	const hi3_wt **ws = NULL;
+	int *ms = NULL, rc = -1;
+
+	if (rows > 0) {
+		int lo1, n1, lo2, n2;
+		hi3i_split(2 * inter, sh->tp, sh->t, &lo1, &n1);
+		hi3i_split(H, sh->tp, sh->t, &lo2, &n2);
+		blk = hi3i_malloc(sizeof(*blk) * (size_t)sh->size, err);
+		ys = hi3i_calloc((size_t)L->ne, sizeof(*ys), err);
+		xs = hi3i_calloc((size_t)L->ne, sizeof(*xs), err);
+		ws = hi3i_calloc((size_t)L->ne, sizeof(*ws), err);
+		ms = hi3i_calloc((size_t)L->ne, sizeof(*ms), err);
+		if (!blk || !ys || !xs || !ws || !ms ||
+		    !(part = hi3i_shard_scratch(m, (size_t)(g_rows ? g_rows : 1) * HI3_MAX(n1, n2), err)))
+			goto out;
+		for (int stage = 0; stage < 2; stage++) {
+			const int N = stage ? H : 2 * inter, nc = stage ? n2 : n1;
+			int n_jobs = 0;
+			for (int e = L->e0; e < L->e0 + L->ne; e++)
+				if (count[e]) {
+					xs[n_jobs] = stage ? m->w.mid + (size_t)first[e] * inter : m->w.xe + (size_t)first[e] * H;
+					ys[n_jobs] = part + (size_t)(first[e] - g_lo) * nc;
+					ws[n_jobs] = stage ? L->experts[e].down : L->experts[e].gate_up;
+					ms[n_jobs++] = count[e];
+				}
+			matmul_group(m, n_jobs, ys, xs, ws, ms);
+			if (hi3i_backend_failed(m->be, err))
+				goto out;
+			for (int r = 0; r < sh->size; r++) {
+				int e0, ne, c0, ncr, r0, r1;
+				hi3i_split(E, sh->ep, r / sh->tp, &e0, &ne);
+				hi3i_split(N, sh->tp, r % sh->tp, &c0, &ncr);
+				r0 = first[e0];
+				r1 = e0 + ne < E ? first[e0 + ne] : rows;
+				blk[r] = (struct hi3_block){r0, r1 - r0, c0, ncr};
+			}
+			if (hi3i_shard_gather(m, stage ? m->w.ye : m->w.ab, rows, N, part, blk, err) != 0)
+				goto out;
+			if (!stage)
+				m->be->ops->swiglu(m->be, m->w.mid, m->w.ab, rows, inter);
+		}
+	}
+	if (L->has_shared && mlp_forward(m, &L->shared, m->w.ys, h, m->w.sab, m->w.smid, M, err) != 0)
+		goto out;
+	rc = 0;
+out:
+	free(blk);
+	free(ys);
+	free(xs);
+	free(ws);
+	free(ms);
+	return rc;
 }
 
 static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, const float *h, int M,
@@ -236,6 +311,11 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 			}
 			be->ops->gather(be, m->w.xe, h, m->w.idx, rows, H);
 		}
+		if (m->sh.size > 1) {
+			if (moe_experts_sharded(m, L, h, M, rows, first, count, err) != 0)
+				goto moe_out;
+			goto combine;
+		}
 		/* stage 1: gate_up of every expert with tokens, and the shared MLP */
 		for (int e = 0; e < E; e++)
 			if (count[e]) {
@@ -271,6 +351,7 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 			ms[n_jobs++] = M;
 		}
 		matmul_group(m, n_jobs, ys, xs, ws, ms);
+combine:
 		be->ops->zero(be, y, (size_t)M * (size_t)H);
 		for (int e = 0; e < E; e++)
 			if (count[e])
@@ -399,7 +480,9 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	hi3_backend *be = m->be;
 	const int M = b->B * b->T, H = c->hidden_size, d = c->attention_head_dim;
 	const int g = c->num_attention_heads / c->num_key_value_heads;
-	const int64_t W = (int64_t)(c->num_attention_heads + 2 * c->num_key_value_heads) * d;
+	/* this rank's heads (all of them in one process) */
+	const int64_t W = (int64_t)(m->dims.n_h + 2 * m->dims.n_kv) * d;
+	const struct hi3_shard *sh = &m->sh;
 	hi3_attn_q *plan = NULL;
 	int32_t *rows = NULL, *lidx = NULL;
 	int64_t *slots = NULL;
@@ -458,6 +541,13 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 			be->ops->kv_layer(be, kv, l, &dst.k, &dst.v);
 			dst.dtype = kv->dtype;
 			dst.C = kv->C;
+			if (sh->tp > 1) {
+				/* this rank's kv heads of the whole cache */
+				size_t off = (size_t)sh->kv0 * kv->C * d * hi3_dtype_size(kv->dtype);
+				dst.k = (char *)dst.k + off;
+				dst.v = (char *)dst.v + off;
+				dst.row_stride = (int64_t)kv->n_kv * kv->C * d;
+			}
 		}
 		if (b->mode == HI3_ATTN_CACHE) {
 			be->ops->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
@@ -469,18 +559,36 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 			vs = ks;
 			vs.base = m->w.qkv + (size_t)(g + 1) * d;
 		}
-		be->ops->attention(be, m->w.att, m->w.qkv, &ks, &vs, m->w.plan, &m->dims, M);
+		if (sh->tp == 1) {
+			be->ops->attention(be, m->w.att, m->w.qkv, &ks, &vs, m->w.plan, &m->dims, M);
+		} else {
+			/* this rank's query heads, then all of them (M, n_h d) on every rank */
+			const int hd = m->dims.n_h * d;
+			float *part = hi3i_shard_scratch(m, (size_t)M * hd, err);
+			struct hi3_block *blk = hi3i_malloc(sizeof(*blk) * (size_t)sh->size, err);
+			int grc = -1;
+			if (part && blk) {
+				be->ops->attention(be, part, m->w.qkv, &ks, &vs, m->w.plan, &m->dims, M);
+				for (int r = 0; r < sh->size; r++)
+					blk[r] = (struct hi3_block){0, r < sh->tp ? M : 0, (r % sh->tp) * hd, hd};
+				grc = hi3i_shard_gather(m, m->w.att, M, c->num_attention_heads * d, part, blk, err);
+			}
+			free(blk);
+			if (grc)
+				goto out;
+		}
 		if (b->mode == HI3_ATTN_SELF && kv && b->slot)
 			be->ops->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
-		be->ops->matmul(be, m->w.h, m->w.att, L->o, M);
+		if (hi3i_shard_matmul(m, m->w.h, m->w.att, L->o, H, M, err) != 0)
+			goto out;
 		be->ops->add(be, m->w.x, m->w.h, (size_t)M * H);
 		/* MLP */
 		be->ops->rmsnorm(be, m->w.h, m->w.x, L->ln_post, M, H, m->dims.eps);
 		if (L->moe) {
 			if (moe_forward(m, L, m->w.y, m->w.h, M, b, err) != 0)
 				goto out;
-		} else {
-			mlp_forward(m, &L->mlp, m->w.y, m->w.h, M);
+		} else if (mlp_forward(m, &L->mlp, m->w.y, m->w.h, m->w.ab, m->w.mid, M, err) != 0) {
+			goto out;
 		}
 		be->ops->add(be, m->w.x, m->w.y, (size_t)M * H);
 		if (hi3i_backend_failed(be, err)) {
@@ -498,7 +606,8 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 			goto be_failed;
 		be->ops->gather(be, m->w.lx, m->w.x, m->w.idx, b->n_logits, H);
 		be->ops->rmsnorm(be, m->w.lx, m->w.lx, m->ln_f, b->n_logits, H, m->dims.eps);
-		be->ops->matmul(be, m->w.logits, m->w.lx, m->lm_head, b->n_logits);
+		if (hi3i_shard_matmul(m, m->w.logits, m->w.lx, m->lm_head, c->vocab_size, b->n_logits, err) != 0)
+			goto out;
 		if (be->ops->download(be, b->logits, m->w.logits, sizeof(float) * (size_t)b->n_logits * c->vocab_size))
 			goto be_failed;
 	}

@@ -22,7 +22,8 @@ struct hi3_layer_w {
 	struct hi3_mlp_w mlp;     /* dense layers */
 	hi3_wt *router;           /* (E, H) f32 */
 	int E, k;
-	struct hi3_mlp_w *experts;/* [E] */
+	struct hi3_mlp_w *experts;/* [E]; a rank loads its group's [e0, e0 + ne) only */
+	int e0, ne;
 	struct hi3_mlp_w shared;  /* when use_mixed_mlp_moe */
 	int has_shared;
 };
@@ -38,6 +39,43 @@ struct hi3_work {
 	int64_t *slots;
 	hi3_attn_q *plan;
 	float *scale;
+};
+
+/*
+ * A rank's part of a parallel layout (shard.c, hi3-parallel(7)). Every
+ * product that is split runs on contiguous rows of its weight, as the
+ * checkpoint stores them (a pointer offset into the mapping): qkv_proj by
+ * whole (g + 2)-head blocks of the rank's kv heads; o_proj, the MLPs'
+ * gate_and_up_proj and down_proj and lm_head on their output rows. Each
+ * output element is then the same dot product, over the whole K in the
+ * GEMM's one order, as in one process, and an all-gather puts the
+ * columns together: the same bits for any tp and ep, by construction.
+ * Experts are split by expert (E / ep per group), each expert's products
+ * on rows over tp like the dense ones; every rank routes every token, so
+ * no token moves: the (token, expert) rows of the group are gathered.
+ */
+struct hi3_shard {
+	const hi3_par *par;       /* NULL: one process */
+	int rank, size, tp, ep, t, e;    /* t = rank % tp, e = rank / tp */
+	int kv0, n_kv;            /* this rank's kv heads */
+	float *dev;               /* device scratch: this rank's block of a product */
+	float *send, *recv, *full;/* host staging for the gathers */
+	size_t dev_cap, send_cap, recv_cap, full_cap;   /* floats */
+	size_t *counts, *displs;  /* (size) bytes */
+	hi3_tensor *views;        /* row slices of checkpoint tensors handed to the backend */
+	int n_views, cap_views;
+};
+
+/* The rows [lo, lo + n) of a length-N axis split into parts: part i. */
+static inline void hi3i_split(int N, int parts, int i, int *lo, int *n)
+{
+	*lo = (int)((int64_t)N * i / parts);
+	*n = (int)((int64_t)N * (i + 1) / parts) - *lo;
+}
+
+/* A block of a (R, N) product computed by one rank: rows [r0, r0 + nr), columns [c0, c0 + nc). */
+struct hi3_block {
+	int r0, nr, c0, nc;
 };
 
 struct hi3_model {
@@ -58,10 +96,28 @@ struct hi3_model {
 	size_t mapped;            /* bytes of the checkpoint's files */
 	size_t touched;           /* weight bytes the backend has read (be->first_use) */
 	int64_t forwards;         /* forward calls done */
+	struct hi3_shard sh;
 };
 
 /* Free the scratch buffers (forward.c); they grow again on demand. */
 void hi3i_model_work_free(hi3_model *m);
+/* shard.c: check and set up m->sh for opts->par (at open, before weights). */
+int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err);
+void hi3i_shard_release(hi3_model *m);
+/* A view of rows [r0, r0 + n) of t (dimension 0), owned by the model. */
+const hi3_tensor *hi3i_shard_rows(hi3_model *m, const hi3_tensor *t, int64_t r0, int64_t n, hi3_error *err);
+/* Device scratch of n floats (m->sh.dev), grown on demand; NULL when out of memory. */
+float *hi3i_shard_scratch(hi3_model *m, size_t n, hi3_error *err);
+/* y (R, N) on the device = the blocks of every rank put together: rank r
+ * computed blk[r] of it into its `mine` (blk[r].nr, blk[r].nc) (device); a
+ * block with nr = 0 is not sent (a replica's copy). The blocks of ranks
+ * that send must tile y. */
+int hi3i_shard_gather(hi3_model *m, float *y, int R, int N, const float *mine, const struct hi3_block *blk,
+                      hi3_error *err);
+/* y (M, N) = x (M, K) . W^T, where w holds this rank's output rows split(N, tp, t) of W
+ * (all of it when tp = 1): the product of those rows, then the gather. */
+int hi3i_shard_matmul(hi3_model *m, float *y, const float *x, const hi3_wt *w, int N, int M, hi3_error *err);
+
 /* After each forward call (forward.c): -v reports the first one. */
 void hi3i_model_forward_done(hi3_model *m);
 

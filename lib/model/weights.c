@@ -13,12 +13,15 @@
  */
 #include "config.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "model/model.h"
 
 #define NAME(...) (snprintf(nm, sizeof(nm), __VA_ARGS__), nm)
 
-static hi3_wt *load_w(hi3_model *m, const char *name, int kind, hi3_error *err)
+/* The weight `name`, or (n > 0) its rows [r0, r0 + n): a rank's slice. */
+static hi3_wt *load_w_rows(hi3_model *m, const char *name, int kind, int64_t r0, int64_t n, hi3_error *err)
 {
 	const hi3_tensor *t = hi3_ckpt_find(m->ck, name);
 	hi3_wt *w;
@@ -27,10 +30,28 @@ static hi3_wt *load_w(hi3_model *m, const char *name, int kind, hi3_error *err)
 		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is missing", m->dir, name);
 		return NULL;
 	}
+	if (n > 0 && !(t = hi3i_shard_rows(m, t, r0, n, err))) {
+		hi3_error_prefix(err, "%s", m->dir);
+		return NULL;
+	}
 	w = m->be->ops->weight(m->be, t, kind, err);
 	if (!w)
 		hi3_error_prefix(err, "%s: tensor '%s'", m->dir, name);
 	return w;
+}
+
+static hi3_wt *load_w(hi3_model *m, const char *name, int kind, hi3_error *err)
+{
+	return load_w_rows(m, name, kind, 0, 0, err);
+}
+
+/* This rank's output rows split(N, tp, t) of the (N, K) matrix `name`. */
+static hi3_wt *load_w_split(hi3_model *m, const char *name, int N, hi3_error *err)
+{
+	int lo, n;
+
+	hi3i_split(N, m->sh.tp, m->sh.t, &lo, &n);
+	return load_w_rows(m, name, HI3_WT_MATRIX, lo, m->sh.tp > 1 ? n : 0, err);
 }
 
 static int load_mlp(hi3_model *m, struct hi3_mlp_w *mw, const char *prefix, int I, hi3_error *err)
@@ -38,8 +59,8 @@ static int load_mlp(hi3_model *m, struct hi3_mlp_w *mw, const char *prefix, int 
 	char nm[256];
 
 	mw->I = I;
-	if (!(mw->gate_up = load_w(m, NAME("%s.gate_and_up_proj.weight", prefix), HI3_WT_MATRIX, err)) ||
-	    !(mw->down = load_w(m, NAME("%s.down_proj.weight", prefix), HI3_WT_MATRIX, err)))
+	if (!(mw->gate_up = load_w_split(m, NAME("%s.gate_and_up_proj.weight", prefix), 2 * I, err)) ||
+	    !(mw->down = load_w_split(m, NAME("%s.down_proj.weight", prefix), m->cfg.hidden_size, err)))
 		return -1;
 	if (I > m->max_I)
 		m->max_I = I;
@@ -57,12 +78,16 @@ static int load_layer(hi3_model *m, int l, hi3_error *err)
 	const hi3_config *c = &m->cfg;
 	struct hi3_layer_w *L = &m->layers[l];
 	char nm[256], pre[64];
+	const int64_t blk = (int64_t)(c->num_attention_heads / c->num_key_value_heads + 2) * c->attention_head_dim;
+	int e0 = 0, ne;
 
 	snprintf(pre, sizeof(pre), "model.layers.%d", l);
 	if (!(L->ln_in = load_w(m, NAME("%s.input_layernorm.weight", pre), HI3_WT_VECTOR, err)) ||
 	    !(L->ln_post = load_w(m, NAME("%s.post_attention_layernorm.weight", pre), HI3_WT_VECTOR, err)) ||
-	    !(L->qkv = load_w(m, NAME("%s.self_attn.qkv_proj.weight", pre), HI3_WT_MATRIX, err)) ||
-	    !(L->o = load_w(m, NAME("%s.self_attn.o_proj.weight", pre), HI3_WT_MATRIX, err)))
+	    /* qkv_proj: whole (g + 2)-head blocks of this rank's kv heads */
+	    !(L->qkv = load_w_rows(m, NAME("%s.self_attn.qkv_proj.weight", pre), HI3_WT_MATRIX,
+	                           (int64_t)m->sh.kv0 * blk, m->sh.tp > 1 ? (int64_t)m->sh.n_kv * blk : 0, err)) ||
+	    !(L->o = load_w_split(m, NAME("%s.self_attn.o_proj.weight", pre), c->hidden_size, err)))
 		return -1;
 	if (c->use_qk_norm &&
 	    (!(L->qn = load_w(m, NAME("%s.self_attn.query_layernorm.weight", pre), HI3_WT_VECTOR, err)) ||
@@ -81,7 +106,11 @@ static int load_layer(hi3_model *m, int l, hi3_error *err)
 	L->experts = hi3i_calloc((size_t)L->E, sizeof(*L->experts), err);
 	if (!L->experts)
 		return -1;
-	for (int e = 0; e < L->E; e++) {
+	/* experts: this rank's group's, E / ep of them */
+	hi3i_split(L->E, m->sh.ep, m->sh.e, &e0, &ne);
+	L->e0 = e0;
+	L->ne = ne;
+	for (int e = e0; e < e0 + ne; e++) {
 		char ep[128];
 		snprintf(ep, sizeof(ep), "%s.mlp.experts.%d", pre, e);
 		if (load_mlp(m, &L->experts[e], ep, c->moe_intermediate_size[l], err))
@@ -123,6 +152,46 @@ void hi3i_model_forward_done(hi3_model *m)
 	hi3_log(HI3_LOG_DEBUG, "%s: first forward done %.3f s after the model opened (open %.3f s); weights read so "
 	        "far: %.1f MB of the %.1f MB mapped", m->dir, hi3i_now() - m->t_open, m->open_s, m->touched / 1e6,
 	        m->mapped / 1e6);
+}
+
+/*
+ * Refuse, before a weight is read, a layout whose weights cannot fit in a
+ * rank's memory: HI3_MEM_LIMIT (bytes, or 141G ...) when set, else the
+ * device's free memory (cuda) or the host's physical memory (cpu: the
+ * checkpoint is mapped, so memory in use by the page cache counts as free).
+ * The counts are hi3_plan_compute's (hi3 plan shows the whole plan).
+ */
+static int check_fits(hi3_model *m, hi3_error *err)
+{
+	hi3_plan_opts po = {.tp = m->sh.tp, .ep = m->sh.ep, .batch = 1, .max_len = 1,
+	                    .dtype = hi3_model_weight_dtype(m), .kv_dtype = HI3_F32};
+	hi3_plan p;
+	uint64_t limit = 0;
+	const char *env = getenv("HI3_MEM_LIMIT");
+	const char *what;
+
+	if (po.dtype != HI3_F32 && po.dtype != HI3_BF16 && po.dtype != HI3_F16)
+		return 0;
+	if (hi3_plan_compute(&m->cfg, &po, &p, err) != 0)
+		return -1;
+	if (env && *env) {
+		if (hi3_parse_bytes(env, &limit) != 0)
+			return hi3_error_set(err, HI3_ERR_USAGE, "HI3_MEM_LIMIT: '%s' is not a size (e.g. 141G)", env);
+		what = "HI3_MEM_LIMIT";
+	} else if (!strcmp(m->be->name, "cpu")) {
+		limit = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+		what = "the host's memory";
+	} else {
+		limit = m->be->ops->mem_free(m->be);
+		what = "the device's free memory";
+	}
+	if (limit && p.weights > limit) {
+		char a[32], b[32];
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: a rank of tp=%d,ep=%d holds %s of weights, more than %s "
+		                     "(%s); choose a layout that fits with 'hi3 plan' (hi3-parallel(7))", m->dir, m->sh.tp,
+		                     m->sh.ep, hi3_format_bytes(p.weights, a), what, hi3_format_bytes(limit, b));
+	}
+	return 0;
 }
 
 int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts, hi3_error *err)
@@ -170,9 +239,12 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 		goto out;
 	m->be->first_use = on_first_use;
 	m->be->first_use_ctx = m;
+	if (hi3i_shard_init(m, opts->par, err) != 0 || check_fits(m, err) != 0)
+		goto out;
 	m->dims.H = m->cfg.hidden_size;
-	m->dims.n_h = m->cfg.num_attention_heads;
-	m->dims.n_kv = m->cfg.num_key_value_heads;
+	/* a rank's heads: its kv heads and their query heads */
+	m->dims.n_kv = m->sh.n_kv;
+	m->dims.n_h = m->sh.n_kv * (m->cfg.num_attention_heads / m->cfg.num_key_value_heads);
 	m->dims.d = m->cfg.attention_head_dim;
 	m->dims.eps = (float)m->cfg.rms_norm_eps;
 	m->layers = hi3i_calloc((size_t)m->cfg.num_hidden_layers, sizeof(*m->layers), err);
@@ -180,8 +252,8 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 		goto out;
 	if (!(m->wte = load_w(m, "model.wte.weight", HI3_WT_ROWS, err)) ||
 	    !(m->ln_f = load_w(m, "model.ln_f.weight", HI3_WT_VECTOR, err)) ||
-	    !(m->lm_head = load_w(m, hi3_ckpt_find(m->ck, "lm_head.weight") ? "lm_head.weight" : "model.wte.weight",
-	                          HI3_WT_MATRIX, err)))
+	    !(m->lm_head = load_w_split(m, hi3_ckpt_find(m->ck, "lm_head.weight") ? "lm_head.weight" : "model.wte.weight",
+	                                m->cfg.vocab_size, err)))
 		goto out;
 	for (int l = 0; l < m->cfg.num_hidden_layers; l++)
 		if (load_layer(m, l, err) != 0)
@@ -234,6 +306,7 @@ void hi3_model_close(hi3_model *m)
 			if (L->has_shared)
 				free_mlp(m, &L->shared);
 		}
+		hi3i_shard_release(m);
 		m->be->ops->destroy(m->be);
 	}
 	free(m->layers);

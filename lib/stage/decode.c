@@ -184,7 +184,8 @@ static int write_segment(const hi3_kvfile *kv, const hi3_cond *c, const hi3_mode
 			.decode_mask = o->decode_mask == HI3_MASK_NONE ? "none" : "causal",
 			.token_placement = o->placement == HI3_PLACE_TAIL ? "tail" : "index",
 		};
-		if (hi3_segment_write(&seg, path, err) != 0)
+		/* rank 0 alone writes the segment of a layout (path NULL on the others) */
+		if (path && hi3_segment_write(&seg, path, err) != 0)
 			goto out;
 	}
 	*total = T;
@@ -214,11 +215,12 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 	struct rule_state *rules = NULL;
 	double t0 = hi3i_now();
 	int NMK;
+	hi3_comm *comm = hi3i_model_comm(m);
 
 	memset(stats, 0, sizeof(*stats));
 	if (hi3_cond_check_model(c, m, err) != 0 || hi3i_cond_require_text(c, "decoded", err) != 0)
 		return -1;
-	if (hi3i_kv_open(&kv, kv_path, m, c, err) != 0)
+	if (hi3i_par_check_cond(m, c, err) != 0 || hi3i_kv_open_ranks(&kv, kv_path, m, c, err) != 0)
 		return -1;
 	B = kv.B;
 	G = kv.G;
@@ -334,6 +336,9 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 		}
 		if (!o->no_fsync && hi3i_kv_flush(&kv, err) != 0)
 			goto out;
+		/* every rank's kv heads of this step are written (and durable) before rank 0 commits it */
+		if (comm && hi3_comm_barrier(comm, err) != 0)
+			goto out;
 		{
 			int committed = 0;
 			for (int i = 0; i < B; i++) {
@@ -355,7 +360,10 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 		goto out;
 	for (int i = 0; i < B; i++)
 		stats->finished += kv.finished[i];
-	if (write_segment(&kv, c, m, o, seg_path, &stats->total_tokens, err) != 0)
+	if (write_segment(&kv, c, m, o, !comm || comm->rank == 0 ? seg_path : NULL, &stats->total_tokens, err) != 0)
+		goto out;
+	/* the segment is in place for every rank when the call returns */
+	if (comm && hi3_comm_barrier(comm, err) != 0)
 		goto out;
 	rc = 0;
 out:

@@ -30,6 +30,10 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	float *logits = NULL;
 	hi3_vit *vit = NULL;
 	struct hi3i_image_embeds emb = {0};
+	hi3_comm *comm = hi3i_model_comm(m);
+	const int lead = !comm || comm->rank == 0;    /* rank 0 writes all but the other ranks' kv heads */
+	int64_t pid;
+	hi3_error lost = {0};
 
 	if (o->max_new < 0 || (o->kv_dtype != HI3_F32 && o->kv_dtype != HI3_BF16))
 		return hi3_error_set(err, HI3_ERR_USAGE, "prefill: max_new must be >= 0 and the cache F32 or BF16");
@@ -48,7 +52,19 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 		rows_per = 1;
 	if (rows_per > c->B)
 		rows_per = c->B;
-	tmp = hi3i_asprintf("%s.prefill-%ld", kv_path, (long)getpid());
+	if (hi3i_par_check_cond(m, c, err) != 0)
+		return -1;
+	/* the cond images' encoder, on every rank (each needs the rows): a
+	 * model without one fails alike on all of them, before any collective */
+	if (hi3i_image_vit_for(&vit, m, c, cond_path, err))
+		return -1;
+	/* one file for every rank: the temporary name is rank 0's */
+	pid = (int64_t)getpid();
+	if (comm && hi3_comm_bcast(comm, &pid, sizeof(pid), 0, err) != 0) {
+		hi3_vit_close(vit);
+		return -1;
+	}
+	tmp = hi3i_asprintf("%s.prefill-%lld", kv_path, (long long)pid);
 	hi = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per * L, err);
 	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)rows_per, err);
 	crow = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per, err);
@@ -58,12 +74,19 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
 	}
-	if (hi3i_image_vit_for(&vit, m, c, cond_path, err))
+	if (lead) {
+		if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0) {
+			if (!comm)
+				goto out;
+			lost = *err;
+		} else {
+			created = 1;
+		}
+	}
+	/* the other ranks open the file once rank 0 has made it (or fail with it) */
+	if (comm && hi3_comm_agree(comm, &lost, err) != 0)
 		goto out;
-	if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0)
-		goto out;
-	created = 1;
-	if (hi3i_kv_open(&kv, tmp, m, c, err) != 0)
+	if (hi3i_kv_open_ranks(&kv, tmp, m, c, err) != 0)
 		goto out;
 	for (int r0 = 0; r0 < c->B; r0 += rows_per) {
 		int nb = HI3_MIN(rows_per, c->B - r0);
@@ -99,7 +122,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 		if (hi3_forward(m, &kv.cache, &b, err) != 0)
 			goto out;
 		hi3i_image_embeds_release(&emb);
-		for (int r = 0; r < nb; r++)
+		for (int r = 0; lead && r < nb; r++)
 			memcpy(kv.next_logits + (size_t)(r0 + r) * V, logits + (size_t)r * V, sizeof(float) * (size_t)V);
 		if (o->progress)
 			o->progress(o->progress_ctx, r0 + nb, c->B);
@@ -108,11 +131,16 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 		goto out;
 	hi3_model_drop_cache(m, &kv.cache);
 	hi3i_kv_close(&kv);
-	if (rename(tmp, kv_path) != 0) {
+	/* renamed into place once every rank's heads are durable */
+	if (comm && hi3_comm_barrier(comm, err) != 0)
+		goto out;
+	if (lead && rename(tmp, kv_path) != 0) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot rename the finished cache into place", kv_path);
 		goto out;
 	}
 	created = 0;
+	if (comm && hi3_comm_barrier(comm, err) != 0)
+		goto out;
 	rc = 0;
 out:
 	if (kv.st) {

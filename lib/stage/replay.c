@@ -260,7 +260,7 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	int rc = -1;
 
 	memset(rep, 0, sizeof(*rep));
-	if (check_inputs(m, c, s, o, err) != 0 ||
+	if (check_inputs(m, c, s, o, err) != 0 || hi3i_par_check_cond(m, c, err) != 0 ||
 	    hi3i_image_vit_for(&vit, m, c, c->st ? hi3_st_path(c->st) : NULL, err))
 		return -1;
 	rep->B = s->B;
@@ -396,7 +396,13 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 		.mode = o->batched ? "batched" : "per-row",
 		.routing = o->routing_recorded ? (o->weights_recorded ? "recorded+weights" : "recorded") : "free",
 	};
-	rc = hi3_replay_file_write(&f, path, err);
+	{
+		/* rank 0 alone writes the replay file of a layout */
+		hi3_comm *comm = hi3i_model_comm(m);
+		rc = !comm || comm->rank == 0 ? hi3_replay_file_write(&f, path, err) : 0;
+		if (rc == 0 && comm)
+			rc = hi3_comm_barrier(comm, err);
+	}
 out:
 	free(lp);
 	free(pcu);

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <errno.h>
 #include "format/kv.h"
+#include "format/provenance.h"
 
 static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad"};
 
@@ -326,14 +327,26 @@ int hi3_parity(hi3_model *m, const hi3_template *t, const hi3_requests *rq, cons
 	hi3_parity_opts ow = *o;
 	char *tmp = NULL;
 	int rc;
+	hi3_comm *comm = hi3i_model_comm(m);
+	char path[4096] = {0};
 
 	memset(rep, 0, sizeof(*rep));
 	if (!o->workdir) {
-		if (!(tmp = hi3i_mkdtemp("hi3-parity", err)))
+		/* the ranks of a layout share rank 0's work directory (their stage files are one set) */
+		hi3_error mine = {0};
+		if ((!comm || comm->rank == 0) && (tmp = hi3i_mkdtemp("hi3-parity", &mine)))
+			snprintf(path, sizeof(path), "%s", tmp);
+		if (!comm && !tmp) {
+			*err = mine;
 			return -1;
-		ow.workdir = tmp;
+		}
+		if (comm && (hi3_comm_agree(comm, &mine, err) != 0 || hi3_comm_bcast(comm, path, sizeof(path), 0, err)))
+			return -1;
+		ow.workdir = tmp ? tmp : path;
 	}
 	rc = parity_in(m, t, rq, &ow, rep, err);
+	if (comm && rc == 0)
+		rc = hi3_comm_barrier(comm, err);
 	if (tmp) {
 		if (hi3i_rmtree(tmp) != 0)
 			hi3_log(HI3_LOG_WARN, "%s: could not remove the work directory: %s", tmp, strerror(errno));

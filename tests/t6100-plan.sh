@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# t6100-plan.sh -- hi3 plan (hi3-plan(1)): per-rank bytes of a layout from
+# config.json alone, and the refusal at model open of a layout that cannot
+# fit (HI3_MEM_LIMIT), before any file is made.
+. "$SRCDIR/tests/lib.sh"
+J() { "$BUILDDIR/tests/test-tools" json "$@"; }
+REL="$SRCDIR/tests/fixtures/released"
+
+test_expect_success 'the released config alone (no weights): 150.81 GiB of bf16 weights; one H200 is too small' '
+	mkdir rel && cp "$REL/config.json" rel/ &&
+	test_must_fail 1 hi3 -m rel plan --ranks 1 --batch 1 --max-len 4096 --mem 141G >one.txt &&
+	test_grep -q "weights        150.81 GiB" one.txt && test_grep -q "does not fit" one.txt &&
+	hi3 -m rel plan --ranks 2 --batch 1 --max-len 4096 --mem 141G >two.txt &&
+	test_grep -q "2 ranks (tp=2, ep=1)" two.txt && test_grep -q ": fits" two.txt
+'
+
+test_expect_success 'weights per rank: tp splits all but the replicated part; the JSON adds up' '
+	hi3 -m rel plan --ranks 8 --batch 8 --max-len 4096 --json >p8.json &&
+	hi3 -m rel plan --ranks 1 --batch 8 --max-len 4096 --json >p1.json &&
+	w1=$(J per_rank/weights <p1.json) && s8=$(J per_rank/weights_split <p8.json) &&
+	r8=$(J per_rank/weights_replicated <p8.json) && w8=$(J per_rank/weights <p8.json) &&
+	test $((s8 + r8)) = "$w8" && test "$(J weights_all <p8.json)" = "$w1" &&
+	test $(( (w1 - r8) / 8 <= s8 && s8 <= (w1 - r8) / 8 + 1024 * 1024 )) = 1 &&
+	t8=$(J per_rank/total <p8.json) &&
+	test $((w8 + $(J per_rank/kv <p8.json) + $(J per_rank/activations <p8.json))) = "$t8" &&
+	test "$(J fits <p8.json)" = null
+'
+
+test_expect_success 'the layout: --parallel, or the largest tp dividing the ranks and the kv heads' '
+	hi3 -m rel plan --ranks 8 --parallel ep=8 --batch 1 --max-len 64 --json >ep.json &&
+	test "$(J tp <ep.json)" = 1 && test "$(J ep <ep.json)" = 8 &&
+	hi3 -m rel plan --ranks 16 --batch 1 --max-len 64 --json >p16.json &&
+	test "$(J tp <p16.json)" = 8 && test "$(J ep <p16.json)" = 2
+'
+
+test_expect_success 'bad layouts and sizes: exit 2, saying which' '
+	test_must_fail 2 hi3 -m rel plan --ranks 3 --parallel tp=3 --batch 1 --max-len 64 2>err &&
+	test_grep -q "tp=3 does not divide num_key_value_heads 8" err &&
+	test_must_fail 2 hi3 -m rel plan --ranks 2 --parallel tp=4 --batch 1 --max-len 64 2>err &&
+	test_grep -q "is 4 ranks, not --ranks 2" err &&
+	test_must_fail 2 hi3 -m rel plan --ranks 1 --batch 1 --max-len 64 --mem 12X 2>err &&
+	test_grep -q "is not a size" err
+'
+
+test_expect_success 'a layout whose weights do not fit a rank is refused before any file is made' '
+	make_model tiny-moe tm &&
+	requests 5 7 >req.jsonl && hi3 -q -m tm tokenize-concat req.jsonl -o c.st &&
+	HI3_MEM_LIMIT=100K test_must_fail 1 hi3 -q -m tm prefill c.st -o kv.st 2>err &&
+	test_grep -q "holds 2.29 MiB of weights, more than HI3_MEM_LIMIT (100.00 KiB)" err &&
+	test ! -e kv.st && ! ls kv.st.* 2>/dev/null &&
+	HI3_MEM_LIMIT=1G hi3 -q -m tm prefill c.st -o kv.st
+'
+
+test_done

@@ -1,0 +1,248 @@
+/*
+ * test-comm.c -- the communicator (hi3.h, lib/par/comm.c): the layout
+ * parser, the single-process collectives, and, built as test-comm-mpi
+ * (with -DHI3_MPI and comm-mpi.c) and run under mpirun by
+ * t6000-parallel.sh, every MPI collective on 3 or more ranks: each rank
+ * checks what it received against what every rank must have sent, and
+ * rank 0 prints one TAP line per check, "ok" only when every rank passed.
+ * Built as test-comm-nccl (-DHI3_NCCL, with CUDA and NCCL), the same
+ * checks run through the NCCL communicator on buffers of CUDA managed
+ * memory (scripts/gpu-check.sh); the checks that take host buffers (the
+ * rank-order all-reduce, check_same, agree) stay with MPI there.
+ */
+#include <math.h>
+#include <string.h>
+#include "hi3.h"
+#include "tap.h"
+#ifdef HI3_MPI
+#include "par/comm-mpi.h"
+#endif
+#ifdef HI3_NCCL
+#include <cuda_runtime.h>
+#endif
+
+/* buffers the communicator under test can read: host, or CUDA managed memory for NCCL */
+static void *tb(hi3_comm *c, size_t n)
+{
+	void *p = NULL;
+#ifdef HI3_NCCL
+	if (c->device) {
+		if (cudaMallocManaged(&p, n, cudaMemAttachGlobal) != cudaSuccess)
+			return NULL;
+		memset(p, 0, n);
+		return p;
+	}
+#endif
+	(void)c;
+	p = calloc(1, n);
+	return p;
+}
+
+static void tfree(hi3_comm *c, void *p)
+{
+#ifdef HI3_NCCL
+	if (c->device) {
+		cudaFree(p);
+		return;
+	}
+#endif
+	(void)c;
+	free(p);
+}
+
+#define MAX_CHECKS 64
+static int n_checks, passed[MAX_CHECKS];
+static const char *names[MAX_CHECKS];
+
+static void check(int cond, const char *what)
+{
+	if (n_checks < MAX_CHECKS) {
+		names[n_checks] = what;
+		passed[n_checks++] = !!cond;
+	}
+}
+
+/* the value rank r sends at index i: distinct per (rank, index) */
+static float val(int r, size_t i)
+{
+	return (float)(r * 1000 + (int)i) * 0.25f + 0.125f;
+}
+
+static void collectives(hi3_comm *c, hi3_comm *host)
+{
+	const int R = c->size, me = c->rank;
+	hi3_error err = {0};
+	float *send = tb(c, 8 * sizeof(float)), *all = tb(c, 8 * 64 * sizeof(float)), *recv = NULL;
+	float *s2 = tb(c, 64 * 64 * sizeof(float)), *r2 = tb(c, 64 * 64 * sizeof(float));
+	char *buf = tb(c, 32);
+	size_t counts[64], displs[64], sc[64], sd[64], rc[64], rd[64], tot = 0;
+	int good;
+
+	if (!send || !all || !s2 || !r2 || !buf || R > 64) {
+		check(0, "test buffers");
+		goto out;
+	}
+	for (int i = 0; i < 8; i++)
+		send[i] = val(me, (size_t)i);
+	good = hi3_comm_allgather(c, send, 8 * sizeof(float), all, &err) == 0;
+	for (int r = 0; r < R && good; r++)
+		for (int i = 0; i < 8; i++)
+			good &= all[r * 8 + i] == val(r, (size_t)i);
+	check(good, "allgather: every rank's block in rank order");
+
+	/* rank r sends r + 1 floats */
+	for (int r = 0; r < R; r++) {
+		counts[r] = sizeof(float) * (size_t)(r + 1);
+		displs[r] = tot;
+		tot += counts[r];
+	}
+	recv = tb(c, tot + sizeof(float));
+	good = recv && hi3_comm_allgatherv(c, send, counts[me], recv, counts, displs, &err) == 0;
+	for (int r = 0; r < R && good; r++)
+		for (int i = 0; i <= r; i++)
+			good &= recv[displs[r] / sizeof(float) + (size_t)i] == val(r, (size_t)i);
+	check(good, "allgatherv: blocks of other sizes at their displacements");
+
+	/* rank me sends (q + 1) floats to rank q, values val(me, 10 q + i) */
+	{
+		size_t so = 0, ro = 0;
+		for (int q = 0; q < R; q++) {
+			sc[q] = sizeof(float) * (size_t)(q + 1);
+			sd[q] = so;
+			for (int i = 0; i <= q; i++)
+				s2[so / sizeof(float) + (size_t)i] = val(me, (size_t)(10 * q + i));
+			so += sc[q];
+			rc[q] = sizeof(float) * (size_t)(me + 1);
+			rd[q] = ro;
+			ro += rc[q];
+		}
+		good = hi3_comm_alltoallv(c, s2, sc, sd, r2, rc, rd, &err) == 0;
+		for (int q = 0; q < R && good; q++)
+			for (int i = 0; i <= me; i++)
+				good &= r2[rd[q] / sizeof(float) + (size_t)i] == val(q, (size_t)(10 * me + i));
+		check(good, "alltoallv: rank q's part for me at displacement q");
+	}
+
+	{
+		char want[32];
+		snprintf(buf, 32, "from rank %d", me);
+		snprintf(want, sizeof(want), "from rank %d", R - 1);
+		good = hi3_comm_bcast(c, buf, 32, R - 1, &err) == 0 && !strcmp(buf, want);
+		check(good, "bcast from the last rank");
+	}
+	check(hi3_comm_barrier(c, &err) == 0, "barrier");
+	if (err.status)
+		diag("rank %d: %s", me, err.msg);
+
+	/* the canonical sum: terms of very different sizes, so the order shows
+	 * in the bits; every rank must get ((x0 + x1) + x2) + ... exactly */
+	{
+		float x[4], want[4];
+		for (int i = 0; i < 4; i++)
+			x[i] = (me % 2 ? 1e8f : 1.0f) * (0.1f + (float)i) + (float)me * 0.3f;
+		for (int r = 0; r < R; r++)
+			for (int i = 0; i < 4; i++) {
+				float t = (r % 2 ? 1e8f : 1.0f) * (0.1f + (float)i) + (float)r * 0.3f;
+				want[i] = r == 0 ? t : want[i] + t;
+			}
+		good = hi3_comm_allreduce_sum_f32(host, x, 4, &err) == 0;
+		for (int i = 0; i < 4 && good; i++)
+			good &= memcmp(&x[i], &want[i], sizeof(float)) == 0;
+		check(good, "allreduce_sum_f32: the sum in rank order, bit for bit");
+	}
+
+	{
+		hi3_error e1 = {0}, e2 = {0};
+		check(hi3_comm_check_same(host, "model", "abc", &e1) == 0, "check_same: equal strings pass");
+		if (R > 1) {
+			int rc2 = hi3_comm_check_same(host, "model", me == R - 1 ? "xyz" : "abc", &e2);
+			char want[64];
+			snprintf(want, sizeof(want), "rank %d runs model xyz", R - 1);
+			check(rc2 != 0 && e2.status == HI3_ERR_INPUT && strstr(e2.msg, want), "check_same: names the rank "
+			      "that differs");
+		}
+	}
+	{
+		hi3_error mine = {0}, out = {0};
+		int a;
+		if (R > 1 && me == 1)
+			hi3_error_set(&mine, HI3_ERR_INPUT, "bad input here");
+		a = hi3_comm_agree(host, &mine, &out);
+		if (R > 1)
+			check(a != 0 && out.status == HI3_ERR_INPUT && strstr(out.msg, "rank 1 of") &&
+			      strstr(out.msg, "bad input here"), "agree: every rank gets rank 1's error");
+		else
+			check(a == 0, "agree: no error, no failure");
+	}
+	check(c->seconds >= 0 && c->bytes > 0, "the calls are timed and counted");
+out:
+	tfree(c, send);
+	tfree(c, all);
+	tfree(c, recv);
+	tfree(c, s2);
+	tfree(c, r2);
+	tfree(c, buf);
+}
+
+static void report(hi3_comm *c)
+{
+	/* the results are host memory: gathered over the host communicator */
+	int all[MAX_CHECKS * 64] = {0}, n = n_checks;
+	hi3_error err = {0};
+
+	if (c->size > 64 || hi3_comm_allgather(c, passed, sizeof(passed), all, &err) != 0) {
+		ok(0, "gather the results: %s", err.msg);
+		return;
+	}
+	if (c->rank != 0)
+		return;
+	for (int i = 0; i < n; i++) {
+		int good = 1;
+		for (int r = 0; r < c->size; r++)
+			good &= all[r * MAX_CHECKS + i];
+		ok(good, "%d ranks: %s", c->size, names[i]);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	hi3_par p;
+	hi3_error err = {0};
+	hi3_comm *c = hi3_comm_single(), *host;
+	int lead;
+
+#ifdef HI3_MPI
+	if (hi3_comm_mpi_open(&c, &argc, &argv, &err) != 0) {
+		ok(0, "MPI: %s", err.msg);
+		return done_testing();
+	}
+#else
+	(void)argc;
+	(void)argv;
+#endif
+	host = c;
+#ifdef HI3_NCCL
+	if (hi3_comm_nccl_open(&c, host, &err) != 0) {
+		ok(0, "rank %d: NCCL: %s", host->rank, err.msg);
+		host->ops->destroy(host);
+		return done_testing();
+	}
+#endif
+	if (c->rank == 0) {
+		ok(hi3_par_parse(&p, "tp=2,ep=4", &err) == 0 && p.tp == 2 && p.ep == 4, "parse tp=2,ep=4");
+		ok(hi3_par_parse(&p, "ep=3", &err) == 0 && p.tp == 1 && p.ep == 3, "parse ep=3 (tp defaults to 1)");
+		ok(hi3_par_parse(&p, "tp=0", &err) != 0 && strstr(err.msg, "tp=0 is not a count"), "refuse tp=0");
+		ok(hi3_par_parse(&p, "tp=2,", &err) != 0 && strstr(err.msg, "trailing comma"), "refuse a trailing comma");
+		ok(hi3_par_parse(&p, "dp=2", &err) != 0 && strstr(err.msg, "unknown key 'dp'"), "refuse an unknown key");
+		ok(hi3_par_parse(&p, "tp=2x", &err) != 0 && err.status == HI3_ERR_USAGE, "refuse trailing garbage");
+		ok(hi3_par_parse(&p, "", &err) != 0, "refuse an empty layout");
+	}
+	lead = c->rank == 0;
+	collectives(c, host);
+	report(host);
+	if (c != host)
+		c->ops->destroy(c);
+	host->ops->destroy(host);
+	/* rank 0 reports for all ranks */
+	return lead ? done_testing() : 0;
+}
