@@ -12,6 +12,13 @@
 #endif
 
 struct cli_globals cli = {.backend = "cpu", .batch_invariant = 1};
+static hi3_log_fn log_fn;     /* NULL: libhi3's own printer */
+
+void cli_log_to(hi3_log_fn fn)
+{
+	log_fn = fn;
+	hi3_set_log(log_fn, NULL, cli.quiet ? HI3_LOG_WARN : cli.verbose ? HI3_LOG_DEBUG : HI3_LOG_INFO);
+}
 static hi3_par par;              /* --parallel's layout and communicator */
 static int par_state;            /* 0 not started, 1 open, -1 failed */
 
@@ -19,7 +26,7 @@ static int set_quiet(const struct cli_option *opt, const char *arg)
 {
 	cli.quiet = 1;
 	cli.verbose = 0;
-	hi3_set_log(NULL, NULL, HI3_LOG_WARN);
+	hi3_set_log(log_fn, NULL, HI3_LOG_WARN);
 	return 0;
 }
 
@@ -27,7 +34,7 @@ static int set_verbose(const struct cli_option *opt, const char *arg)
 {
 	cli.verbose = 1;
 	cli.quiet = 0;
-	hi3_set_log(NULL, NULL, HI3_LOG_DEBUG);
+	hi3_set_log(log_fn, NULL, HI3_LOG_DEBUG);
 	return 0;
 }
 
@@ -101,11 +108,21 @@ int cli_check_seed_base(int64_t base, int n)
 	return 0;
 }
 
+void cli_message_prefix(FILE *f)
+{
+	fputs("hi3", f);
+	if (cli.where)
+		fprintf(f, " %s", cli.where);
+	if (cli.cmd)
+		fprintf(f, "%s%s", cli.where ? ": " : " ", cli.cmd);
+	fputs(": ", f);
+}
+
 int cli_usage_error(const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, "hi3%s%s: ", cli.cmd ? " " : "", cli.cmd ? cli.cmd : "");
+	cli_message_prefix(stderr);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
@@ -121,11 +138,10 @@ int cli_fail(const hi3_error *err)
 		hi3_error ignored = {0};
 		cli_parallel(&ignored);
 	}
+	cli_message_prefix(stderr);
 	if (par_state == 1 && par.comm->size > 1)
-		fprintf(stderr, "hi3 %s: rank %d of %d: error: %s\n", cli.cmd ? cli.cmd : "", par.comm->rank,
-		        par.comm->size, err->msg[0] ? err->msg : "failed");
-	else
-		fprintf(stderr, "hi3 %s: error: %s\n", cli.cmd ? cli.cmd : "", err->msg[0] ? err->msg : "failed");
+		fprintf(stderr, "rank %d of %d: ", par.comm->rank, par.comm->size);
+	fprintf(stderr, "error: %s\n", err->msg[0] ? err->msg : "failed");
 	return err->status ? err->status : HI3_ERR_RUNTIME;
 }
 
@@ -133,7 +149,8 @@ void cli_warn(const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, "hi3 %s: warning: ", cli.cmd ? cli.cmd : "");
+	cli_message_prefix(stderr);
+	fputs("warning: ", stderr);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
@@ -146,7 +163,7 @@ void cli_info(const char *fmt, ...)
 
 	if (cli.quiet)
 		return;
-	fprintf(stderr, "hi3 %s: ", cli.cmd ? cli.cmd : "");
+	cli_message_prefix(stderr);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
@@ -218,10 +235,25 @@ int cli_parallel_end(int rc)
 	return rc;
 }
 
+/* The model hi3 run keeps open between commands, and what it was opened with. */
+static struct {
+	hi3_model *m;
+	char *dir, *backend;
+	int threads, batch_invariant;
+} kept;
+
+static int kept_matches(void)
+{
+	return kept.m && !strcmp(kept.dir, cli.model_dir) && !strcmp(kept.backend, cli.backend) &&
+	       kept.threads == cli.threads && kept.batch_invariant == cli.batch_invariant;
+}
+
 int cli_open_model(hi3_model **m, hi3_error *err)
 {
 	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = cli.batch_invariant};
+	char *dir, *backend;
 
+	*m = NULL;
 	if (!cli.model_dir) {
 		hi3_error_set(err, HI3_ERR_USAGE, "no model: give -m DIR (a directory made by 'hi3 init-model' "
 		              "or a Hugging Face checkpoint)");
@@ -229,7 +261,43 @@ int cli_open_model(hi3_model **m, hi3_error *err)
 	}
 	if (cli.parallel && !(o.par = cli_parallel(err)))
 		return -1;
-	return hi3_model_open(m, cli.model_dir, &o, err);
+	if (!cli.keep_model)
+		return hi3_model_open(m, cli.model_dir, &o, err);
+	if (kept_matches()) {
+		*m = kept.m;
+		return 0;
+	}
+	cli_release_model();
+	if (!(dir = strdup(cli.model_dir)) || !(backend = strdup(cli.backend))) {
+		free(dir);
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		return -1;
+	}
+	if (hi3_model_open(m, cli.model_dir, &o, err) != 0) {
+		free(dir);
+		free(backend);
+		return -1;
+	}
+	kept.m = *m;
+	kept.dir = dir;
+	kept.backend = backend;
+	kept.threads = cli.threads;
+	kept.batch_invariant = cli.batch_invariant;
+	return 0;
+}
+
+void cli_close_model(hi3_model *m)
+{
+	if (m && m != kept.m)
+		hi3_model_close(m);
+}
+
+void cli_release_model(void)
+{
+	hi3_model_close(kept.m);
+	free(kept.dir);
+	free(kept.backend);
+	memset(&kept, 0, sizeof(kept));
 }
 
 double cli_now(void)

@@ -15,6 +15,8 @@ struct cli_globals {
 	int batch_invariant;     /* --batch-invariant=on|off (default on) */
 	const char *parallel;    /* --parallel tp=T,ep=E, or NULL */
 	const char *cmd;         /* the running command's name */
+	const char *where;       /* hi3 run: "run: line N", printed before cmd in every message */
+	int keep_model;          /* hi3 run: the model stays open for the next command */
 };
 extern struct cli_globals cli;
 
@@ -106,6 +108,11 @@ int cli_load_images(hi3_requests *rq, const struct cli_images *io, hi3_error *er
 /* Refuse a seed base whose last row's seed, base + n - 1, would not fit. */
 int cli_check_seed_base(int64_t base, int n);
 
+/* Library messages to fn (NULL: libhi3's printer), at the level -q/-v chose;
+ * -q and -v given later keep fn. */
+void cli_log_to(hi3_log_fn fn);
+/* What every message starts with: "hi3 CMD: ", "hi3 run: line N: CMD: ". */
+void cli_message_prefix(FILE *f);
 /* Print a usage error naming the command; returns exit status 2. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print an hi3_error and return its exit status. */
@@ -121,8 +128,14 @@ const hi3_par *cli_parallel(hi3_error *err);
  * finalizes MPI. Returns rc. */
 int cli_parallel_end(int rc);
 
-/* Open the model named by -m (usage error when missing), with --parallel's layout. */
+/* Open the model named by -m (usage error when missing), with --parallel's layout. With cli.keep_model
+ * the model stays open after cli_close_model, and the next open with the same
+ * -m, --backend, -t and --batch-invariant returns it again. */
 int cli_open_model(hi3_model **m, hi3_error *err);
+/* Close what cli_open_model opened (a kept model stays open). */
+void cli_close_model(hi3_model *m);
+/* Close the kept model, if any. */
+void cli_release_model(void);
 /* Open a conditions file, then the model; on failure nothing stays open. */
 int cli_open_cond_model(const char *cond_path, hi3_cond **c, hi3_model **m, hi3_error *err);
 

@@ -49,12 +49,12 @@ int cmd_bench(int argc, char **argv)
 	cli_info("timing GEMMs at M = %lld", (long long)(B * P));
 	if (hi3_bench_gemm(c, (int)(B * P), wdt, (int)reps, &gflops, &tb, &th) != 0) {
 		hi3_error_set(&err, HI3_ERR_RUNTIME, "out of memory for the GEMM benchmark");
-		hi3_model_close(m);
+		cli_close_model(m);
 		return cli_fail(&err);
 	}
 	cli_info("prefill %lld x %lld, decode %lld steps", (long long)B, (long long)P, (long long)N);
 	if (hi3_bench_model(m, (int)B, (int)P, (int)N, &r, &err) != 0) {
-		hi3_model_close(m);
+		cli_close_model(m);
 		return cli_fail(&err);
 	}
 	bytes = hi3_bench_step_bytes(c, wdt, HI3_F32, (int)(P + N / 2));
@@ -98,6 +98,6 @@ int cmd_bench(int argc, char **argv)
 			printf("  decode floor (B = 1)          %8.2f ms/step (%.1f MB/step at %.2f GB/s); measured %.2fx\n",
 			       floor_s * 1e3, bytes / 1e6, bw / 1e9, step_s / floor_s);
 	}
-	hi3_model_close(m);
+	cli_close_model(m);
 	return 0;
 }

@@ -89,7 +89,7 @@ int cmd_decode(int argc, char **argv)
 			       (long long)st.resumed_from, st.seconds,
 			       (double)st.tokens / (st.seconds > 0 ? st.seconds : 1e-9));
 	}
-	hi3_model_close(m);
+	cli_close_model(m);
 	hi3_cond_close(c);
 	return rc ? cli_fail(&err) : 0;
 }

@@ -110,7 +110,7 @@ int cmd_parity(int argc, char **argv)
 out:
 	free(report);
 	hi3_parity_report_release(&rep);
-	hi3_model_close(m);
+	cli_close_model(m);
 	hi3_template_free(t);
 	hi3_requests_free(rq);
 	return rc;

@@ -61,7 +61,7 @@ int cmd_prefill(int argc, char **argv)
 			       "\"seconds\": %.6f, \"tokens_per_s\": %.3f}\n", c->B, c->L, c->L + o.max_new,
 			       (long long)tok, (long long)c->B * c->L, s, (double)tok / (s > 0 ? s : 1e-9));
 	}
-	hi3_model_close(m);
+	cli_close_model(m);
 	hi3_cond_close(c);
 	return rc ? cli_fail(&err) : 0;
 }

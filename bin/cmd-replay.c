@@ -75,7 +75,7 @@ int cmd_replay(int argc, char **argv)
 out:
 	free(report);
 	hi3_replay_report_release(&rep);
-	hi3_model_close(m);
+	cli_close_model(m);
 	hi3_segment_close(s);
 	hi3_cond_close(c);
 	return rc;

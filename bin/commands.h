@@ -13,5 +13,10 @@ int cmd_diff(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_tokenize_concat(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+
+/* The command named name (hi3.c's table, help included), or NULL. */
+struct cli_command;
+const struct cli_command *cli_find_command(const char *name);
 
 #endif

@@ -29,12 +29,13 @@ static const struct cli_command commands[] = {
 	CMD("diff", diff, "compare two safetensors files tensor by tensor"),
 	CMD("plan", plan, "per-rank memory of a parallel layout from config.json, and whether it fits"),
 	CMD("bench", bench, "measure bandwidth, GEMMs, prefill and decode side by side"),
+	CMD("run", run, "run stage commands from a file or standard input, the model opened once"),
 };
 
 static int cmd_help(int argc, char **argv);
 static const struct cli_command help_cmd = {"help", cmd_help, "show help for a command"};
 
-static const struct cli_command *find_command(const char *name)
+const struct cli_command *cli_find_command(const char *name)
 {
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		if (!strcmp(commands[i].name, name))
@@ -83,7 +84,7 @@ static int cmd_help(int argc, char **argv)
 		cli_usage_with_options(stdout, &main_help, main_options);
 		return 0;
 	}
-	c = find_command(argv[0]);
+	c = cli_find_command(argv[0]);
 	if (!c) {
 		fprintf(stderr, "hi3 help: unknown command '%s' (see 'hi3 --help')\n", argv[0]);
 		return HI3_ERR_USAGE;
@@ -127,7 +128,7 @@ int main(int argc, char **argv)
 		fputs("(see 'hi3 --help' for the commands)\n", stderr);
 		return HI3_ERR_USAGE;
 	}
-	c = find_command(argv[0]);
+	c = cli_find_command(argv[0]);
 	if (!c) {
 		fprintf(stderr, "hi3: '%s' is not a command (see 'hi3 --help')\n", argv[0]);
 		return HI3_ERR_USAGE;

@@ -22,6 +22,15 @@ test_expect_success 'prefill on cuda writes the KV file the CPU writes (within 1
 	hi3 diff --valid-only cpu.kv gpu.kv
 '
 
+test_expect_success 'weights streamed in 4 KiB chunks give the same KV bits; -v reports the upload rate' '
+	HI3_CUDA_UPLOAD_CHUNK=4096 "$CUDA_BIN" -v --backend cuda --batch-invariant=off -m tm prefill cond.st \
+		-o chunk.kv --max-new 8 2>err &&
+	hi3 diff --atol 0 --valid-only gpu.kv chunk.kv &&
+	test_grep "cuda: weights uploaded: .* MB in .* s, .* GB/s (read from the mapping in 4 KiB chunks through 2 pinned buffers" err &&
+	HI3_CUDA_UPLOAD_CHUNK=4k test_must_fail 2 cuda -m tm prefill cond.st -o bad.kv 2>err &&
+	test_grep "HI3_CUDA_UPLOAD_CHUNK: .4k. is not a byte count" err && ! test -e bad.kv
+'
+
 test_expect_success 'greedy decode on cuda: the same tokens, log-probs and KV as the CPU' '
 	cp cpu.kv cpu2.kv && cp gpu.kv gpu2.kv &&
 	hi3 -q -m tm decode cond.st cpu.kv -o cpu.seg &&

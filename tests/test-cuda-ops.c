@@ -13,6 +13,7 @@
  */
 #include "config.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "backend/backend.h"
 #include "model/conv.h"
@@ -883,6 +884,10 @@ int main(void)
 {
 	hi3_error err = {0};
 
+	/* weights stream to the device in 4 KiB chunks, so most take several
+	 * and both upload buffers are reused (on the emulator a buffer refilled
+	 * before its copy is done corrupts the weight) */
+	setenv("HI3_CUDA_UPLOAD_CHUNK", "4096", 1);
 	if (hi3i_backend_cpu(&cpu, 1, 1, &err) != 0) {
 		printf("Bail out! cpu backend: %s\n", err.msg);
 		return 1;

@@ -58,7 +58,9 @@ static hi3_wt *weight(hi3_backend *be, const float *v, int ndim, const int64_t *
 	memcpy(t.shape, shape, sizeof(int64_t) * (size_t)ndim);
 	t.nbytes = (size_t)hi3_tensor_numel(&t) * 4;
 	t.data = (void *)v;
-	w = be->ops->weight(be, &t, kind, &err);
+	/* t is gone on return: the backend copies it (a weight may read its
+	 * tensor at first use, backend.h) */
+	w = be->ops->weight(be, &t, kind | HI3_WT_TRANSIENT, &err);
 	HI3_ASSERT(w);
 	return w;
 }
@@ -107,9 +109,10 @@ static void test_conv(int kt, int k, int B)
 	double *ref = malloc(sizeof(double) * P * Co);
 	int64_t ws[5] = {Co, C, kt, k, k};
 	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = k, .kw = k};
+	/* the weight may read t at first use (a 1x1 conv keeps it as it lies): t lives as long as cw */
+	hi3_tensor t = {.name = "conv", .dtype = HI3_F32, .ndim = kt > 1 ? 5 : 4, .data = w};
 
 	{
-		hi3_tensor t = {.name = "conv", .dtype = HI3_F32, .ndim = kt > 1 ? 5 : 4, .data = w};
 		hi3_error err = {0};
 		memcpy(t.shape, kt > 1 ? ws : (int64_t[]){Co, C, k, k}, sizeof(int64_t) * (size_t)t.ndim);
 		t.nbytes = (size_t)Co * K * 4;

@@ -119,6 +119,9 @@ typedef struct hi3_backend_ops {
 	 * copied (vectors become f32); CUDA: uploaded, see weights_done */
 	hi3_wt *(*weight)(struct hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err);
 	void (*weight_free)(struct hi3_backend *be, hi3_wt *w);
+	/* optional: after the model's last weight (CUDA: waits for the uploads,
+	 * -v reports their rate); 0, or -1 with err set */
+	int (*weights_done)(struct hi3_backend *be, hi3_error *err);
 
 	/* the KV cache: device view of a host cache (CPU: the host memory) */
 	int (*kv_attach)(struct hi3_backend *be, hi3_kvcache *kv, hi3_error *err);
@@ -250,6 +253,9 @@ int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_er
  * its threads and batch_invariant; an unknown name is a usage error. */
 int hi3i_backend_open(hi3_backend **out, const hi3_model_opts *opts, hi3_error *err);
 int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_error *err);
+/* Load cuBLAS, which libhi3 does not link (cuda.c); 0, or -1 with err set.
+ * A no-op in a build without CUDA or on the emulator. */
+int hi3i_cublas_load(hi3_error *err);
 
 /* RoPE frequencies theta_m = base^(-2m/d), m < d/2, computed like the
  * upstream fp32 code. */

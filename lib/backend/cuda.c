@@ -7,7 +7,10 @@
  *  - Everything runs in order on one stream. Uploads of small host arrays
  *    go through a pinned ring, so they do not stall the stream; downloads
  *    wait for it.
- *  - Weights are uploaded once. BF16 matrices stay BF16 and multiply
+ *  - Weights are uploaded once, at open, streamed from the mapped checkpoint
+ *    in 64 MiB chunks through two pinned buffers: one fills from the mapping
+ *    while the other is copied (upload_stream); weights_done waits and -v
+ *    reports the rate. BF16 matrices stay BF16 and multiply
  *    through cublasGemmEx with bf16 inputs and fp32 accumulation (the
  *    activations are rounded to bf16 for it); F32 matrices multiply in
  *    plain fp32 (CUBLAS_COMPUTE_32F with the default math mode: no TF32),
@@ -30,6 +33,7 @@
  * every op, so a failing kernel is named by its op.
  */
 #include "config.h"
+#include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -40,7 +44,74 @@
 
 #include "kernels/kernels.h"
 #ifndef HI3_CUDA_EMU
+#include <dlfcn.h>
 #include <cublas_v2.h>
+
+/*
+ * cuBLAS is loaded when a CUDA backend is made, not with libhi3: linked, it
+ * and the cuBLASLt it needs (some 600 MB of library) cost every hi3
+ * process, CPU runs included, about 0.2 s and 220 MB of memory at start
+ * (docs/PERFORMANCE.md). These are the entries the backend calls, found
+ * by name in libcublas.so.MAJOR of the toolkit it was built with.
+ */
+static struct cublas_api {
+	__typeof__(cublasCreate_v2) *create;
+	__typeof__(cublasDestroy_v2) *destroy;
+	__typeof__(cublasSetStream_v2) *set_stream;
+	__typeof__(cublasSetMathMode) *set_math_mode;
+	__typeof__(cublasGemmEx) *gemm_ex;
+	__typeof__(cublasGetStatusString) *status_string;
+} blas_api;
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define CUBLAS_SONAME "libcublas.so." STR(CUBLAS_VER_MAJOR)
+
+int hi3i_cublas_load(hi3_error *err)
+{
+	static void *lib;
+	const char *const where[] = {HI3_CUDA_LIBDIR "/" CUBLAS_SONAME, CUBLAS_SONAME};
+	struct { void **fn; const char *name; } sym[] = {
+		{(void **)&blas_api.create, "cublasCreate_v2"},
+		{(void **)&blas_api.destroy, "cublasDestroy_v2"},
+		{(void **)&blas_api.set_stream, "cublasSetStream_v2"},
+		{(void **)&blas_api.set_math_mode, "cublasSetMathMode"},
+		{(void **)&blas_api.gemm_ex, "cublasGemmEx"},
+		{(void **)&blas_api.status_string, "cublasGetStatusString"},
+	};
+
+	if (lib)
+		return 0;
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(where) && !lib; i++)
+		lib = dlopen(where[i], RTLD_NOW | RTLD_LOCAL);
+	if (!lib)
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: cannot load cuBLAS (%s, from %s or the "
+		                     "library path): %s", CUBLAS_SONAME, HI3_CUDA_LIBDIR, dlerror());
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(sym); i++)
+		if (!(*sym[i].fn = dlsym(lib, sym[i].name))) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: %s has no %s", CUBLAS_SONAME, sym[i].name);
+			dlclose(lib);
+			lib = NULL;
+			return -1;
+		}
+	return 0;
+}
+
+#undef cublasCreate
+#undef cublasDestroy
+#undef cublasSetStream
+#define cublasCreate(...) blas_api.create(__VA_ARGS__)
+#define cublasDestroy(...) blas_api.destroy(__VA_ARGS__)
+#define cublasSetStream(...) blas_api.set_stream(__VA_ARGS__)
+#define cublasSetMathMode(...) blas_api.set_math_mode(__VA_ARGS__)
+#define cublasGemmEx(...) blas_api.gemm_ex(__VA_ARGS__)
+#define cublasGetStatusString(s) (blas_api.status_string ? blas_api.status_string(s) : "cuBLAS error")
+#else
+int hi3i_cublas_load(hi3_error *err)
+{
+	(void)err;
+	return 0;         /* the emulator's cuBLAS is linked in */
+}
 #endif
 
 _Static_assert(sizeof(hi3k_attn_q) == sizeof(hi3_attn_q) && offsetof(hi3k_attn_q, hi) == offsetof(hi3_attn_q, hi) &&
@@ -51,6 +122,7 @@ _Static_assert((int)HI3K_F32 == (int)HI3_F32 && (int)HI3K_F16 == (int)HI3_F16 &&
                "dtype codes");
 
 #define STAGE_BYTES ((size_t)8 << 20)   /* the pinned upload ring */
+#define UPLOAD_CHUNK ((size_t)64 << 20) /* weight uploads: each of the two pinned buffers */
 #define MIB(x) ((double)(x) / 1048576.0)
 
 /* A host KV cache and its device copy. */
@@ -87,6 +159,15 @@ struct cuda {
 	void *sc;                 /* attention_dense: the scores of a block of queries */
 	size_t xb_cap, keep_cap, part_cap, jobs_cap, jobs_h_cap, gn_cap, sc_cap;   /* bytes */
 	struct kv_mirror *kvs;
+	/* weight uploads (cu_weight): the mapping is read a chunk at a time into
+	 * two buffers in turn, each copied to the device while the other fills */
+	unsigned char *up_buf[2]; /* up_chunk bytes each; NULL until the first weight */
+	cudaEvent_t up_done[2];   /* recorded after the copy out of up_buf[i] */
+	size_t up_chunk;          /* UPLOAD_CHUNK, or HI3_CUDA_UPLOAD_CHUNK */
+	int up_turn;              /* the buffer the next chunk fills */
+	int up_pinned;            /* the buffers are page-locked (else the copies wait) */
+	size_t up_bytes;          /* bytes uploaded since the first weight */
+	double up_t0;             /* when the first weight began */
 };
 
 struct hi3_wt {
@@ -278,11 +359,88 @@ static size_t cu_mem_free(hi3_backend *be)
 
 /* ---------------------------------------------------------------- weights */
 
+/* The two upload buffers and their events, at the first weight. */
+static int upload_init(struct cuda *c, hi3_error *err)
+{
+	if (c->up_buf[0])
+		return 0;
+	c->up_pinned = 1;
+	for (int i = 0; i < 2; i++)
+		if (cudaHostAlloc((void **)&c->up_buf[i], c->up_chunk, cudaHostAllocDefault) != cudaSuccess) {
+			(void)cudaGetLastError();
+			c->up_buf[i] = NULL;
+			c->up_pinned = 0;
+		}
+	if (!c->up_pinned) {
+		/* no page-locked memory: pageable buffers, which cudaMemcpyAsync
+		 * copies before it returns; slower, still correct */
+		for (int i = 0; i < 2; i++) {
+			if (c->up_buf[i])
+				cudaFreeHost(c->up_buf[i]);
+			if (!(c->up_buf[i] = hi3i_malloc(c->up_chunk, err)))
+				return -1;
+		}
+	}
+	for (int i = 0; i < 2; i++)
+		if (CUDA_CHECK(err, cudaEventCreateWithFlags(&c->up_done[i], cudaEventDisableTiming)))
+			return -1;
+	c->up_t0 = hi3i_now();
+	c->up_bytes = 0;
+	return 0;
+}
+
+static void upload_release(struct cuda *c)
+{
+	if (c->stream)
+		cudaStreamSynchronize(c->stream);
+	for (int i = 0; i < 2; i++) {
+		if (c->up_buf[i] && c->up_pinned)
+			cudaFreeHost(c->up_buf[i]);
+		else
+			free(c->up_buf[i]);
+		if (c->up_done[i])
+			cudaEventDestroy(c->up_done[i]);
+		c->up_buf[i] = NULL;
+		c->up_done[i] = NULL;
+	}
+}
+
+/*
+ * Stream n elements of t (as stored, or widened to f32 when !raw) to dst:
+ * chunk i is read from the mapping into buffer i % 2 once the copy out of
+ * that buffer two chunks ago is done (its event), then copied on the
+ * stream. Reading chunk i + 1 (page faults, disk) overlaps the copy of
+ * chunk i, and the last copies of one weight the reading of the next: no
+ * weight waits for its own copy.
+ */
+static int upload_stream(struct cuda *c, unsigned char *dst, const hi3_tensor *t, int raw, hi3_error *err)
+{
+	size_t n = (size_t)hi3_tensor_numel(t), es = hi3_dtype_size(t->dtype), eo = raw ? es : sizeof(float);
+	size_t per = c->up_chunk / eo;
+	const unsigned char *src = t->data;
+
+	for (size_t e0 = 0; e0 < n; e0 += per) {
+		size_t len = n - e0 < per ? n - e0 : per;
+		unsigned char *buf = c->up_buf[c->up_turn];
+		if (CUDA_CHECK(err, cudaEventSynchronize(c->up_done[c->up_turn])))
+			return -1;
+		if (raw)
+			memcpy(buf, src + e0 * es, len * es);
+		else
+			hi3_to_f32((float *)buf, src + e0 * es, t->dtype, len);
+		if (CUDA_CHECK(err, cudaMemcpyAsync(dst + e0 * eo, buf, len * eo, cudaMemcpyHostToDevice, c->stream)) ||
+		    CUDA_CHECK(err, cudaEventRecord(c->up_done[c->up_turn], c->stream)))
+			return -1;
+		c->up_turn ^= 1;
+	}
+	c->up_bytes += n * eo;
+	return 0;
+}
+
 static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err)
 {
 	struct cuda *c = be->ctx;
 	size_t n = (size_t)hi3_tensor_numel(t), bytes;
-	float *tmp = NULL;
 	hi3_wt *w;
 	int raw;
 
@@ -291,7 +449,7 @@ static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_err
 		              hi3_dtype_name(t->dtype));
 		return NULL;
 	}
-	if (!(w = hi3i_calloc(1, sizeof(*w), err)))
+	if (upload_init(c, err) != 0 || !(w = hi3i_calloc(1, sizeof(*w), err)))
 		return NULL;
 	if (be->first_use)
 		be->first_use(be, t, t->data, t->nbytes);
@@ -311,25 +469,35 @@ static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_err
 		oom(err, bytes, "the weight");
 		goto fail;
 	}
-	if (!raw) {
-		if (!(tmp = hi3i_malloc(n * sizeof(float), err)))
-			goto fail;
-		hi3_to_f32(tmp, t->data, t->dtype, n);
-	}
 	/* on the backend's stream (a plain cudaMemcpy goes to the legacy stream,
-	 * which a non-blocking stream does not wait for), then waited for */
-	if (bytes && (CUDA_CHECK(err, cudaMemcpyAsync(w->d, raw ? t->data : tmp, bytes, cudaMemcpyHostToDevice,
-	                                              c->stream)) ||
-	              CUDA_CHECK(err, cudaStreamSynchronize(c->stream))))
+	 * which a non-blocking stream does not wait for); weights_done waits */
+	if (upload_stream(c, w->d, t, raw, err) != 0)
 		goto fail;
-	free(tmp);
 	return w;
 fail:
-	free(tmp);
 	if (w->d)
 		cudaFree(w->d);
 	free(w);
 	return NULL;
+}
+
+/* After the last weight: wait for the copies, report the rate, free the buffers. */
+static int cu_weights_done(hi3_backend *be, hi3_error *err)
+{
+	struct cuda *c = be->ctx;
+	double s;
+
+	if (!c->up_buf[0])
+		return 0;
+	if (CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
+		return -1;
+	s = hi3i_now() - c->up_t0;
+	hi3_log(HI3_LOG_DEBUG, "cuda: weights uploaded: %.1f MB in %.3f s, %.2f GB/s (read from the mapping in %zu %s "
+	        "chunks through 2 %s buffers, overlapping the copies)", c->up_bytes / 1e6, s,
+	        s > 0 ? c->up_bytes / 1e9 / s : 0.0, c->up_chunk >> (c->up_chunk >= ((size_t)1 << 20) ? 20 : 10),
+	        c->up_chunk >= ((size_t)1 << 20) ? "MiB" : "KiB", c->up_pinned ? "pinned" : "pageable (no pinned memory)");
+	upload_release(c);
+	return 0;
 }
 
 static void cu_weight_free(hi3_backend *be, hi3_wt *w)
@@ -926,6 +1094,7 @@ static void cu_destroy(hi3_backend *be)
 		free(c->jobs_h);
 		if (c->stage)
 			cudaFreeHost(c->stage);
+		upload_release(c);
 		if (c->blas)
 			cublasDestroy(c->blas);
 		if (c->stream)
@@ -944,6 +1113,7 @@ static const hi3_backend_ops cuda_ops = {
 	.mem_free = cu_mem_free,
 	.weight = cu_weight,
 	.weight_free = cu_weight_free,
+	.weights_done = cu_weights_done,
 	.kv_attach = cu_kv_attach,
 	.kv_detach = cu_kv_detach,
 	.kv_layer = cu_kv_layer,
@@ -978,7 +1148,8 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	struct cudaDeviceProp prop;
 	hi3_backend *be = NULL;
 	struct cuda *c = NULL;
-	const char *sync = getenv("HI3_CUDA_SYNC");
+	const char *sync = getenv("HI3_CUDA_SYNC"), *chunk = getenv("HI3_CUDA_UPLOAD_CHUNK");
+	size_t up_chunk = UPLOAD_CHUNK;
 	cudaError_t e;
 	int n = 0;
 
@@ -993,9 +1164,22 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	if (n < 1)
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: no CUDA device available: "
 		                     "cudaGetDeviceCount found none");
+	if (chunk && *chunk) {
+		char *end;
+		unsigned long long v;
+		errno = 0;
+		v = strtoull(chunk, &end, 10);
+		if (errno || *end || chunk[0] == '-' || v < 4096 || v > ((size_t)1 << 30))
+			return hi3_error_set(err, HI3_ERR_USAGE, "HI3_CUDA_UPLOAD_CHUNK: '%s' is not a byte count in "
+			                     "[4096, 1073741824]", chunk);
+		up_chunk = (size_t)v;
+	}
+	if (hi3i_cublas_load(err) != 0)
+		return -1;
 	if (!(be = hi3i_calloc(1, sizeof(*be), err)) || !(c = be->ctx = hi3i_calloc(1, sizeof(*c), err)))
 		goto fail;
 	c->be = be;
+	c->up_chunk = up_chunk;
 	if (CUDA_CHECK(err, cudaSetDevice(0)) || CUDA_CHECK(err, cudaGetDeviceProperties(&prop, 0)) ||
 	    CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
 	    CUBLAS_CHECK(err, cublasCreate(&c->blas)) || CUBLAS_CHECK(err, cublasSetStream(c->blas, c->stream)) ||
@@ -1035,6 +1219,12 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	*out = NULL;
 	return hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: this hi3 was built without CUDA "
 	                     "(nvcc/cuBLAS were not found by ./configure)");
+}
+
+int hi3i_cublas_load(hi3_error *err)
+{
+	(void)err;
+	return 0;
 }
 
 #endif

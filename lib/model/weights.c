@@ -9,7 +9,8 @@
  * here (on_first_use): the bytes are checked for NaN/Inf then, once, with
  * a warning naming the file and tensor, and counted, so that -v can say
  * how much of the mapped checkpoint a stage touched. The CUDA backend
- * reads every weight at open, to upload it, and so checks them all then.
+ * reads every weight at open, to upload it, and so checks them all then;
+ * weights_done waits for those uploads (and -v says how fast they went).
  */
 #include "config.h"
 #include <math.h>
@@ -258,6 +259,8 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 	for (int l = 0; l < m->cfg.num_hidden_layers; l++)
 		if (load_layer(m, l, err) != 0)
 			goto out;
+	if (m->be->ops->weights_done && m->be->ops->weights_done(m->be, err) != 0)
+		goto out;
 	{
 		float theta[512];
 		hi3i_rope_theta(theta, m->dims.d, m->cfg.rope_theta);

@@ -25,6 +25,7 @@ typedef enum cudaError {
 } cudaError_t;
 
 typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
 
 enum cudaMemcpyKind {
 	cudaMemcpyHostToHost = 0,
@@ -37,6 +38,7 @@ enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
 #define cudaStreamNonBlocking 0x01
 #define cudaHostAllocDefault 0x00
+#define cudaEventDisableTiming 0x02
 
 struct cudaDeviceProp {
 	char name[256];
@@ -59,6 +61,10 @@ struct cudaDeviceProp {
 #define cudaMemcpyAsync emu_cudaMemcpyAsync
 #define cudaMemsetAsync emu_cudaMemsetAsync
 #define cudaMemGetInfo emu_cudaMemGetInfo
+#define cudaEventCreateWithFlags emu_cudaEventCreateWithFlags
+#define cudaEventDestroy emu_cudaEventDestroy
+#define cudaEventRecord emu_cudaEventRecord
+#define cudaEventSynchronize emu_cudaEventSynchronize
 #define cudaGetLastError emu_cudaGetLastError
 #define cudaGetErrorString emu_cudaGetErrorString
 #define cudaGetErrorName emu_cudaGetErrorName
@@ -77,6 +83,10 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 const char *cudaGetErrorName(cudaError_t e);

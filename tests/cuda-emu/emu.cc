@@ -12,6 +12,13 @@
  * its threads wait at __syncthreads. Anything else (a barrier some threads
  * never reach, a shuffle with exited lanes, a block size that is not whole
  * warps) is a kernel bug: it is reported and the program aborts.
+ *
+ * A host-to-device cudaMemcpyAsync from pinned memory (cudaHostAlloc) is
+ * deferred, as a GPU's DMA is: it reads its source only when the stream
+ * reaches a point that must see it (a stream or event synchronisation, a
+ * kernel, another copy or memset, a GEMM, a free). So host code that
+ * reuses a pinned buffer before the copy from it is known to be done reads
+ * back the wrong data, and fails its tests instead of passing by luck.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +26,7 @@
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
+#include <deque>
 #include <map>
 #include <vector>
 #include "emu-kernel.h"
@@ -146,6 +154,72 @@ extern "C" cudaError_t emu_cudaGetDeviceProperties(struct cudaDeviceProp *p, int
 	return cudaSuccess;
 }
 
+/* ------------------------------------------------------------ deferred copies */
+
+static std::map<uintptr_t, size_t> pinned;    /* cudaHostAlloc: start -> size */
+struct pending_copy {
+	void *dst;
+	const void *src;
+	size_t n;
+	uint64_t seq;
+};
+static std::deque<pending_copy> pending;
+static uint64_t copy_seq;                      /* sequence number of the next deferred copy */
+
+static int is_pinned(const void *p, size_t n)
+{
+	auto it = pinned.upper_bound((uintptr_t)p);
+	if (it == pinned.begin())
+		return 0;
+	--it;
+	return (uintptr_t)p + n <= it->first + it->second;
+}
+
+/* Do the deferred copies issued before sequence number upto. */
+static void flush_before(uint64_t upto)
+{
+	while (!pending.empty() && pending.front().seq < upto) {
+		memmove(pending.front().dst, pending.front().src, pending.front().n);
+		pending.pop_front();
+	}
+}
+
+static void flush(void)
+{
+	flush_before(UINT64_MAX);
+}
+
+struct emu_event {
+	uint64_t seq;             /* the copies before it, when recorded */
+};
+
+extern "C" cudaError_t emu_cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+	(void)flags;
+	*e = new emu_event();
+	(*e)->seq = 0;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t emu_cudaEventDestroy(cudaEvent_t e)
+{
+	delete e;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t emu_cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+	(void)s;
+	e->seq = copy_seq;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t emu_cudaEventSynchronize(cudaEvent_t e)
+{
+	flush_before(e->seq);
+	return cudaSuccess;
+}
+
 struct emu_stream {
 	int unused;
 };
@@ -159,6 +233,7 @@ extern "C" cudaError_t emu_cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f
 
 extern "C" cudaError_t emu_cudaStreamDestroy(cudaStream_t s)
 {
+	flush();
 	delete s;
 	return cudaSuccess;
 }
@@ -166,6 +241,7 @@ extern "C" cudaError_t emu_cudaStreamDestroy(cudaStream_t s)
 extern "C" cudaError_t emu_cudaStreamSynchronize(cudaStream_t s)
 {
 	(void)s;
+	flush();
 	return cudaSuccess;
 }
 
@@ -184,6 +260,7 @@ extern "C" cudaError_t emu_cudaMalloc(void **p, size_t n)
 
 extern "C" cudaError_t emu_cudaFree(void *p)
 {
+	flush();
 	if (!p)
 		return cudaSuccess;
 	auto it = allocs.find((uintptr_t)p);
@@ -199,11 +276,16 @@ extern "C" cudaError_t emu_cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
 	(void)flags;
 	*p = malloc(n ? n : 1);
-	return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+	if (!*p)
+		return fail(cudaErrorMemoryAllocation);
+	pinned[(uintptr_t)*p] = n;
+	return cudaSuccess;
 }
 
 extern "C" cudaError_t emu_cudaFreeHost(void *p)
 {
+	flush();
+	pinned.erase((uintptr_t)p);
 	free(p);
 	return cudaSuccess;
 }
@@ -213,6 +295,7 @@ extern "C" cudaError_t emu_cudaMemcpy(void *dst, const void *src, size_t n, enum
 	int dd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
 	int sd = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
 
+	flush();
 	if (!n)
 		return cudaSuccess;
 	if (dd != on_device(dst, n) || sd != on_device(src, n))
@@ -225,12 +308,19 @@ extern "C" cudaError_t emu_cudaMemcpyAsync(void *dst, const void *src, size_t n,
                                            cudaStream_t s)
 {
 	(void)s;
+	if (kind == cudaMemcpyHostToDevice && n && is_pinned(src, n)) {
+		if (!on_device(dst, n))
+			emu_die("cudaMemcpyAsync: a pointer is not on the side its kind says");
+		pending.push_back(pending_copy{dst, src, n, copy_seq++});
+		return cudaSuccess;
+	}
 	return emu_cudaMemcpy(dst, src, n, kind);
 }
 
 extern "C" cudaError_t emu_cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 {
 	(void)s;
+	flush();
 	if (n && !on_device(p, n))
 		emu_die("cudaMemsetAsync of host memory");
 	memset(p, v, n);
@@ -331,6 +421,7 @@ extern "C" cublasStatus_t emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t t
 	const float al = *(const float *)alpha, be = *(const float *)beta;
 	float *c = (float *)C;
 
+	flush();
 	(void)h;
 	(void)algo;
 	if (at != bt || ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F ||
@@ -645,6 +736,8 @@ void emu_run_grid(const void *kernel, dim3 grid, dim3 block, size_t smem, const 
 	size_t threads = (size_t)block.x * block.y * block.z;
 	auto opt = smem_optin.find(kernel);
 	size_t smem_max = opt != smem_optin.end() && (size_t)opt->second > 48 * 1024 ? (size_t)opt->second : 48 * 1024;
+
+	flush();                  /* the kernel sees every copy issued before it */
 
 	if (!threads || threads > MAX_THREADS || threads % 32 || !grid.x || !grid.y || !grid.z || grid.y > 65535 ||
 	    grid.z > 65535 || smem > smem_max) {
