@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "cli.h"
 #ifdef HI3_MPI
@@ -98,6 +99,114 @@ const struct cli_choice cli_vit_resize_choices[] = {
 int cli_load_images(hi3_requests *rq, const struct cli_images *io, hi3_error *err)
 {
 	return hi3_requests_have_images(rq) ? hi3_requests_load_images(rq, &io->load, err) : 0;
+}
+
+/* --trace-positions P,A:B,...: each item one position or a range [A, B). */
+int cli_trace_positions(const struct cli_option *opt, const char *arg)
+{
+	struct cli_trace *t = opt->value;
+	char *copy = strdup(arg), *save = NULL;
+	int rc = 0;
+
+	if (!copy)
+		return cli_usage_error("--trace-positions: out of memory"), -1;
+	t->n_ranges = 0;
+	for (char *item = strtok_r(copy, ",", &save); item && !rc; item = strtok_r(NULL, ",", &save)) {
+		char *colon = strchr(item, ':');
+		int64_t lo, hi;
+
+		if (t->n_ranges >= (int)(sizeof(t->ranges) / sizeof(t->ranges[0]) / 2)) {
+			rc = (cli_usage_error("--trace-positions: at most %d items",
+			                     (int)(sizeof(t->ranges) / sizeof(t->ranges[0]) / 2)), -1);
+			break;
+		}
+		if (colon)
+			*colon = '\0';
+		if (cli_int("--trace-positions", item, 0, INT32_MAX, &lo) != 0) {
+			rc = -1;
+			break;
+		}
+		hi = lo + 1;
+		if (colon && (cli_int("--trace-positions", colon + 1, 0, INT32_MAX, &hi) != 0 ||
+		              (hi <= lo && (cli_usage_error("--trace-positions: %lld:%lld is empty (A:B takes A <= p < B)",
+		                                            (long long)lo, (long long)hi), 1)))) {
+			rc = -1;
+			break;
+		}
+		t->ranges[2 * t->n_ranges] = lo;
+		t->ranges[2 * t->n_ranges + 1] = hi;
+		t->n_ranges++;
+	}
+	if (!rc && !t->n_ranges)
+		rc = (cli_usage_error("--trace-positions: expected P or A:B items, found '%s'", arg), -1);
+	free(copy);
+	return rc;
+}
+
+/* --trace-points KIND,...: names of hi3_trace_kind. */
+int cli_trace_points(const struct cli_option *opt, const char *arg)
+{
+	struct cli_trace *t = opt->value;
+	char *copy = strdup(arg), *save = NULL;
+	int rc = 0;
+
+	if (!copy)
+		return cli_usage_error("--trace-points: out of memory"), -1;
+	t->kinds = 0;
+	for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+		int k = hi3_trace_kind_parse(item);
+		if (k < 0) {
+			rc = (cli_usage_error("--trace-points: '%s' is not a point (see hi3-files(5), TRACE)", item), -1);
+			break;
+		}
+		t->kinds |= 1u << k;
+	}
+	if (!rc && !t->kinds)
+		rc = (cli_usage_error("--trace-points: expected KIND,..., found '%s'", arg), -1);
+	free(copy);
+	return rc;
+}
+
+int cli_same_file(const char *a, const char *b)
+{
+	struct stat sa, sb;
+
+	if (!strcmp(a, b))
+		return 1;
+	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int cli_trace_open(struct cli_trace *t, hi3_model *m, const char *const *files, hi3_trace **out, hi3_error *err)
+{
+	hi3_trace_opts o = {.rows = t->n_rows ? t->rows : NULL, .n_rows = t->n_rows,
+	                    .ranges = t->n_ranges ? t->ranges : NULL, .n_ranges = t->n_ranges, .kinds = t->kinds};
+
+	*out = NULL;
+	if (!t->path)
+		return t->given ? hi3_error_set(err, HI3_ERR_USAGE, "--trace-rows, --trace-positions and --trace-points "
+		                                "need --trace FILE") : 0;
+	if (!strcmp(t->path, "-"))
+		return hi3_error_set(err, HI3_ERR_USAGE, "--trace: the trace is a file, not standard output");
+	for (; files && *files; files++)
+		if (strcmp(*files, "-") && cli_same_file(t->path, *files))
+			return strcmp(t->path, *files) ?
+			       hi3_error_set(err, HI3_ERR_USAGE, "--trace: '%s' is '%s', a file this command also reads or "
+			                     "writes", t->path, *files) :
+			       hi3_error_set(err, HI3_ERR_USAGE, "--trace: '%s' is a file this command also reads or writes",
+			                     t->path);
+	return hi3_trace_new(out, m, &o, err);
+}
+
+int cli_trace_write(const struct cli_trace *t, hi3_trace *tr, hi3_error *err)
+{
+	if (!tr)
+		return 0;
+	if (hi3_trace_count(tr) == 0)
+		cli_warn("--trace: no token of the rows and positions asked for was run; %s holds no points", t->path);
+	if (hi3_trace_write(tr, t->path, err) != 0)
+		return -1;
+	cli_info("traced %lld tokens into %s", (long long)hi3_trace_count(tr), t->path);
+	return 0;
 }
 
 int cli_check_seed_base(int64_t base, int n)

@@ -104,6 +104,38 @@ extern const struct cli_choice cli_vit_resize_choices[];
 	           "float (its float32 path, as on CPUs without AVX2 or with AVX-512)")
 /* Read the requests' images (hi3_requests_load_images). */
 int cli_load_images(hi3_requests *rq, const struct cli_images *io, hi3_error *err);
+/* Tracing (prefill, decode, replay): --trace FILE and what to record. */
+struct cli_trace {
+	const char *path;        /* --trace; NULL: no trace */
+	int64_t rows[1024];      /* --trace-rows */
+	int n_rows;
+	int64_t ranges[2 * 256]; /* --trace-positions, [lo, hi) pairs */
+	int n_ranges;
+	uint32_t kinds;          /* --trace-points; 0: all */
+	int given;               /* how many of the three were given */
+};
+int cli_trace_positions(const struct cli_option *opt, const char *arg);
+int cli_trace_points(const struct cli_option *opt, const char *arg);
+#define OPT_TRACE(t) \
+	OPT_GROUP("tracing (hi3-files(5), TRACE; compare two traces with hi3 diff --first):"), \
+	OPT_STRING(0, "trace", &(t)->path, "FILE", "record the named activation points of the chosen tokens into " \
+	           "FILE (format hi3.trace)"), \
+	OPT_INT_LIST(0, "trace-rows", (t)->rows, &(t)->n_rows, 0, INT32_MAX, "I,...", \
+	             "the rows to trace (default 0)", .given = &(t)->given), \
+	OPT_CALLBACK(0, "trace-positions", (t), "P,A:B,...", cli_trace_positions, \
+	             "the positions in the row to trace: P, or A:B for A <= p < B (default: every real token)", \
+	             .given = &(t)->given), \
+	OPT_CALLBACK(0, "trace-points", (t), "KIND,...", cli_trace_points, \
+	             "record only these kinds of point (embed, in, in_norm, q, k, v, attn, attn_out, mlp_in, " \
+	             "router_logits, experts, expert_weights, expert_out, shared_out, mlp_out, final, final_norm, " \
+	             "logits; default all)", .given = &(t)->given)
+/* The recorder --trace asks for (*out NULL without --trace; the other trace
+ * options without it are a usage error, status 2), and after the stage the
+ * trace written to its file. */
+/* files: the command's other inputs and outputs (NULL-terminated; "-" and
+ * NULL entries skipped), none of which --trace may name. */
+int cli_trace_open(struct cli_trace *t, hi3_model *m, const char *const *files, hi3_trace **out, hi3_error *err);
+int cli_trace_write(const struct cli_trace *t, hi3_trace *tr, hi3_error *err);
 
 /* Refuse a seed base whose last row's seed, base + n - 1, would not fit. */
 int cli_check_seed_base(int64_t base, int n);
@@ -115,6 +147,9 @@ void cli_log_to(hi3_log_fn fn);
 void cli_message_prefix(FILE *f);
 /* Print a usage error naming the command; returns exit status 2. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* 1 when paths a and b name one file: the same string, or both exist with
+ * the same device and inode (a link, another spelling of the path). */
+int cli_same_file(const char *a, const char *b);
 /* Print an hi3_error and return its exit status. */
 int cli_fail(const hi3_error *err);
 void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -28,6 +28,7 @@ int cmd_decode(int argc, char **argv)
 	hi3_cond *c = NULL;
 	hi3_decode_stats st;
 	hi3_error err = {0};
+	struct cli_trace trace = {0};
 	struct cli_option options[] = {
 		OPT_GLOBALS(),
 		OPT_GROUP("sampling (default: as the model's generation_config.json asks, greedy unless do_sample):"),
@@ -52,6 +53,7 @@ int cmd_decode(int argc, char **argv)
 		OPT_RECORD_ROUTING(&o.record_routing, "store each generated token's MoE experts and weights"),
 		OPT_JSON(&json, "print a JSON summary on standard output"),
 		OPT_OUTPUT(&out, "SEG", "the segment file to write (atomically; '-' for stdout)"),
+		OPT_TRACE(&trace),
 		OPT_END(),
 	};
 
@@ -72,8 +74,12 @@ int cmd_decode(int argc, char **argv)
 			cli_info("sampling as generation_config.json asks: temperature %g, top_k %d, top_p %g",
 			         o.sampler.temperature, o.sampler.top_k, o.sampler.top_p);
 	}
-	rc = hi3_decode(m, c, argv[1], &o, out, &st, &err);
+	rc = cli_trace_open(&trace, m, (const char *[]){argv[0], argv[1], out, NULL}, &o.trace, &err);
+	if (rc == 0)
+		rc = hi3_decode(m, c, argv[1], &o, out, &st, &err);
 	cli_progress_end();
+	if (rc == 0)
+		rc = cli_trace_write(&trace, o.trace, &err);
 	if (rc == 0) {
 		if (st.steps == 0 && st.finished == st.rows)
 			cli_info("nothing to decode: all %d rows are finished (segment written again)", st.rows);
@@ -89,6 +95,7 @@ int cmd_decode(int argc, char **argv)
 			       (long long)st.resumed_from, st.seconds,
 			       (double)st.tokens / (st.seconds > 0 ? st.seconds : 1e-9));
 	}
+	hi3_trace_free(o.trace);
 	cli_close_model(m);
 	hi3_cond_close(c);
 	return rc ? cli_fail(&err) : 0;

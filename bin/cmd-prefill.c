@@ -5,7 +5,7 @@
 #include "commands.h"
 
 static const struct cli_help help = {
-	.usage = {"hi3 prefill -m MODEL [--max-new N] [--kv-dtype f32|bf16] [--record-routing] [--json] COND -o KV"},
+	.usage = {"hi3 prefill -m MODEL [--max-new N] [--kv-dtype f32|bf16] [--record-routing] [--json] [--trace FILE] COND -o KV"},
 	.description =
 	"Run the right-padded prompt batch of the conditions file COND through the\n"
 	"model and write the static KV cache file KV (format hi3.kv): per layer K and V\n"
@@ -24,6 +24,7 @@ int cmd_prefill(int argc, char **argv)
 	hi3_model *m = NULL;
 	hi3_cond *c = NULL;
 	hi3_error err = {0};
+	struct cli_trace trace = {0};
 	int rc, json = 0;
 	double t0;
 	struct cli_option options[] = {
@@ -35,6 +36,7 @@ int cmd_prefill(int argc, char **argv)
 		                   "(prompt_route_ids, prompt_route_w)"),
 		OPT_JSON(&json, "print a JSON summary on standard output"),
 		OPT_OUTPUT(&out, "KV", "the KV file to write (atomically)"),
+		OPT_TRACE(&trace),
 		OPT_GLOBALS(),
 		OPT_END(),
 	};
@@ -47,8 +49,12 @@ int cmd_prefill(int argc, char **argv)
 	if (cli_open_cond_model(cond_path, &c, &m, &err) != 0)
 		return cli_fail(&err);
 	t0 = cli_now();
-	rc = hi3_prefill(m, c, cond_path, &o, out, &err);
+	rc = cli_trace_open(&trace, m, (const char *[]){cond_path, out, NULL}, &o.trace, &err);
+	if (rc == 0)
+		rc = hi3_prefill(m, c, cond_path, &o, out, &err);
 	cli_progress_end();
+	if (rc == 0)
+		rc = cli_trace_write(&trace, o.trace, &err);
 	if (rc == 0) {
 		double s = cli_now() - t0;
 		int64_t tok = 0;
@@ -61,6 +67,7 @@ int cmd_prefill(int argc, char **argv)
 			       "\"seconds\": %.6f, \"tokens_per_s\": %.3f}\n", c->B, c->L, c->L + o.max_new,
 			       (long long)tok, (long long)c->B * c->L, s, (double)tok / (s > 0 ? s : 1e-9));
 	}
+	hi3_trace_free(o.trace);
 	cli_close_model(m);
 	hi3_cond_close(c);
 	return rc ? cli_fail(&err) : 0;

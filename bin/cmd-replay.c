@@ -12,10 +12,14 @@ static const struct cli_help help = {
 	"SEG (made by 'hi3 decode' from COND): for each row one causal forward over its\n"
 	"true prompt (its first n_i tokens, no padding) and its response; token j is\n"
 	"scored by the logits at index n_i - 1 + j at temperature 1. Writes REPLAY\n"
-	"(format hi3.replay: logprobs aligned with the segment) and prints a JSON report\n"
-	"on standard output: per row and overall the token count, mean and max\n"
-	"|replay - rollout| log-prob, the ratio exp(replay - rollout) mean/min/max and\n"
-	"the worst token. Rows with empty responses are reported as such.\n",
+	"(format hi3.replay: logprobs aligned with the segment, and each token's gap\n"
+	"dlogp with its row and position) and prints a JSON report on standard output:\n"
+	"per row and overall the token count, mean and max |replay - rollout| log-prob,\n"
+	"the ratio exp(replay - rollout) mean/min/max, the worst token, and under\n"
+	"\"mismatch\" the metrics RL trainers log, named as verl names them (k3 KL,\n"
+	"chi2, importance weights at the token and sequence level, effective sample\n"
+	"size, log-ppl difference; hi3-replay(1) defines each). Rows with empty\n"
+	"responses are reported as such.\n",
 	.operands = "COND and SEG", .min_operands = 2, .max_operands = 2,
 };
 
@@ -32,6 +36,7 @@ int cmd_replay(int argc, char **argv)
 	hi3_cond *c = NULL;
 	hi3_segment *s = NULL;
 	hi3_error err = {0};
+	struct cli_trace trace = {0};
 	char *report = NULL;
 	size_t len = 0;
 	int rc, weights_given = 0, record = 0;
@@ -46,9 +51,13 @@ int cmd_replay(int argc, char **argv)
 		           "expert weights from the router (default) or use the recorded ones",
 		           .given = &weights_given),
 		OPT_DOUBLE(0, "threshold", &threshold, 0.0, 1e30, "X", "exit 1 when the max |gap| exceeds X"),
+		OPT_DOUBLE(0, "is-cap", &o.is_cap, 1.0, 1e30, "C", "the importance-ratio cap of the mismatch metrics: "
+		           "the shares of ratios above C and below 1/C, and the clamp of std and ESS (default 2, as TIS "
+		           "uses)", .flags = CLI_OPT_LO_OPEN),
 		OPT_RECORD_ROUTING(&record, "MoE: store the replay's experts and weights of every response and prompt "
 		                   "token in REPLAY"),
 		OPT_OUTPUT(&out, "REPLAY", "the replay file to write (atomically)"),
+		OPT_TRACE(&trace),
 		OPT_END(),
 	};
 
@@ -57,13 +66,15 @@ int cmd_replay(int argc, char **argv)
 	if (weights_given && !o.routing_recorded)
 		return cli_usage_error("--routing-weights needs --routing=recorded");
 	if (hi3_cond_open(&c, argv[0], &err) != 0 || hi3_segment_open(&s, argv[1], &err) != 0 ||
-	    cli_open_model(&m, &err) != 0) {
+	    cli_open_model(&m, &err) != 0 ||
+	    cli_trace_open(&trace, m, (const char *[]){argv[0], argv[1], out, NULL}, &o.trace, &err) != 0) {
 		rc = cli_fail(&err);
 		goto out;
 	}
 	rc = hi3_replay_to_file(m, c, s, argv[1], &o, record, out, &rep, &err);
 	cli_progress_end();
-	if (rc != 0 || hi3_replay_report_json(&rep, &report, &len, &err) != 0) {
+	if (rc != 0 || cli_trace_write(&trace, o.trace, &err) != 0 ||
+	    hi3_replay_report_json(&rep, &report, &len, &err) != 0) {
 		rc = cli_fail(&err);
 		goto out;
 	}
@@ -75,6 +86,7 @@ int cmd_replay(int argc, char **argv)
 out:
 	free(report);
 	hi3_replay_report_release(&rep);
+	hi3_trace_free(o.trace);
 	cli_close_model(m);
 	hi3_segment_close(s);
 	hi3_cond_close(c);

@@ -6,6 +6,7 @@ int cmd_init_model(int argc, char **argv);
 int cmd_prefill(int argc, char **argv);
 int cmd_decode(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
+int cmd_import_rollout(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_parity(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

@@ -24,6 +24,7 @@ static const struct cli_command commands[] = {
 	CMD("prefill", prefill, "run a prompt batch and write its KV cache file"),
 	CMD("decode", decode, "decode new tokens into the KV file and write a segment"),
 	CMD("replay", replay, "teacher-forced log-probs of a segment and the rollout/replay report"),
+	CMD("import-rollout", import_rollout, "another engine's rollout (vLLM, SGLang JSONL) into conditions and a segment"),
 	CMD("parity", parity, "prove a batch equals its rows run alone, or show where not"),
 	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
 	CMD("diff", diff, "compare two safetensors files tensor by tensor"),

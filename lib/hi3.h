@@ -37,6 +37,7 @@ extern "C" {
 #define HI3_FORMAT_KV "hi3.kv"
 #define HI3_FORMAT_SEGMENT "hi3.segment"
 #define HI3_FORMAT_REPLAY "hi3.replay"
+#define HI3_FORMAT_TRACE "hi3.trace"
 
 /* ---------------------------------------------------------------- errors */
 
@@ -348,6 +349,7 @@ typedef struct hi3_model hi3_model;
 typedef struct hi3_cond hi3_cond;      /* conditions, below */
 typedef struct hi3_template hi3_template;
 typedef struct hi3_requests hi3_requests;
+typedef struct hi3_trace hi3_trace;    /* an activation recorder, below */
 
 /*
  * Scale-out (lib/par/comm.c, hi3-parallel(7)): a communicator is a table
@@ -522,6 +524,11 @@ typedef struct hi3_batch {
 	int n_embed;                 /* input rows that replace their token embedding (cond images) */
 	const int32_t *embed_at;     /* (n_embed, 2) (b, t), each at most once */
 	const float *embed_rows;     /* (n_embed, H) the rows */
+	/* tracing (optional): record the activations of some tokens of this call */
+	hi3_trace *trace;            /* NULL: nothing is recorded, at no cost */
+	const int32_t *trace_row;    /* (B) the stage's row of each batch row; NULL: r */
+	const int64_t *trace_pos;    /* (B, T) each token's position in its row, -1 for a pad (never
+	                              * traced); NULL: its column t */
 } hi3_batch;
 
 /* Run the model over a batch. */
@@ -530,6 +537,91 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 /* Bring the backend's copy of rows of the cache into kv's host memory
  * (a no-op on the CPU backend). */
 int hi3_kv_sync_host(hi3_model *m, hi3_kvcache *kv, hi3_error *err);
+
+/* ----------------------------------------------------------------- traces */
+
+/* The named activation points of a forward pass, in forward order
+ * (hi3-files(5), TRACE). n traced tokens; per layer unless noted. */
+enum hi3_trace_kind {
+	HI3_TRACE_EMBED,          /* embed (n, H): the embedding output (not per layer) */
+	HI3_TRACE_IN,             /* layer.L.in (n, H): the layer's input */
+	HI3_TRACE_IN_NORM,        /* layer.L.in_norm (n, H): after the input RMSNorm */
+	HI3_TRACE_Q,              /* layer.L.q (n, n_h d): after RoPE and qk-norm */
+	HI3_TRACE_K,              /* layer.L.k (n, n_kv d): after RoPE and qk-norm */
+	HI3_TRACE_V,              /* layer.L.v (n, n_kv d) */
+	HI3_TRACE_ATTN,           /* layer.L.attn (n, n_h d): attention output, before o_proj */
+	HI3_TRACE_ATTN_OUT,       /* layer.L.attn_out (n, H): after o_proj */
+	HI3_TRACE_MLP_IN,         /* layer.L.mlp_in (n, H): the MLP or MoE input (post-attention RMSNorm) */
+	HI3_TRACE_ROUTER_LOGITS,  /* layer.L.router_logits (n, E): MoE layers */
+	HI3_TRACE_EXPERTS,        /* layer.L.experts (n, k) I16: the chosen experts, in routing order */
+	HI3_TRACE_EXPERT_WEIGHTS, /* layer.L.expert_weights (n, k): their weights */
+	HI3_TRACE_EXPERT_OUT,     /* layer.L.expert_out (n, k, H): each chosen expert's output, unweighted */
+	HI3_TRACE_SHARED_OUT,     /* layer.L.shared_out (n, H): the shared MLP (use_mixed_mlp_moe) */
+	HI3_TRACE_MLP_OUT,        /* layer.L.mlp_out (n, H): the MLP or MoE output */
+	HI3_TRACE_FINAL,          /* final (n, H): the last layer's output */
+	HI3_TRACE_FINAL_NORM,     /* final_norm (n, H): after the final RMSNorm */
+	HI3_TRACE_LOGITS,         /* logits.topk (n, K), logits.topk_ids (n, K) I32, logits.lse (n) */
+	HI3_TRACE_KIND_COUNT
+};
+
+/* "attn_out" for HI3_TRACE_ATTN_OUT; -1 from parse for an unknown name. */
+const char *hi3_trace_kind_name(int kind);
+int hi3_trace_kind_parse(const char *name);
+
+/* What to record: tokens are chosen by the stage's row and their position
+ * in it (a prompt column, or n_i + j for response token j). */
+typedef struct hi3_trace_opts {
+	const int64_t *rows;      /* (n_rows) the rows to trace; NULL: row 0 */
+	int n_rows;
+	const int64_t *ranges;    /* (n_ranges, 2) positions [lo, hi) to trace; NULL: every real token */
+	int n_ranges;
+	uint32_t kinds;           /* OR of 1u << enum hi3_trace_kind; 0: every kind */
+	int topk;                 /* logits kept per token (0: 16) */
+} hi3_trace_opts;
+
+/* A recorder for model m: given to stages (their opts' trace) and through
+ * them to hi3_forward (hi3_batch.trace), it keeps the chosen tokens'
+ * activations in host memory; hi3_trace_write writes them as one trace
+ * file (format hi3.trace). The model must outlive it. */
+int hi3_trace_new(hi3_trace **out, hi3_model *m, const hi3_trace_opts *o, hi3_error *err);
+void hi3_trace_free(hi3_trace *t);
+/* A metadata entry for the file (stage, conditions_hash, ...); copied. */
+int hi3_trace_set_meta(hi3_trace *t, const char *key, const char *val, hi3_error *err);
+int64_t hi3_trace_count(const hi3_trace *t);    /* tokens recorded so far */
+/* Write what was recorded, tokens ordered by (row, position), atomically. */
+int hi3_trace_write(hi3_trace *t, const char *path, hi3_error *err);
+
+/* One point of a trace file: a tensor whose first axis is the token. */
+typedef struct hi3_trace_point {
+	const char *name;         /* "layer.3.attn_out", "logits.lse", ... */
+	int kind;                 /* enum hi3_trace_kind */
+	int layer;                /* -1: embed, final, final_norm, logits */
+	int sub;                  /* logits: 0 topk, 1 topk_ids, 2 lse; else 0 */
+	hi3_dtype dtype;          /* F32; experts I16; logits.topk_ids I32 */
+	int ndim;                 /* 1 (logits.lse), 2, or 3 (expert_out) */
+	int64_t shape[3];         /* shape[0] = n */
+	const void *data;
+} hi3_trace_point;
+
+/* A trace file (format hi3.trace, hi3-files(5)), opened and validated (every
+ * pointer into its mapping), or filled in and written. */
+typedef struct hi3_trace_file {
+	int64_t n;                     /* traced tokens, ordered by (row, position), each once */
+	const int32_t *rows;           /* (n) the stage's row */
+	const int64_t *positions;      /* (n) the position in the row */
+	const int64_t *tokens;         /* (n) the token id fed there */
+	int n_points;
+	hi3_trace_point *points;       /* forward order */
+	const char *const *meta;       /* write: n_meta (key, value) pairs; open: NULL (hi3_trace_file_meta) */
+	int n_meta;
+	hi3_st *st;                    /* the backing file; NULL for one built in memory */
+} hi3_trace_file;
+
+int hi3_trace_file_open(hi3_trace_file **out, const char *path, hi3_error *err);
+void hi3_trace_file_close(hi3_trace_file *f);
+const char *hi3_trace_file_meta(const hi3_trace_file *f, const char *key);   /* NULL: absent */
+/* Write f atomically after the checks hi3_trace_file_open makes. */
+int hi3_trace_file_write(const hi3_trace_file *f, const char *path, hi3_error *err);
 
 /* --------------------------------------------------------------- sampling */
 
@@ -566,6 +658,7 @@ typedef struct hi3_prefill_opts {
 	hi3_dtype kv_dtype;       /* HI3_F32 or HI3_BF16 */
 	int max_tokens;           /* tokens per forward chunk (0: 8192) */
 	int record_routing;       /* MoE: store each prompt token's experts and weights */
+	hi3_trace *trace;         /* record activations of the prompts' tokens (position: column), or NULL */
 	hi3_progress_fn progress;
 	void *progress_ctx;
 } hi3_prefill_opts;
@@ -598,6 +691,7 @@ typedef struct hi3_decode_opts {
 	int placement;            /* enum hi3_placement */
 	int record_routing;       /* store MoE routing of generated tokens in the segment */
 	int no_fsync;             /* keep step commits ordered but skip msync */
+	hi3_trace *trace;         /* record activations of the fed tokens (position: n_i + g), or NULL */
 	hi3_progress_fn progress;
 	void *progress_ctx;
 } hi3_decode_opts;
@@ -636,6 +730,7 @@ typedef struct hi3_segment {
 	const char *sampler;          /* "greedy" or "temperature=T top_k=K top_p=P" */
 	const char *decode_mask;      /* "causal" or "none" */
 	const char *token_placement;  /* "index" or "tail" */
+	const char *routing_weights;  /* "none": route_w not recorded (NaN; an imported rollout) */
 	hi3_st *st;                   /* the backing file; NULL for one built in memory */
 } hi3_segment;
 
@@ -652,6 +747,10 @@ int hi3_segment_write(const hi3_segment *s, const char *path, hi3_error *err);
 typedef struct hi3_replay_file {
 	int64_t T;
 	const float *logprobs;        /* (T) aligned with the segment */
+	/* per token, to join with routing, traces and the conditions (NULL: absent) */
+	const float *dlogp;           /* (T) replay - rollout log-prob */
+	const int32_t *rows;          /* (T) the token's row */
+	const int64_t *positions;     /* (T) its position in the row: n_i + j for response token j */
 	int n_moe, k;                 /* routing, when route_ids is not NULL */
 	const int16_t *route_ids;     /* (T, n_moe, k) response tokens, or NULL */
 	const float *route_w;         /* (T, n_moe, k) */
@@ -676,15 +775,56 @@ typedef struct hi3_replay_opts {
 	int max_tokens;           /* token budget of a batched forward (0: 8192) */
 	int routing_recorded;     /* force the segment's recorded experts */
 	int weights_recorded;     /* ... and their recorded weights */
+	double is_cap;            /* C of the importance-ratio metrics (0: 2, as TIS uses) */
 	/* optional outputs (caller allocated; n_moe * k entries per token):
 	 * the routing of the pass that gave the log-probs */
 	int16_t *rec_ids;         /* (T, n_moe, k) response tokens, or NULL */
 	float *rec_w;             /* (T, n_moe, k) */
 	int16_t *rec_prompt_ids;  /* (P, n_moe, k) prompt tokens, P = sum of n_i, or NULL */
 	float *rec_prompt_w;      /* (P, n_moe, k) */
+	hi3_trace *trace;         /* record the activations of the pass that gives the log-probs (position:
+	                           * the prompt column, n_i + j for response token j), or NULL */
 	hi3_progress_fn progress;
 	void *progress_ctx;
 } hi3_replay_opts;
+
+/* The mismatch metrics RL trainers log for a rollout scored again
+ * (hi3-replay(1), MISMATCH METRICS), named as verl's rollout correction
+ * names them (rollout_corr/...). Per token t the log ratio is
+ * r_t = replay_t - rollout_t (log-probs, natural log); a row's sequence
+ * log ratio is S = sum of its r_t. Rows without tokens are left out. */
+typedef struct hi3_mismatch_is {
+	/* the importance weights w at one level: token (w_t = exp(r_t)) or
+	 * sequence (every token of a row weighted exp(S)); exp of a log ratio
+	 * clamped to [-20, 20]; C the cap */
+	double mean, std, min, max;           /* std: of w clamped to [1/C, C] */
+	double fraction_high, fraction_low;   /* share of w > C, of w < 1/C */
+	double eff_sample_size;               /* 1 / mean((w'/mean w')^2), w' clamped to [1/C, C] */
+	double seq_mean, seq_std, seq_min, seq_max, seq_max_deviation;  /* of each row's mean weight */
+	double seq_fraction_high, seq_fraction_low;
+} hi3_mismatch_is;
+
+typedef struct hi3_mismatch {
+	int64_t tokens;
+	int rows;                     /* rows with tokens */
+	double kl;                    /* mean of -r_t: the direct estimator of KL(rollout || replay) */
+	double k3_kl;                 /* mean of exp(r_t) - r_t - 1 */
+	double chi2_token, chi2_seq;  /* mean of exp(2 r_t) - 1; mean over rows of exp(2 S) - 1 */
+	double training_ppl, training_log_ppl;   /* over rows: exp(-mean replay_t), -mean replay_t */
+	double rollout_ppl, rollout_log_ppl;
+	double log_ppl_diff, log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min;  /* over rows of
+	                               * mean rollout_t - mean replay_t */
+	double ppl_ratio;             /* mean over rows of exp(log_ppl_diff) */
+	double log_ratio_sum;         /* sum of r_t over every token (a row: its S) */
+	double cap;                   /* C */
+	hi3_mismatch_is token, sequence;
+} hi3_mismatch;
+
+/* The metrics of rows (B of them; row i is [cu[i], cu[i+1]) of the two
+ * log-prob arrays) with cap C > 1: over all rows into *all, and each row
+ * alone into rows (B entries) when not NULL. */
+int hi3_mismatch_compute(const float *replay, const float *rollout, const int64_t *cu, int B, double cap,
+                         hi3_mismatch *all, hi3_mismatch *rows, hi3_error *err);
 
 typedef struct hi3_replay_row {
 	int64_t tokens;           /* 0: empty response, nothing to compare */
@@ -693,6 +833,7 @@ typedef struct hi3_replay_row {
 	int64_t worst;            /* index within the row of the largest gap */
 	double mean_abs_free, max_abs_free;        /* without routing replay */
 	int64_t routing_flips, routing_tokens;
+	hi3_mismatch mismatch;    /* the trainers' metrics of this row */
 } hi3_replay_row;
 
 typedef struct hi3_replay_report {
@@ -707,6 +848,7 @@ typedef struct hi3_replay_report {
 	int batched, routing_recorded;
 	int have_routes;          /* the segment recorded routing and the model is MoE */
 	int64_t worst_row, worst_token; /* the worst token as (row, index within it); -1 when no tokens */
+	hi3_mismatch mismatch;    /* the trainers' metrics over every row */
 } hi3_replay_report;
 
 /* Teacher-forced log-probs of the segment's tokens into logprobs (T). */
@@ -721,6 +863,25 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
                        hi3_error *err);
 /* The report as one JSON object (hi3-replay(1)); *text is malloc'd. */
 int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *len, hi3_error *err);
+
+/* ---------------------------------------------------------- import-rollout */
+
+/* hi3 import-rollout (hi3-import-rollout(1)): another engine's rollout, JSONL
+ * of vLLM's or SGLang's outputs (the fields the page lists), into a
+ * conditions file and a segment file for model m. */
+typedef struct hi3_import_opts {
+	int64_t seed_base;        /* a row without "seed": seed_base + its index */
+} hi3_import_opts;
+
+typedef struct hi3_import_report {
+	int lines, rows;          /* requests read, completions (rows) written */
+	int64_t prompt_tokens, response_tokens;
+	int routed;               /* the rows carry routed experts */
+	char source[16];          /* where the log-probs came from: vllm, sglang, openai, hi3, mixed */
+} hi3_import_report;
+
+int hi3_import_rollout(hi3_model *m, const char *jsonl_path, const hi3_import_opts *o, const char *cond_path,
+                       const char *seg_path, hi3_import_report *rep, hi3_error *err);
 
 /* ----------------------------------------------------------------- parity */
 
@@ -1326,6 +1487,63 @@ void hi3_diff_free(hi3_diff_result *r);
 /* The report: one line per tensor and a summary line, or one JSON object.
  * *text is malloc'd (free it); returns 0 or -1 when out of memory. */
 int hi3_diff_report(const hi3_diff_result *r, int json, char **text, size_t *len, hi3_error *err);
+
+/* hi3 diff --first (see hi3-diff(1)): two trace files aligned by (row,
+ * position), compared point by point in forward order, and the first point
+ * where they differ. */
+typedef struct hi3_trace_diff_opts {
+	double tol;              /* an element differs when |a - b| > tol (0: bitwise); ids always exactly */
+	int64_t row_a, row_b;    /* align row row_a of A with row row_b of B; -1: each row with itself */
+	int threads;             /* 0: the OpenMP default */
+} hi3_trace_diff_opts;
+
+/* A place in two traces: the aligned token and the element of the point. */
+typedef struct hi3_trace_diff_loc {
+	int64_t row_a, row_b, pos;
+	int n_index;                      /* 0 (tokens, logits.lse), 1, or 2 (expert_out: slot, element) */
+	int64_t index[2];
+	double a, b;
+} hi3_trace_diff_loc;
+
+typedef struct hi3_trace_diff_point {
+	char *name;                       /* "tokens" (the ids fed) first, then the points */
+	int kind;                         /* enum hi3_trace_kind; -1 for tokens */
+	int layer, sub;
+	int status;                       /* HI3_DIFF_OK, _OVER, _ONLY_A, _ONLY_B, _DTYPE or _SHAPE */
+	int integer;                      /* ids (tokens, experts, logits.topk_ids): compared exactly */
+	int64_t compared, over;           /* elements */
+	int64_t tokens_over;              /* aligned tokens with some element over tolerance */
+	double max_abs;
+	hi3_trace_diff_loc first;         /* over tolerance: the lowest position (then row), lowest index */
+	hi3_trace_diff_loc worst;         /* where |a - b| = max_abs first occurs in that order */
+} hi3_trace_diff_point;
+
+typedef struct hi3_trace_diff {
+	char *path_a, *path_b;
+	hi3_trace_diff_opts opts;
+	int64_t aligned, only_a, only_b;  /* tokens (of the rows compared) */
+	int64_t pos_lo, pos_hi;           /* the aligned positions' range */
+	int n_layers;                     /* layers named by either trace */
+	int n;
+	hi3_trace_diff_point *p;          /* forward order: tokens, embed, layer.0.in, ... */
+	int first;                        /* index into p of the first difference; -1: none */
+	int n_differ;                     /* points that differ (over, dtype, shape) */
+	int equal;
+	int n_meta_a, n_meta_b;
+	char **meta_a, **meta_b;          /* (n_meta, 2) each file's metadata */
+} hi3_trace_diff;
+
+/* Compare the traces at path_a and path_b. 0 with *out filled whether or
+ * not they differ; -1 when a file cannot be read (status 3), or when the
+ * options do not fit them or no token is in both (status 2). */
+int hi3_trace_diff_run(const char *path_a, const char *path_b, const hi3_trace_diff_opts *o, hi3_trace_diff **out,
+                       hi3_error *err);
+void hi3_trace_diff_free(hi3_trace_diff *d);
+/* The report (text: the first difference, what it means, the table of max
+ * |A - B| by layer and point; or one JSON object); *text is malloc'd. */
+int hi3_trace_diff_report(const hi3_trace_diff *d, int json, char **text, size_t *len, hi3_error *err);
+/* log10 max |A - B| by layer, a line per kind of point, as a PNG at path. */
+int hi3_trace_diff_png(const hi3_trace_diff *d, const char *path, hi3_error *err);
 
 #ifdef __cplusplus
 }

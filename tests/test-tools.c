@@ -12,6 +12,10 @@
  *                                   PATH (keys, array indices or KEY=VALUE joined by '/')
  *   test-tools pnginfo FILE         check the signature and IHDR, decode; print "WIDTH HEIGHT"
  *   test-tools pngpix FILE X Y      print the pixel "R G B"
+ *   test-tools argmax FILE TENSOR R print the index of the largest value of row R of a 2-D F32
+ *                                   tensor (ties to the lowest)
+ *   test-tools rollout COND SEG FORMAT   a rollout as another engine returns it, on stdout:
+ *                                   FORMAT vllm (RequestOutput), openai (choices), sglang (/generate)
  *
  * Values are a hash of what a row *is* (its identity), not where it sits in
  * the batch, so a batched file and a B = 1 file agree on a row's valid
@@ -258,6 +262,8 @@ static int poke(const char *path, const char *name, const char *idx, const char 
 	case HI3_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
 	case HI3_BF16: { uint16_t h = hi3_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
 	case HI3_I64: { int64_t i = (int64_t)v; memcpy(p, &i, 8); break; }
+	case HI3_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
+	case HI3_I16: { int16_t i = (int16_t)v; memcpy(p, &i, 2); break; }
 	case HI3_U8: *p = (uint8_t)v; break;
 	default:
 		hi3_st_close(st);
@@ -322,6 +328,93 @@ static int json_cmd(const char *path)
 	return 0;
 }
 
+/* hi3's rollout (conditions + segment) as JSONL in another engine's fields
+ * (hi3-import-rollout(1)), log-probs printed exactly (%.9g round-trips an
+ * f32). Routed experts: the segment's for the response; the prompt's rows
+ * (which import-rollout does not take) are experts 0, 1, ... */
+static int export_rollout(const char *cond, const char *segp, const char *fmt, hi3_error *err)
+{
+	hi3_cond *c = NULL;
+	hi3_segment *s = NULL;
+	int rc = -1;
+
+	if (hi3_cond_open(&c, cond, err) || hi3_segment_open(&s, segp, err))
+		goto out;
+	for (int i = 0; i < s->B; i++) {
+		int64_t n = c->real_pos[i], o = s->cu_seqlens[i], R = s->cu_seqlens[i + 1] - o, NK = s->n_moe * s->k;
+		int vllm = !strcmp(fmt, "vllm"), openai = !strcmp(fmt, "openai"), sgl = !strcmp(fmt, "sglang");
+		const char *reason = s->stop_reason[i] == 1 ? "stop" : s->stop_reason[i] == 2 ? "length" : "abort";
+
+		printf("{\"%s\": [", sgl ? "input_ids" : "prompt_token_ids");
+		for (int64_t t = 0; t < n; t++)
+			printf("%s%lld", t ? ", " : "", (long long)c->input_ids[(size_t)i * c->L + t]);
+		printf("], \"seed\": %lld, ", (long long)c->seeds[i]);
+		printf(vllm ? "\"outputs\": [{\"token_ids\": [" : openai ? "\"choices\": [{\"token_ids\": [" : "\"output_ids\": [");
+		for (int64_t j = 0; j < R; j++)
+			printf("%s%lld", j ? ", " : "", (long long)s->tokens[o + j]);
+		printf("], ");
+		if (vllm) {
+			printf("\"logprobs\": [");
+			for (int64_t j = 0; j < R; j++)
+				printf("%s{\"%lld\": {\"logprob\": %.9g, \"rank\": 1, \"decoded_token\": null}}", j ? ", " : "",
+				       (long long)s->tokens[o + j], s->logprobs[o + j]);
+			printf("], \"finish_reason\": \"%s\"", reason);
+		} else if (openai) {
+			printf("\"logprobs\": {\"content\": [");
+			for (int64_t j = 0; j < R; j++)
+				printf("%s{\"token\": \"t%lld\", \"logprob\": %.9g}", j ? ", " : "", (long long)s->tokens[o + j],
+				       s->logprobs[o + j]);
+			printf("]}, \"finish_reason\": \"%s\"", reason);
+		} else {
+			printf("\"meta_info\": {\"finish_reason\": {\"type\": \"%s\"}, \"output_token_logprobs\": [", reason);
+			for (int64_t j = 0; j < R; j++)
+				printf("%s[%.9g, %lld, null]", j ? ", " : "", s->logprobs[o + j], (long long)s->tokens[o + j]);
+			printf("]");
+		}
+		if (s->route_ids && sgl) {
+			/* base64 of int32 (n + R - 1, n_moe, k) */
+			static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+			int64_t N = n + R - 1, nb = N * NK * 4;
+			unsigned char *b = calloc((size_t)nb + 3, 1);
+			for (int64_t r = 0; r < N; r++)
+				for (int64_t x = 0; x < NK; x++) {
+					int32_t e = r < n ? (int32_t)(x % s->k) : s->route_ids[(size_t)(o + r - n) * NK + x];
+					memcpy(b + (r * NK + x) * 4, &e, 4);
+				}
+			printf(", \"routed_experts\": \"");
+			for (int64_t q = 0; q < nb; q += 3) {
+				uint32_t v = (uint32_t)b[q] << 16 | (uint32_t)b[q + 1] << 8 | b[q + 2];
+				putchar(b64[v >> 18 & 63]);
+				putchar(b64[v >> 12 & 63]);
+				putchar(q + 1 < nb ? b64[v >> 6 & 63] : '=');
+				putchar(q + 2 < nb ? b64[v & 63] : '=');
+			}
+			printf("\"");
+			free(b);
+		} else if (s->route_ids) {
+			printf(", \"routed_experts\": [");
+			for (int64_t r = 0; r < n + R - 1; r++) {
+				printf("%s[", r ? ", " : "");
+				for (int l = 0; l < s->n_moe; l++) {
+					printf("%s[", l ? ", " : "");
+					for (int a = 0; a < s->k; a++)
+						printf("%s%d", a ? ", " : "",
+						       r < n ? a : s->route_ids[((size_t)(o + r - n) * s->n_moe + l) * s->k + a]);
+					printf("]");
+				}
+				printf("]");
+			}
+			printf("]");
+		}
+		printf(sgl ? "}}\n" : "}]}\n");
+	}
+	rc = 0;
+out:
+	hi3_segment_close(s);
+	hi3_cond_close(c);
+	return rc;
+}
+
 /* Read a PNG (checked: signature, IHDR first, decodes); pixels as RGB. */
 static uint8_t *png_read(const char *path, int *w, int *h)
 {
@@ -375,6 +468,24 @@ static int tool(int argc, char **argv)
 		rc = poke(argv[2], argv[3], argv[4], argv[5], &err);
 	} else if (!strcmp(argv[1], "json")) {
 		return json_cmd(argc > 2 ? argv[2] : NULL);
+	} else if (!strcmp(argv[1], "rollout") && argc == 5) {
+		rc = export_rollout(argv[2], argv[3], argv[4], &err);
+	} else if (!strcmp(argv[1], "argmax") && argc == 5) {
+		hi3_st *st = NULL;
+		const hi3_tensor *t;
+		int64_t r = atoll(argv[4]);
+		rc = hi3_st_open(&st, argv[2], HI3_ST_READ, &err) ||
+		     hi3_st_get(st, argv[3], HI3_F32, 2, (int64_t[]){-1, -1}, &t, &err);
+		if (!rc && (r < 0 || r >= t->shape[0]))
+			rc = hi3_error_set(&err, HI3_ERR_USAGE, "row %lld of %lld", (long long)r, (long long)t->shape[0]);
+		if (!rc) {
+			const float *v = (const float *)t->data + r * t->shape[1];
+			int64_t best = 0;
+			for (int64_t i = 1; i < t->shape[1]; i++)
+				best = v[i] > v[best] ? i : best;
+			printf("%lld\n", (long long)best);
+		}
+		hi3_st_close(st);
 	} else if ((!strcmp(argv[1], "pnginfo") && argc == 3) || (!strcmp(argv[1], "pngpix") && argc == 5)) {
 		int w, h;
 		uint8_t *px = png_read(argv[2], &w, &h);

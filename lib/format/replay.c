@@ -3,6 +3,8 @@
  * log-probs of a segment's tokens, aligned with the segment.
  *
  *   logprobs                (T) F32
+ *   dlogp                   (T) F32  replay - rollout, rows (T) I32, positions (T) I64    (optional
+ *                           together: per-token joins with routing, traces, conditions)
  *   routing_experts         (T, n_moe, k) I16, routing_weights (T, n_moe, k) F32    (optional, with
  *   prompt_routing_experts  (P, n_moe, k) I16, prompt_routing_weights F32          replay --record-routing)
  *   prompt_cu_seqlens       (B + 1) I64: row i's prompt tokens are [cu[i], cu[i+1]) of the prompt tensors
@@ -25,6 +27,16 @@ int hi3_replay_file_open(hi3_replay_file **out, const char *path, hi3_error *err
 		goto fail;
 	r->T = lp->shape[0];
 	r->logprobs = lp->data;
+	if (hi3_st_find(r->st, "dlogp")) {
+		const hi3_tensor *d, *rr, *ps;
+		if (hi3_st_get(r->st, "dlogp", HI3_F32, 1, lp->shape, &d, err) ||
+		    hi3_st_get(r->st, "rows", HI3_I32, 1, lp->shape, &rr, err) ||
+		    hi3_st_get(r->st, "positions", HI3_I64, 1, lp->shape, &ps, err))
+			goto fail;
+		r->dlogp = d->data;
+		r->rows = rr->data;
+		r->positions = ps->data;
+	}
 	if (hi3_st_find(r->st, "routing_experts")) {
 		if (hi3_st_get(r->st, "routing_experts", HI3_I16, 3, (int64_t[]){r->T, -1, -1}, &re, err) ||
 		    hi3_st_get(r->st, "routing_weights", HI3_F32, 3, re->shape, &rw, err) ||
@@ -88,6 +100,9 @@ int hi3_replay_file_write(const hi3_replay_file *r, const char *path, hi3_error 
 	if (!w)
 		goto oom;
 	if (hi3_stw_add(w, "logprobs", HI3_F32, 1, sT, r->logprobs) ||
+	    (r->dlogp && (hi3_stw_add(w, "dlogp", HI3_F32, 1, sT, r->dlogp) ||
+	                  hi3_stw_add(w, "rows", HI3_I32, 1, sT, r->rows) ||
+	                  hi3_stw_add(w, "positions", HI3_I64, 1, sT, r->positions))) ||
 	    (r->route_ids && (hi3_stw_add(w, "routing_experts", HI3_I16, 3, sr, r->route_ids) ||
 	                      hi3_stw_add(w, "routing_weights", HI3_F32, 3, sr, r->route_w) ||
 	                      hi3_stw_add(w, "prompt_routing_experts", HI3_I16, 3, sp, r->prompt_route_ids) ||

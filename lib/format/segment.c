@@ -8,7 +8,8 @@
  *   stop_reason     (B) U8      0 unfinished, 1 stop token, 2 length
  *   routing_experts (T, n_moe, k) I16, routing_weights (T, n_moe, k) F32   (optional)
  * metadata: format, format_version, model_fingerprint, conditions_hash,
- * sampler, decode_mask, token_placement.
+ * sampler, decode_mask, token_placement, routing_weights ("none": routing_weights holds NaN, the
+ * engine did not report them).
  */
 #include <string.h>
 #include "core/internal.h"
@@ -67,6 +68,7 @@ int hi3_segment_open(hi3_segment **out, const char *path, hi3_error *err)
 	s->sampler = hi3_st_meta(s->st, "sampler");
 	s->decode_mask = hi3_st_meta(s->st, "decode_mask");
 	s->token_placement = hi3_st_meta(s->st, "token_placement");
+	s->routing_weights = hi3_st_meta(s->st, "routing_weights");
 	*out = s;
 	return 0;
 fail:
@@ -88,6 +90,7 @@ int hi3_segment_write(const hi3_segment *s, const char *path, hi3_error *err)
 	const char *meta[][2] = {
 		{"model_fingerprint", s->model_fingerprint}, {"conditions_hash", s->conditions_hash},
 		{"sampler", s->sampler}, {"decode_mask", s->decode_mask}, {"token_placement", s->token_placement},
+		{"routing_weights", s->routing_weights},
 	};
 	hi3_st_writer *w;
 	int rc = -1;

@@ -8,6 +8,10 @@
  *   logits = lm_head(rmsnorm_f(x))
  *
  * Shapes: M = B*T tokens of this call, H hidden, W = (n_h + 2 n_kv) d.
+ *
+ * Tracing: with a trace in the batch, each named point (hi3_trace_kind)
+ * hands the recorder (trace.c) the buffer that holds it; without one a
+ * point is one test of a NULL pointer.
  */
 #include <math.h>
 #include <string.h>
@@ -76,6 +80,19 @@ oom:
 	return hi3_error_set(err, HI3_ERR_RUNTIME,
 	                     "out of %s memory for %zu tokens of activations (%zu MiB free)", be->name, M,
 	                     be->ops->mem_free(be) >> 20);
+}
+
+/* A named point: buf (M, w) on the device, or on the host. */
+static void point(hi3_trace *tr, int kind, int layer, const float *buf, int w)
+{
+	if (tr)
+		hi3i_trace_point(tr, kind, layer, buf, w);
+}
+
+static void host_point(hi3_trace *tr, int kind, int layer, const void *buf, int w)
+{
+	if (tr)
+		hi3i_trace_host(tr, kind, layer, buf, w);
 }
 
 /* y (M, H) = SwiGLU MLP of h (M, H), into ab (M, 2I) and mid (M, I)
@@ -236,8 +253,8 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 	float *rl = NULL, *wts = NULL, *sc = NULL, *prob = NULL;
 	uint8_t *used = NULL;
 	int16_t *ids = NULL;
-	int32_t *idx = NULL;
-	int rc = -1;
+	int32_t *idx = NULL, *where = NULL;   /* where (M, k): the row of ye of each (token, chosen expert) */
+	int rc = -1, l = (int)(L - m->layers), trace_out = hi3i_trace_wants(b->trace, HI3_TRACE_EXPERT_OUT);
 
 	rl = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)E, err);
 	ids = hi3i_malloc(sizeof(int16_t) * (size_t)M * (size_t)k, err);
@@ -246,11 +263,14 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 	sc = hi3i_malloc(sizeof(float) * (size_t)M * (size_t)k, err);
 	prob = hi3i_malloc(sizeof(float) * (size_t)E, err);
 	used = hi3i_malloc((size_t)E, err);
-	if (!rl || !ids || !wts || !idx || !sc || !prob || !used)
+	if (trace_out)
+		where = hi3i_malloc(sizeof(int32_t) * (size_t)M * (size_t)k, err);
+	if (!rl || !ids || !wts || !idx || !sc || !prob || !used || (trace_out && !where))
 		goto out;
 	be->ops->matmul(be, m->w.rl, h, L->router, M);
 	if (be->ops->download(be, rl, m->w.rl, sizeof(float) * (size_t)M * (size_t)E) != 0)
 		goto be_failed;
+	host_point(b->trace, HI3_TRACE_ROUTER_LOGITS, l, rl, E);
 	for (int t = 0; t < M; t++) {
 		size_t rec = ((size_t)t * NM + (size_t)L->moe_index) * (size_t)K;
 		/* a token whose record starts with -1 routes freely */
@@ -272,6 +292,8 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 			}
 		}
 	}
+	host_point(b->trace, HI3_TRACE_EXPERTS, l, ids, k);
+	host_point(b->trace, HI3_TRACE_EXPERT_WEIGHTS, l, wts, k);
 	/* Routed experts: each expert's tokens gathered into one packed
 	 * buffer, both GEMM stages of every expert (and the shared MLP) run
 	 * as one grouped call each, then the outputs are added to y expert by
@@ -297,6 +319,8 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 			for (int t = 0; t < M; t++)
 				for (int j = 0; j < k; j++)
 					if (ids[(size_t)t * k + j] == e) {
+						if (where)
+							where[(size_t)t * k + j] = rows;
 						idx[rows] = t;
 						sc[rows] = wts[(size_t)t * k + j];
 						rows++;
@@ -352,6 +376,10 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 		}
 		matmul_group(m, n_jobs, ys, xs, ws, ms);
 combine:
+		if (where)
+			hi3i_trace_rows(b->trace, HI3_TRACE_EXPERT_OUT, l, m->w.ye, H, where, k);
+		if (L->has_shared)
+			point(b->trace, HI3_TRACE_SHARED_OUT, l, m->w.ys, H);
 		be->ops->zero(be, y, (size_t)M * (size_t)H);
 		for (int e = 0; e < E; e++)
 			if (count[e])
@@ -384,6 +412,7 @@ out:
 	free(sc);
 	free(prob);
 	free(used);
+	free(where);
 	return rc;
 }
 
@@ -440,6 +469,30 @@ static int check_batch(const hi3_model *m, const hi3_kvcache *kv, const hi3_batc
 			return hi3_error_set(err, HI3_ERR_USAGE, "forward: logits requested at (%d, %d) outside (%d, %d)",
 			                     b->logit_at[2 * i], b->logit_at[2 * i + 1], b->B, b->T);
 	return 0;
+}
+
+/* The traced tokens' final RMSNorm and logits: their own lm_head product,
+ * in chunks of at most 256 tokens, whatever logits the batch asked for. */
+static void trace_final(hi3_model *m, hi3_trace *tr)
+{
+	hi3_backend *be = m->be;
+	const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+	int n;
+	const int32_t *kept = hi3i_trace_kept(tr, &n);
+	float *lx, *lg;                    /* (n, H), (256, V) */
+
+	if (!kept || !(hi3i_trace_wants(tr, HI3_TRACE_FINAL_NORM) || hi3i_trace_wants(tr, HI3_TRACE_LOGITS)))
+		return;
+	if (!(lx = hi3i_trace_scratch(tr, 0, (size_t)n * H)) || !(lg = hi3i_trace_scratch(tr, 1, (size_t)256 * V)))
+		return;
+	be->ops->gather(be, lx, m->w.x, kept, n, H);
+	be->ops->rmsnorm(be, lx, lx, m->ln_f, n, H, m->dims.eps);
+	hi3i_trace_point_kept(tr, HI3_TRACE_FINAL_NORM, -1, lx, H);
+	for (int i = 0; hi3i_trace_wants(tr, HI3_TRACE_LOGITS) && i < n; i += 256) {
+		int c = HI3_MIN(256, n - i);
+		be->ops->matmul(be, lg, lx + (size_t)i * H, m->lm_head, c);
+		hi3i_trace_logits(tr, lg, V, c);
+	}
 }
 
 /* Per-query attention plan and per-token cache rows/slots, on the host. */
@@ -513,6 +566,8 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	    be->ops->upload(be, m->w.rows, rows, sizeof(*rows) * (size_t)M) ||
 	    be->ops->upload(be, m->w.slots, slots, sizeof(*slots) * (size_t)M))
 		goto be_failed;
+	if (b->trace)
+		hi3i_trace_begin(b->trace, b);
 
 	be->ops->embed(be, m->w.x, m->w.ids, m->wte, M);
 	/* rows given in place of their embeddings (cond images), copied by runs
@@ -525,6 +580,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		if (be->ops->upload(be, m->w.x + at * H, b->embed_rows + (size_t)i * H, sizeof(float) * (size_t)(j - i) * H))
 			goto be_failed;
 	}
+	point(b->trace, HI3_TRACE_EMBED, -1, m->w.x, H);
 	for (int l = 0; l < c->num_hidden_layers; l++) {
 		const struct hi3_layer_w *L = &m->layers[l];
 		hi3_kv_src ks, vs;
@@ -534,9 +590,12 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		    be->ops->download(be, b->hidden_out + (size_t)l * M * H, m->w.x, sizeof(float) * (size_t)M * H))
 			goto be_failed;
 		/* attention */
+		point(b->trace, HI3_TRACE_IN, l, m->w.x, H);
 		be->ops->rmsnorm(be, m->w.h, m->w.x, L->ln_in, M, H, m->dims.eps);
+		point(b->trace, HI3_TRACE_IN_NORM, l, m->w.h, H);
 		be->ops->matmul(be, m->w.qkv, m->w.h, L->qkv, M);
 		be->ops->rope_qk(be, m->w.qkv, m->w.pos, m->theta, L->qn, L->kn, &m->dims, M);
+		point(b->trace, HI3_TRACE_Q, l, m->w.qkv, (int)W);    /* q, k and v */
 		if (kv) {
 			be->ops->kv_layer(be, kv, l, &dst.k, &dst.v);
 			dst.dtype = kv->dtype;
@@ -577,19 +636,23 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 			if (grc)
 				goto out;
 		}
+		point(b->trace, HI3_TRACE_ATTN, l, m->w.att, c->num_attention_heads * d);
 		if (b->mode == HI3_ATTN_SELF && kv && b->slot)
 			be->ops->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
 		if (hi3i_shard_matmul(m, m->w.h, m->w.att, L->o, H, M, err) != 0)
 			goto out;
+		point(b->trace, HI3_TRACE_ATTN_OUT, l, m->w.h, H);
 		be->ops->add(be, m->w.x, m->w.h, (size_t)M * H);
 		/* MLP */
 		be->ops->rmsnorm(be, m->w.h, m->w.x, L->ln_post, M, H, m->dims.eps);
+		point(b->trace, HI3_TRACE_MLP_IN, l, m->w.h, H);
 		if (L->moe) {
 			if (moe_forward(m, L, m->w.y, m->w.h, M, b, err) != 0)
 				goto out;
 		} else if (mlp_forward(m, &L->mlp, m->w.y, m->w.h, m->w.ab, m->w.mid, M, err) != 0) {
 			goto out;
 		}
+		point(b->trace, HI3_TRACE_MLP_OUT, l, m->w.y, H);
 		be->ops->add(be, m->w.x, m->w.y, (size_t)M * H);
 		if (hi3i_backend_failed(be, err)) {
 			hi3_error_prefix(err, "layer %d", l);
@@ -599,6 +662,12 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	if (b->hidden_out && be->ops->download(be, b->hidden_out + (size_t)c->num_hidden_layers * M * H, m->w.x,
 	                                       sizeof(float) * (size_t)M * H))
 		goto be_failed;
+	if (b->trace) {
+		point(b->trace, HI3_TRACE_FINAL, -1, m->w.x, H);
+		trace_final(m, b->trace);
+		if (hi3i_trace_end(b->trace, err) != 0)
+			goto out;
+	}
 	if (b->n_logits > 0) {
 		for (int i = 0; i < b->n_logits; i++)
 			lidx[i] = b->logit_at[2 * i] * b->T + b->logit_at[2 * i + 1];
@@ -620,6 +689,8 @@ be_failed:
 	if (!hi3i_backend_failed(be, err))
 		hi3_error_set(err, HI3_ERR_RUNTIME, "the %s backend could not copy the batch", be->name);
 out:
+	if (rc && b->trace)
+		hi3i_trace_abort(b->trace, err);
 	free(plan);
 	free(rows);
 	free(slots);

@@ -121,4 +121,36 @@ int hi3i_shard_matmul(hi3_model *m, float *y, const float *x, const hi3_wt *w, i
 /* After each forward call (forward.c): -v reports the first one. */
 void hi3i_model_forward_done(hi3_model *m);
 
+/*
+ * The recorder's side of tracing (trace.c), called by hi3_forward only when
+ * the batch has a trace. hi3i_trace_begin chooses the call's tokens to keep
+ * (none: every point below returns at once); each point takes a device
+ * buffer with one row per token of the call and keeps the chosen rows;
+ * hi3i_trace_end returns the first failure of the call's points.
+ */
+int hi3i_trace_begin(hi3_trace *t, const hi3_batch *b);
+int hi3i_trace_end(hi3_trace *t, hi3_error *err);
+/* The call failed: the recorder refuses to write what it holds. */
+void hi3i_trace_abort(hi3_trace *t, const hi3_error *err);
+/* 1 when this call keeps tokens and the kind is recorded. */
+int hi3i_trace_wants(const hi3_trace *t, int kind);
+/* A point of buf (M, w). HI3_TRACE_Q takes the fused qkv (M, W) and
+ * records q, k and v. */
+void hi3i_trace_point(hi3_trace *t, int kind, int layer, const float *buf, int w);
+/* A point of buf (M, w) on the host (w elements of the point's dtype per token). */
+void hi3i_trace_host(hi3_trace *t, int kind, int layer, const void *host, int w);
+/* A (n, k, w) point: row where[m k + j] of buf for the j-th entry of token m
+ * (where (M, k) host). */
+void hi3i_trace_rows(hi3_trace *t, int kind, int layer, const float *buf, int w, const int32_t *where, int k);
+/* The kept tokens' indices into the call's M rows (device, n of them), or
+ * NULL when none; a point of buf (n, w) already holding just those rows;
+ * and the logits (n, V) of the next n kept tokens, kept as top-K and the
+ * log-sum-exp. */
+const int32_t *hi3i_trace_kept(const hi3_trace *t, int *n);
+void hi3i_trace_point_kept(hi3_trace *t, int kind, int layer, const float *buf, int w);
+void hi3i_trace_logits(hi3_trace *t, const float *logits, int V, int n);
+/* Device scratch the recorder owns (which: 0 or 1), at least floats long;
+ * NULL (failure recorded) when out of memory. */
+void *hi3i_trace_scratch(hi3_trace *t, int which, size_t floats);
+
 #endif

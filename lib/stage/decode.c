@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include "format/conditions.h"
 #include "format/kv.h"
+#include "format/trace.h"
 
 /*
  * Fault injection for the crash tests: HI3_TEST_KILL_AT=S:R makes the
@@ -231,6 +232,13 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 	}
 	limit = o->max_new > 0 ? o->max_new : G;
 	NMK = kv.n_moe * kv.k_route;
+	if (o->trace && (hi3i_trace_stage_meta(o->trace, "decode", c, err) ||
+	                 hi3_trace_set_meta(o->trace, "kv_dtype", hi3_dtype_name(kv.cache.dtype), err) ||
+	                 hi3_trace_set_meta(o->trace, "decode_mask", o->decode_mask == HI3_MASK_NONE ? "none" : "causal",
+	                                    err) ||
+	                 hi3_trace_set_meta(o->trace, "token_placement", o->placement == HI3_PLACE_TAIL ? "tail" : "index",
+	                                    err)))
+		goto out;
 	ids = hi3i_malloc(sizeof(int64_t) * (size_t)B, err);
 	slot = hi3i_malloc(sizeof(int64_t) * (size_t)B, err);
 	rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B, err);
@@ -317,6 +325,7 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 				.B = n_feed, .T = 1, .mode = HI3_ATTN_CACHE, .ids = ids, .rope = rope, .hi = hi,
 				.slot = slot, .cache_row = crow, .n_logits = n_feed, .logit_at = at, .logits = logits,
 				.route_ids = NMK ? route_ids : NULL, .route_w = NMK ? route_w : NULL,
+				.trace = o->trace, .trace_row = crow, .trace_pos = slot,
 			};
 			if (hi3_forward(m, &kv.cache, &b, err) != 0)
 				goto out;

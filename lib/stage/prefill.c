@@ -16,6 +16,7 @@
 #include "format/conditions.h"
 #include "format/kv.h"
 #include "stage/images.h"
+#include "format/trace.h"
 
 int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi3_prefill_opts *o,
                 const char *kv_path, hi3_error *err)
@@ -27,6 +28,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	char *tmp = NULL;
 	int32_t *hi = NULL, *at = NULL, *crow = NULL;
 	int *rows = NULL;
+	int64_t *tpos = NULL;     /* (rows_per, L) traced positions: the column, -1 on pads */
 	float *logits = NULL;
 	hi3_vit *vit = NULL;
 	struct hi3i_image_embeds emb = {0};
@@ -70,9 +72,17 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	crow = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per, err);
 	logits = hi3i_malloc(sizeof(float) * (size_t)rows_per * V, err);
 	rows = hi3i_malloc(sizeof(int) * (size_t)rows_per, err);
-	if (!tmp || !hi || !at || !crow || !logits || !rows) {
+	if (o->trace)
+		tpos = hi3i_malloc(sizeof(int64_t) * (size_t)rows_per * L, err);
+	if (!tmp || !hi || !at || !crow || !logits || !rows || (o->trace && !tpos)) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
+	}
+	if (o->trace) {
+		char dt[8];
+		snprintf(dt, sizeof(dt), "%s", hi3_dtype_name(o->kv_dtype));
+		if (hi3i_trace_stage_meta(o->trace, "prefill", c, err) || hi3_trace_set_meta(o->trace, "kv_dtype", dt, err))
+			goto out;
 	}
 	if (lead) {
 		if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0) {
@@ -99,6 +109,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			.slot = c->position_ids + (size_t)r0 * L,
 			.cache_row = crow,
 			.n_logits = nb, .logit_at = at, .logits = logits,
+			.trace = o->trace, .trace_row = crow, .trace_pos = tpos,
 		};
 		if (kv.prompt_route_ids) {
 			/* rows r0 .. r0 + nb of (B, L, n_moe, k) are this chunk's */
@@ -113,6 +124,8 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			at[2 * r] = r;
 			at[2 * r + 1] = (int32_t)c->real_pos[r0 + r] - 1;
 			rows[r] = r0 + r;
+			for (int t = 0; tpos && t < L; t++)
+				tpos[(size_t)r * L + t] = t < c->real_pos[r0 + r] ? t : -1;
 		}
 		if (hi3i_image_embeds(vit, c, rows, nb, hi3_model_config(m)->hidden_size, &emb, err))
 			goto out;
@@ -154,6 +167,7 @@ out:
 	free(at);
 	free(crow);
 	free(rows);
+	free(tpos);
 	free(logits);
 	hi3i_image_embeds_release(&emb);
 	hi3_vit_close(vit);

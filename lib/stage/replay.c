@@ -18,6 +18,7 @@
 #include "format/conditions.h"
 #include "format/kv.h"
 #include "stage/images.h"
+#include "format/trace.h"
 
 static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
                         hi3_error *err)
@@ -45,6 +46,10 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
 		if (!s->route_ids)
 			return hi3_error_set(err, HI3_ERR_INPUT, "%s: --routing=recorded needs recorded routing "
 			                     "(decode with --record-routing)", path);
+		if (o->weights_recorded && s->routing_weights && !strcmp(s->routing_weights, "none"))
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: --routing-weights=recorded: the segment has no routing "
+			                     "weights (routing_weights \"none\": an imported rollout); recompute them from the "
+			                     "router", path);
 		if (s->n_moe != hi3_model_n_moe_layers(m) || s->k != hi3_model_max_topk(m))
 			return hi3_error_set(err, HI3_ERR_INPUT, "%s: recorded routing is (%d MoE layers, top-%d), the "
 			                     "model has (%d, top-%d)", path, s->n_moe, s->k, hi3_model_n_moe_layers(m),
@@ -62,16 +67,16 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
  * padded to the longest; fills lp (T) at the rows' segment offsets, and
  * the free-routing choices of response tokens into route (T, NM, K). */
 static int replay_rows(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_segment *s,
-                       const hi3_replay_opts *o, int r0, int r1, int forced, int record, float *lp, int16_t *route,
-                       hi3_error *err)
+                       const hi3_replay_opts *o, int r0, int r1, int forced, int record, hi3_trace *trace, float *lp,
+                       int16_t *route, hi3_error *err)
 {
 	struct hi3i_image_embeds emb = {0};
 	int *crows = NULL;
 	const int V = hi3_model_config(m)->vocab_size, NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m);
 	const int NMK = NM * K, nb = r1 - r0;
 	int64_t Tmax = 0, n_log = 0;
-	int64_t *ids = NULL;
-	int32_t *rope = NULL, *hi = NULL, *at = NULL, *blocks = NULL;
+	int64_t *ids = NULL, *tpos = NULL;    /* tpos (nb, Tmax): traced positions, -1 on pads */
+	int32_t *rope = NULL, *hi = NULL, *at = NULL, *blocks = NULL, *trow = NULL;
 	int16_t *rids = NULL, *force = NULL;
 	float *rw = NULL, *logits = NULL, *force_w = NULL;
 	int rc = -1;
@@ -81,7 +86,7 @@ static int replay_rows(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_
 		Tmax = HI3_MAX(Tmax, c->real_pos[i] + len);
 		n_log += len;
 	}
-	if (n_log == 0 && !(record && o->rec_prompt_ids))
+	if (n_log == 0 && !(record && o->rec_prompt_ids) && !trace)
 		return 0;
 	ids = hi3i_malloc(sizeof(int64_t) * (size_t)(nb * Tmax), err);
 	rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)(nb * Tmax), err);
@@ -98,8 +103,12 @@ static int replay_rows(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_
 		}
 	}
 	crows = hi3i_malloc(sizeof(int) * (size_t)nb, err);
+	if (trace) {
+		tpos = hi3i_malloc(sizeof(int64_t) * (size_t)(nb * Tmax), err);
+		trow = hi3i_malloc(sizeof(int32_t) * (size_t)nb, err);
+	}
 	if (!ids || !rope || !hi || !at || !blocks || !logits || (NMK && (!rids || !rw)) ||
-	    (forced && NMK && (!force || !force_w)) || !crows)
+	    (forced && NMK && (!force || !force_w)) || (trace && (!tpos || !trow)) || !crows)
 		goto out;
 	/* the rows' cond images, at the prompt columns they have in c */
 	for (int r = 0; r < nb; r++)
@@ -121,6 +130,8 @@ static int replay_rows(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_
 				rope[2 * x] = rope[2 * x + 1] = (int32_t)t;
 			}
 			hi[x] = (int32_t)t;
+			if (tpos)
+				tpos[x] = t < n + len ? t : -1;
 			if (force) {
 				/* the recorded experts of response token j (fed at
 				 * index n + j); the prompt routes freely */
@@ -131,6 +142,8 @@ static int replay_rows(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_
 				}
 			}
 		}
+		if (trow)
+			trow[r] = i;
 		memcpy(blocks + (size_t)r * c->S * 2, c->image_blocks + (size_t)i * c->S * 2,
 		       sizeof(int32_t) * 2 * (size_t)c->S);
 		for (int64_t j = 0; j < len; j++) {
@@ -146,6 +159,7 @@ static int replay_rows(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_
 			.route_ids = rids, .route_w = rw, .force_route = force,
 			.force_route_w = o->weights_recorded ? force_w : NULL,
 			.n_embed = emb.n, .embed_at = emb.at, .embed_rows = emb.rows,
+			.trace = trace, .trace_row = trow, .trace_pos = tpos,
 		};
 		if (hi3_forward(m, NULL, &b, err) != 0)
 			goto out;
@@ -195,11 +209,13 @@ out:
 	free(force_w);
 	free(crows);
 	hi3i_image_embeds_release(&emb);
+	free(tpos);
+	free(trow);
 	return rc;
 }
 
 static int run_pass(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
-                    int forced, int record, float *lp, int16_t *route, hi3_error *err)
+                    int forced, int record, hi3_trace *trace, float *lp, int16_t *route, hi3_error *err)
 {
 	int group = 1;
 
@@ -212,7 +228,7 @@ static int run_pass(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_seg
 	}
 	for (int r0 = 0; r0 < c->B; r0 += group) {
 		int r1 = HI3_MIN(c->B, r0 + group);
-		if (replay_rows(m, vit, c, s, o, r0, r1, forced, record, lp, route, err) != 0)
+		if (replay_rows(m, vit, c, s, o, r0, r1, forced, record, trace, lp, route, err) != 0)
 			return -1;
 		if (o->progress)
 			o->progress(o->progress_ctx, r1, c->B);
@@ -255,14 +271,24 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	const int NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m), NMK = NM * K;
 	int16_t *route = NULL;
 	float *lp_free = NULL;
-	double t0 = hi3i_now();
+	hi3_mismatch *mm = NULL;
+	double t0 = hi3i_now(), cap = o->is_cap > 0 ? o->is_cap : 2.0;
 	hi3_vit *vit = NULL;
 	int rc = -1;
 
 	memset(rep, 0, sizeof(*rep));
+	if (!(cap > 1.0) || !isfinite(cap))
+		return hi3_error_set(err, HI3_ERR_USAGE, "replay: the importance-ratio cap must be above 1, not %g", cap);
 	if (check_inputs(m, c, s, o, err) != 0 || hi3i_par_check_cond(m, c, err) != 0 ||
 	    hi3i_image_vit_for(&vit, m, c, c->st ? hi3_st_path(c->st) : NULL, err))
 		return -1;
+	if (o->trace && (hi3i_trace_stage_meta(o->trace, "replay", c, err) ||
+	                 hi3_trace_set_meta(o->trace, "mode", o->batched ? "batched" : "per-row", err) ||
+	                 hi3_trace_set_meta(o->trace, "routing", o->routing_recorded ? (o->weights_recorded ?
+	                                    "recorded+weights" : "recorded") : "free", err))) {
+		hi3_vit_close(vit);
+		return -1;
+	}
 	rep->B = s->B;
 	rep->rows = hi3i_calloc((size_t)s->B, sizeof(*rep->rows), err);
 	if (!rep->rows)
@@ -275,15 +301,19 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	if (o->routing_recorded) {
 		/* the free pass first, for the gap without routing replay */
 		lp_free = hi3i_malloc(sizeof(float) * (size_t)(s->T + 1), err);
-		if (!lp_free || run_pass(m, vit, c, s, o, 0, 0, lp_free, route, err) != 0 ||
-		    run_pass(m, vit, c, s, o, 1, 1, logprobs, NULL, err) != 0)
+		if (!lp_free || run_pass(m, vit, c, s, o, 0, 0, NULL, lp_free, route, err) != 0 ||
+		    run_pass(m, vit, c, s, o, 1, 1, o->trace, logprobs, NULL, err) != 0)
 			goto out;
-	} else if (run_pass(m, vit, c, s, o, 0, 1, logprobs, route, err) != 0) {
+	} else if (run_pass(m, vit, c, s, o, 0, 1, o->trace, logprobs, route, err) != 0) {
 		goto out;
 	}
+	if (!(mm = hi3i_calloc((size_t)s->B, sizeof(*mm), err)) ||
+	    hi3_mismatch_compute(logprobs, s->logprobs, s->cu_seqlens, s->B, cap, &rep->mismatch, mm, err) != 0)
+		goto out;
 	for (int i = 0; i < s->B; i++) {
 		hi3_replay_row *r = &rep->rows[i];
 		row_stats(s, logprobs, i, r);
+		r->mismatch = mm[i];
 		if (lp_free) {
 			hi3_replay_row f;
 			row_stats(s, lp_free, i, &f);
@@ -348,6 +378,7 @@ out:
 	hi3_vit_close(vit);
 	free(route);
 	free(lp_free);
+	free(mm);
 	return rc;
 }
 
@@ -364,8 +395,9 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 	const size_t NMK = (size_t)hi3_model_n_moe_layers(m) * (size_t)hi3_model_max_topk(m);
 	hi3_replay_opts ro = *o;
 	hi3_replay_file f = {0};
-	int64_t *pcu = NULL, P = 0;
-	float *lp = hi3i_calloc((size_t)s->T + 1, sizeof(float), err);
+	int64_t *pcu = NULL, P = 0, *pos = NULL;
+	int32_t *rows = NULL;
+	float *lp = hi3i_calloc((size_t)s->T + 1, sizeof(float), err), *dlp = NULL;
 	int rc = -1, record = record_routing && NMK > 0;
 
 	memset(rep, 0, sizeof(*rep));
@@ -387,8 +419,21 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 	}
 	if (hi3_replay(m, c, s, &ro, lp, rep, err) != 0)
 		goto out;
+	/* per token: the gap, and where the token sits */
+	dlp = hi3i_malloc(sizeof(float) * ((size_t)s->T + 1), err);
+	rows = hi3i_malloc(sizeof(int32_t) * ((size_t)s->T + 1), err);
+	pos = hi3i_malloc(sizeof(int64_t) * ((size_t)s->T + 1), err);
+	if (!dlp || !rows || !pos)
+		goto out;
+	for (int i = 0; i < s->B; i++)
+		for (int64_t j = s->cu_seqlens[i]; j < s->cu_seqlens[i + 1]; j++) {
+			dlp[j] = (float)((double)lp[j] - (double)s->logprobs[j]);
+			rows[j] = i;
+			pos[j] = c->real_pos[i] + (j - s->cu_seqlens[i]);
+		}
 	f = (hi3_replay_file){
-		.T = s->T, .logprobs = lp, .n_moe = hi3_model_n_moe_layers(m), .k = hi3_model_max_topk(m),
+		.T = s->T, .logprobs = lp, .dlogp = dlp, .rows = rows, .positions = pos,
+		.n_moe = hi3_model_n_moe_layers(m), .k = hi3_model_max_topk(m),
 		.route_ids = ro.rec_ids, .route_w = ro.rec_w, .B = c->B, .prompt_route_ids = ro.rec_prompt_ids,
 		.prompt_route_w = ro.rec_prompt_w, .prompt_cu_seqlens = pcu,
 		.model_fingerprint = hi3_model_fingerprint(m),
@@ -405,6 +450,9 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 	}
 out:
 	free(lp);
+	free(dlp);
+	free(rows);
+	free(pos);
 	free(pcu);
 	if (record) {
 		free(ro.rec_ids);
@@ -418,6 +466,45 @@ out:
 static json_t *jnum(double v)
 {
 	return isfinite(v) ? json_real(v) : json_null();
+}
+
+/* verl's names for the importance ratio at one level (rollout_is = token or sequence). */
+static json_t *is_json(const hi3_mismatch_is *w)
+{
+	return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
+	                 "rollout_is_mean", jnum(w->mean), "rollout_is_std", jnum(w->std), "rollout_is_min",
+	                 jnum(w->min), "rollout_is_max", jnum(w->max), "rollout_is_ratio_fraction_high",
+	                 jnum(w->fraction_high), "rollout_is_ratio_fraction_low", jnum(w->fraction_low),
+	                 "rollout_is_eff_sample_size", jnum(w->eff_sample_size), "rollout_is_seq_mean",
+	                 jnum(w->seq_mean), "rollout_is_seq_std", jnum(w->seq_std), "rollout_is_seq_min",
+	                 jnum(w->seq_min), "rollout_is_seq_max", jnum(w->seq_max), "rollout_is_seq_max_deviation",
+	                 jnum(w->seq_max_deviation), "rollout_is_seq_fraction_high", jnum(w->seq_fraction_high),
+	                 "rollout_is_seq_fraction_low", jnum(w->seq_fraction_low));
+}
+
+/* The trainers' metrics, verl's rollout_corr/ names (hi3-replay(1)). */
+static json_t *mismatch_json(const hi3_mismatch *m)
+{
+	json_t *o = json_object();
+
+	json_object_set_new(o, "is_cap", jnum(m->cap));
+	json_object_set_new(o, "kl", jnum(m->kl));
+	json_object_set_new(o, "k3_kl", jnum(m->k3_kl));
+	json_object_set_new(o, "chi2_token", jnum(m->chi2_token));
+	json_object_set_new(o, "chi2_seq", jnum(m->chi2_seq));
+	json_object_set_new(o, "training_ppl", jnum(m->training_ppl));
+	json_object_set_new(o, "training_log_ppl", jnum(m->training_log_ppl));
+	json_object_set_new(o, "rollout_ppl", jnum(m->rollout_ppl));
+	json_object_set_new(o, "rollout_log_ppl", jnum(m->rollout_log_ppl));
+	json_object_set_new(o, "log_ppl_diff", jnum(m->log_ppl_diff));
+	json_object_set_new(o, "log_ppl_abs_diff", jnum(m->log_ppl_abs_diff));
+	json_object_set_new(o, "log_ppl_diff_max", jnum(m->log_ppl_diff_max));
+	json_object_set_new(o, "log_ppl_diff_min", jnum(m->log_ppl_diff_min));
+	json_object_set_new(o, "ppl_ratio", jnum(m->ppl_ratio));
+	json_object_set_new(o, "log_ratio_sum", jnum(m->log_ratio_sum));
+	json_object_set_new(o, "token", is_json(&m->token));
+	json_object_set_new(o, "sequence", is_json(&m->sequence));
+	return o;
 }
 
 static json_t *row_json(const hi3_replay_row *r, int i, int routed, int have_routes)
@@ -444,6 +531,7 @@ static json_t *row_json(const hi3_replay_row *r, int i, int routed, int have_rou
 		json_object_set_new(o, "routing_flips", json_integer(r->routing_flips));
 		json_object_set_new(o, "routing_tokens", json_integer(r->routing_tokens));
 	}
+	json_object_set_new(o, "mismatch", mismatch_json(&r->mismatch));
 	return o;
 }
 
@@ -454,7 +542,7 @@ int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *le
 		.tokens = rep->tokens, .mean_abs = rep->mean_abs, .max_abs = rep->max_abs,
 		.ratio_mean = rep->ratio_mean, .ratio_min = rep->ratio_min, .ratio_max = rep->ratio_max,
 		.worst = rep->worst_token, .mean_abs_free = rep->mean_abs_free, .max_abs_free = rep->max_abs_free,
-		.routing_flips = rep->routing_flips, .routing_tokens = rep->routing_tokens,
+		.routing_flips = rep->routing_flips, .routing_tokens = rep->routing_tokens, .mismatch = rep->mismatch,
 	};
 
 	for (int i = 0; i < rep->B; i++)

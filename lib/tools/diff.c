@@ -5,7 +5,8 @@
  * first element over tolerance (|a - b| > atol + rtol * |b|), and how many
  * are over. NaN equals NaN; NaN against a number differs (|a - b| = +Inf).
  * Where the format is known, an element is named by what its dimensions
- * mean (kv: row, head, slot, col; segment: row and position via cu_seqlens).
+ * mean (kv: row, head, slot, col; segment: row and position via cu_seqlens;
+ * trace: the token's row and position, then col, or slot and col).
  *
  * Shapes: B rows, n_kv heads, C cache slots, d head dim, L prompt columns,
  * V vocabulary, T packed tokens.
@@ -15,7 +16,7 @@
 #include <string.h>
 #include "tools/tools.h"
 
-enum kind { K_OTHER, K_KV, K_COND, K_SEG };
+enum kind { K_OTHER, K_KV, K_COND, K_SEG, K_TRACE };
 
 /* One input file and what its format tells about rows. */
 struct side {
@@ -28,6 +29,9 @@ struct side {
 	const int64_t *gen_len;      /* (B) kv: generated steps per row, or NULL */
 	const int64_t *cu;           /* (B + 1) cu_seqlens, or NULL */
 	int64_t T;                   /* cu[B] */
+	const int32_t *trows;        /* (tn) trace: each token's row and position, or NULL */
+	const int64_t *tpos;
+	int64_t tn;
 };
 
 static void side_close(struct side *s)
@@ -92,6 +96,15 @@ static int side_open(struct side *s, const char *path, int need_rows, hi3_error 
 			s->B = t->shape[0];
 	} else if (!strcmp(s->format, HI3_FORMAT_SEGMENT)) {
 		s->kind = K_SEG;
+	} else if (!strcmp(s->format, HI3_FORMAT_TRACE)) {
+		const hi3_tensor *r = hi3_st_find(s->st, "rows"), *p = hi3_st_find(s->st, "positions");
+		s->kind = K_TRACE;
+		if (r && p && r->dtype == HI3_I32 && p->dtype == HI3_I64 && r->ndim == 1 && p->ndim == 1 &&
+		    r->shape[0] == p->shape[0]) {
+			s->trows = r->data;
+			s->tpos = p->data;
+			s->tn = r->shape[0];
+		}
 	}
 	t = hi3_st_find(s->st, "cu_seqlens");
 	if (t || (s->kind == K_SEG && need_rows)) {
@@ -173,6 +186,19 @@ static void name_loc(const struct side *a, const hi3_tensor *t, hi3_diff_loc *lo
 	int n;
 
 	loc->n_named = 0;
+	if (a->trows && t->ndim >= 1 && t->ndim <= 3 && t->shape[0] == a->tn && loc->idx[0] < a->tn) {
+		static const char *const tail[2][2] = {{"col", NULL}, {"slot", "col"}};
+		loc->label[0] = "row";
+		loc->val[0] = a->trows[loc->idx[0]];
+		loc->label[1] = "pos";
+		loc->val[1] = a->tpos[loc->idx[0]];
+		for (int d = 1; d < t->ndim; d++) {
+			loc->label[1 + d] = tail[t->ndim - 2][d - 1];
+			loc->val[1 + d] = loc->idx[d];
+		}
+		loc->n_named = 1 + t->ndim;
+		return;
+	}
 	if (a->cu && t->ndim == 1 && t->shape[0] == a->T && strcmp(t->name, "cu_seqlens")) {
 		int64_t lo = 0, hi = a->B, p = loc->idx[0];
 

@@ -52,6 +52,20 @@ uint8_t *hi3i_upscale(const uint8_t *rgb, int rows, int cols, int scale, hi3_err
  * clamped to [1, 16]. */
 int hi3i_auto_scale(int64_t rows, int64_t cols);
 
+/* An RGB canvas (plot.c): rectangles, lines width px thick, and text in a
+ * 5x7 font at scale (each glyph 5 scale wide, 7 scale high, advancing 6
+ * scale; returns the width drawn). Drawing outside is clipped. */
+typedef struct hi3i_canvas {
+	int w, h;
+	uint8_t *rgb;                    /* (h, w, 3) */
+} hi3i_canvas;
+int hi3i_canvas_init(hi3i_canvas *c, int w, int h, const uint8_t bg[3], hi3_error *err);
+void hi3i_canvas_release(hi3i_canvas *c);
+void hi3i_canvas_rect(hi3i_canvas *c, int x, int y, int w, int h, const uint8_t rgb[3]);
+void hi3i_canvas_line(hi3i_canvas *c, int x0, int y0, int x1, int y1, int width, const uint8_t rgb[3]);
+int hi3i_canvas_text(hi3i_canvas *c, int x, int y, const char *s, int scale, const uint8_t rgb[3]);
+int hi3i_canvas_write(const hi3i_canvas *c, const char *path, hi3_error *err);
+
 /* A checkpoint directory's model for hi3 inspect (inspect-model.c): the
  * variant and why, config.json's fields by role, warnings, generation
  * defaults, buckets; {"error": ...} when config.json is refused; NULL
