@@ -101,6 +101,15 @@ const struct cli_choice cli_ablate_choices[] = {
 	{NULL, 0, NULL},
 };
 
+const struct cli_choice cli_vit_resize_choices[] = {
+	{"uint8", HI3_TV_UINT8, NULL}, {"float", HI3_TV_FLOAT, NULL}, {NULL, 0, NULL},
+};
+
+int cli_load_images(hi3_requests *rq, const struct cli_images *io, hi3_error *err)
+{
+	return hi3_requests_have_images(rq) ? hi3_requests_load_images(rq, &io->load, err) : 0;
+}
+
 /* --trace-positions P,A:B,...: each item one position or a range [A, B). */
 int cli_trace_positions(const struct cli_option *opt, const char *arg)
 {

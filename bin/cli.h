@@ -86,6 +86,24 @@ extern const struct cli_choice cli_decode_mask_choices[], cli_placement_choices[
 	           "--decode-mask=none, --token-placement=tail; pos-pad: tokenize-concat's --pad-positions=zero; " \
 	           "gen_image requests: pos-pad, rope-pad, rope-1d, eoi); every case must then break", __VA_ARGS__)
 
+/* Requests with "images" (tokenize-concat, parity): how they are read and
+ * which ViT resize kernel makes their ViT view. */
+struct cli_images {
+	hi3_request_image_opts load;
+	int vit_kernel;             /* enum hi3_tv_kernel */
+};
+extern const struct cli_choice cli_vit_resize_choices[];
+#define OPT_IMAGES(io) \
+	OPT_GROUP("requests with \"images\":"), \
+	OPT_INT(0, "max-image-pixels", &(io)->load.max_pixels, 1, INT64_MAX, "N", \
+	        "refuse an image of more than N pixels (default 89478485, PIL's decompression-bomb limit)"), \
+	OPT_FLAG(0, "safe-paths", &(io)->load.safe_paths, \
+	         "refuse an image whose real path is outside the requests file's directory"), \
+	OPT_CHOICE(0, "vit-resize", &(io)->vit_kernel, cli_vit_resize_choices, \
+	           "the ViT view's resize: uint8 (torchvision's native kernel, as on AVX2 CPUs; default) or " \
+	           "float (its float32 path, as on CPUs without AVX2 or with AVX-512)")
+/* Read the requests' images (hi3_requests_load_images). */
+int cli_load_images(hi3_requests *rq, const struct cli_images *io, hi3_error *err);
 /* Tracing (prefill, decode, replay): --trace FILE and what to record. */
 struct cli_trace {
 	const char *path;        /* --trace; NULL: no trace */

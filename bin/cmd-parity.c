@@ -21,6 +21,7 @@ static const struct cli_help help = {
 int cmd_parity(int argc, char **argv)
 {
 	int64_t steps[16] = {3, 5};
+	struct cli_images images = {0};
 	hi3_parity_opts o = {.steps = steps, .n_steps = 2, .greedy = 1, .sampled = 1,
 	                     .sampler = {.temperature = 0.8, .top_k = 20, .top_p = 0.9}, .kv_dtype = HI3_F32,
 	                     .tol = -1, .progress = cli_progress_fn, .progress_ctx = "parity cases"};
@@ -52,6 +53,7 @@ int cmd_parity(int argc, char **argv)
 		OPT_GROUP("sampled cases (default --temperature 0.8 --top-k 20 --top-p 0.9):"),
 		OPT_SAMPLER(&o.sampler, NULL),
 		OPT_SEED_BASE(&o.seed_base),
+		OPT_IMAGES(&images),
 		OPT_GROUP("gen_image requests (steps: denoising steps; greedy: euler, sampled: sde):"),
 		OPT_SET_INT(0, "exact-size", &to.image_size, HI3_SIZE_EXACT, "keep an \"HxW\" that is a multiple of "
 		            "the latent factor (tokenize-concat --exact-size)"),
@@ -68,6 +70,11 @@ int cmd_parity(int argc, char **argv)
 		return cli_usage_error("-m MODEL is required");
 	if (hi3_requests_read(&rq, argv[0], &err) != 0)
 		return cli_fail(&err);
+	o.vit_kernel = images.vit_kernel;
+	if (cli_load_images(rq, &images, &err) != 0) {
+		hi3_requests_free(rq);
+		return cli_fail(&err);
+	}
 	if (cli_check_seed_base(o.seed_base, hi3_requests_count(rq)) != 0) {
 		hi3_requests_free(rq);
 		return HI3_ERR_USAGE;

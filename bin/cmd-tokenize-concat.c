@@ -9,13 +9,17 @@
 static const struct cli_help help = {
 	.usage = {"hi3 tokenize-concat [-m DIR] [--tokenizer FILE] [--template NAME] [--batch | --per-row] "
 	          "[--pad-positions continue|zero] [--max-length N] [--seed N] [--pad-id N] [--drop-think] "
-	          "[--exact-size | --strict-size] -o OUT REQUESTS",
+	          "[--exact-size | --strict-size] [--max-image-pixels N] [--safe-paths] [--vit-resize uint8|float] "
+	          "[--dump-images DIR] -o OUT REQUESTS",
 	          "hi3 tokenize-concat --concat [--pad-positions continue|zero] -o OUT COND..."},
 	.description =
 	"Encode JSONL requests (one JSON object per line; '-' reads standard input)\n"
 	"with the sequence template into a conditions file (hi3-files(5)), right\n"
 	"padded: pads take the pad id, and their position ids continue the row's own\n"
-	"indices. With --concat, merge conditions files of any B and L into one.\n",
+	"indices. Requests with \"images\" (files relative to the requests file's\n"
+	"directory) get one joint image block per image, and the conditions carry\n"
+	"each image's ViT view. With --concat, merge conditions files of any B and L\n"
+	"into one.\n",
 
 };
 
@@ -47,7 +51,40 @@ out:
 	return rc ? cli_fail(&err) : 0;
 }
 
-static int tokenize(const char *input, const char *out, const hi3_template_opts *to, const hi3_cond_build_opts *bo)
+/* Each cond image's two views as DIR/row<B>-image<K>-vit.png and
+ * -vae.png (K counts within the row). */
+static int dump_images(const hi3_cond *c, const char *dir, hi3_error *err)
+{
+	size_t off = 0;
+
+	for (int k = 0, j = 0; k < c->NI; k++) {
+		const int vh = c->vae_shape[2 * k], vw = c->vae_shape[2 * k + 1];
+		uint8_t *rgb = NULL;
+		char *path;
+		int w, h, rc;
+		j = k && c->image_row[k] == c->image_row[k - 1] ? j + 1 : 0;
+		if (!(path = malloc(strlen(dir) + 64)))
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		sprintf(path, "%s/row%lld-image%d-vit.png", dir, (long long)c->image_row[k], j);
+		rc = hi3_cond_vit_image(c, k, &rgb, &w, &h, err) || hi3_png_write_rgb(path, w, h, rgb, err);
+		if (!rc) {
+			cli_info("%s: %d x %d", path, w, h);
+			sprintf(path, "%s/row%lld-image%d-vae.png", dir, (long long)c->image_row[k], j);
+			rc = hi3_png_write_rgb(path, vw, vh, c->vae_pixels + off, err);
+		}
+		if (!rc)
+			cli_info("%s: %d x %d", path, vw, vh);
+		off += (size_t)vh * vw * 3;
+		free(rgb);
+		free(path);
+		if (rc)
+			return -1;
+	}
+	return 0;
+}
+
+static int tokenize(const char *input, const char *out, const hi3_template_opts *to, const hi3_cond_build_opts *bo,
+                    const struct cli_images *io, const char *dump)
 {
 	hi3_requests *rq = NULL;
 	hi3_template *t = NULL;
@@ -56,7 +93,7 @@ static int tokenize(const char *input, const char *out, const hi3_template_opts 
 	hi3_error err = {0};
 	int rc = -1;
 
-	if (hi3_requests_read(&rq, input, &err) != 0)
+	if (hi3_requests_read(&rq, input, &err) != 0 || cli_load_images(rq, io, &err) != 0)
 		goto out;
 	if (cli_check_seed_base(bo->seed_base, hi3_requests_count(rq)) != 0) {
 		hi3_requests_free(rq);
@@ -64,7 +101,7 @@ static int tokenize(const char *input, const char *out, const hi3_template_opts 
 	}
 	o.load_tokenizer = o.tokenizer || hi3_requests_need_tokenizer(rq);
 	if (hi3_template_open(&t, &o, &err) != 0 || hi3_cond_build(&c, t, rq, bo, &err) != 0 ||
-	    hi3_cond_write(c, out, &err) != 0)
+	    hi3_cond_write(c, out, &err) != 0 || (dump && dump_images(c, dump, &err) != 0))
 		goto out;
 	cli_info("%d requests: %d rows, L = %d (%s, template %s, %s model) into %s", hi3_requests_count(rq), c->B,
 	         c->L, bo->per_row ? "per row" : "batch", c->template_name, hi3_variant_name(hi3_template_variant(t)),
@@ -81,7 +118,8 @@ int cmd_tokenize_concat(int argc, char **argv)
 {
 	hi3_template_opts to = {.pad_id = -1};
 	hi3_cond_build_opts bo = {0};
-	const char *out = NULL;
+	struct cli_images images = {0};
+	const char *out = NULL, *dump = NULL;
 	int do_concat = 0, n_mode = 0, n_build = 0, n_size = 0;
 	struct cli_option options[] = {
 		OPT_STRING('m', "model", &cli.model_dir, "DIR", "config.json, tokenizer.json, tokenizer_config.json "
@@ -108,6 +146,9 @@ int cmd_tokenize_concat(int argc, char **argv)
 		OPT_SET_INT(0, "strict-size", &to.image_size, HI3_SIZE_STRICT, "gen_image: refuse an \"HxW\" that is "
 		            "not one of the model's buckets (exit 3)", .given = &n_size),
 		OPT_FLAG(0, "concat", &do_concat, "merge the conditions files COND... instead"),
+		OPT_IMAGES(&images),
+		OPT_STRING(0, "dump-images", &dump, "DIR", "also write each cond image's ViT and VAE views, as the "
+		           "encoders see them, to DIR/row<B>-image<K>-vit.png and -vae.png"),
 		OPT_OUTPUT(&out, "OUT", "the conditions file to write ('-': standard output)"),
 		OPT_GROUP_DEFECTS(),
 		OPT_PAD_POSITIONS(&bo.pad_zero),
@@ -134,5 +175,7 @@ int cmd_tokenize_concat(int argc, char **argv)
 		return cli_usage_error("expected one REQUESTS file ('-' for standard input)");
 	to.model_dir = cli.model_dir;
 	to.fingerprint = cli.model_dir != NULL;
-	return tokenize(argv[0], out, &to, &bo);
+	bo.vit_kernel = images.vit_kernel;
+	bo.max_image_pixels = images.load.max_pixels;
+	return tokenize(argv[0], out, &to, &bo, &images, dump);
 }

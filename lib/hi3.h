@@ -522,6 +522,12 @@ typedef struct hi3_batch {
 	const int16_t *force_route;  /* (B, T, n_moe, k) experts to use instead of top-k, or NULL;
 	                              * a token whose first entry is -1 routes freely */
 	const float *force_route_w;  /* (B, T, n_moe, k) weights to use with force_route, or NULL */
+	/* input rows from the host that replace their token embedding (the ViT
+	 * and aligner's rows of cond images, lib/stage/images.c); the diffusion
+	 * stage's rows in backend memory are n_embed below */
+	int n_host_embed;
+	const int32_t *host_embed_at;   /* (n_host_embed, 2) (b, t), each at most once */
+	const float *host_embed_rows;   /* (n_host_embed, H) host: the rows */
 	/* tracing (optional): record the activations of some tokens of this call */
 	hi3_trace *trace;            /* NULL: nothing is recorded, at no cost */
 	const int32_t *trace_row;    /* (B) the stage's row of each batch row; NULL: r */
@@ -1033,6 +1039,7 @@ typedef struct hi3_parity_opts {
 	int64_t seed_base;            /* seed of a request without "seed": seed_base + index */
 	int ablate;                   /* enum hi3_ablation, applied to the batched runs only */
 	int pad_to;                   /* pad the batched constructions to at least this many columns */
+	int vit_kernel;               /* cond images' ViT resize (hi3_cond_build_opts) */
 	hi3_dtype kv_dtype;
 	double tol;                   /* a case passes with equal tokens and max |d| <= tol */
 	hi3_progress_fn progress;
@@ -1162,6 +1169,20 @@ typedef struct hi3_cond {
 	const int64_t *forced_after;
 	const int64_t *greedy_among;
 	int NF, NG;
+	/* the cond images' pixels (requests with "images"; NI 0 and NULL when
+	 * none): NI images in row order, each row's in the order of its blocks,
+	 * the k-th of a row feeding its k-th run of cond_vit_mask columns */
+	int NI;                         /* images */
+	int VP, VD;                     /* ViT slots P and features D = 3 patch^2 per image */
+	const int64_t *image_row;       /* (NI) the row of each image, non-decreasing */
+	const int32_t *vit_grid;        /* (NI, 2) spatial_shapes (nph, npw), nph npw <= VP */
+	const uint8_t *vit_pixels;      /* (NI, VP, VD) the ViT view's resized uint8 values as patches
+	                                 * (feature (py patch + px) 3 + c), rows from nph npw on 0; the
+	                                 * encoder's input is (u - 127.5) / 127.5 */
+	const int32_t *vae_shape;       /* (NI, 2) the VAE view's bucket (H, W) */
+	const uint8_t *vae_pixels;      /* (sum H W 3) each image's VAE view, (H, W, 3) after the other:
+	                                 * the cropped LANCZOS resize; the encoder's input is u / 255 2 - 1 */
+	int64_t NV;                     /* bytes of vae_pixels */
 	const char *mode;               /* "gen_text" or "gen_image" */
 	const char *bot_task;           /* auto, image, think, recaption, img_ratio, think_recaption, or mixed */
 	const char *template_name;      /* pretrain, instruct, or none (pre-tokenized) */
@@ -1188,6 +1209,9 @@ int hi3_cond_cfg_factor(const hi3_cond *c);
  * Built and merged conditions live in memory (st is NULL); every
  * hi3_cond is released with hi3_cond_close. */
 int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err);
+/* Cond image k's ViT view as the encoder saw it, re-assembled from its
+ * patches: *rgb (h, w, 3) malloc'd, h = patch nph, w = patch npw. */
+int hi3_cond_vit_image(const hi3_cond *c, int k, uint8_t **rgb, int *w, int *h, hi3_error *err);
 /* Merge conditions of any B and L into one (row groups kept in order: all
  * cond rows, then all uncond rows). Inputs must agree on mode, template,
  * cfg_factor, pad id, tokenizer and model ("" agrees with anything); the
@@ -1212,6 +1236,19 @@ void hi3_requests_free(hi3_requests *r);
 int hi3_requests_count(const hi3_requests *r);
 /* 1 when some request has a prompt (needs the tokenizer and template). */
 int hi3_requests_need_tokenizer(const hi3_requests *r);
+/* Read the "images" of every request (hi3_image_load: EXIF orientation,
+ * convert("RGB")), paths relative to the JSONL file's directory (standard
+ * input, or parsed text: the working directory); each image's size then
+ * lays out its block. A missing, bad or too large image, or with
+ * safe_paths one whose real path is outside that directory, is an input
+ * error naming FILE:LINE and the image. hi3_cond_build needs them read. */
+typedef struct hi3_request_image_opts {
+	int64_t max_pixels;             /* as hi3_image_opts: 0 HI3_IMAGE_MAX_PIXELS, < 0 no limit */
+	int safe_paths;                 /* refuse images outside the requests' directory */
+} hi3_request_image_opts;
+int hi3_requests_load_images(hi3_requests *r, const hi3_request_image_opts *o, hi3_error *err);
+/* 1 when some request has "images". */
+int hi3_requests_have_images(const hi3_requests *r);
 
 /* The sequence template (hi3-batching(7)) with what it needs: the tokenizer (only
  * for requests with a prompt), special token ids looked up by name, the
@@ -1286,6 +1323,8 @@ typedef struct hi3_cond_build_opts {
 	int pad_zero;                   /* pad position_ids with 0 (the upstream defect) */
 	int64_t max_length;             /* > 0: refuse rows longer than this */
 	int64_t seed_base;              /* seed of a request without "seed": seed_base + its index */
+	int vit_kernel;                 /* the ViT view's resize, enum hi3_tv_kernel (0: HI3_TV_UINT8) */
+	int64_t max_image_pixels;       /* refuse a VAE view resize larger than this (0: HI3_IMAGE_MAX_PIXELS) */
 } hi3_cond_build_opts;
 
 /* Build the conditions of a batch of requests (hi3-batching(7), rule 1; hi3-files(5)). */
@@ -1370,6 +1409,8 @@ typedef struct hi3_image_vae_opts {
 	                               * LANCZOS resize to the bucket; 0: cover and centre crop */
 	int64_t max_pixels;           /* refuse a resize (before the crop) larger than this;
 	                               * 0: HI3_IMAGE_MAX_PIXELS, < 0: no limit */
+	int target_h, target_w;       /* > 0: this bucket (H, W) instead of the nearest of the
+	                               * table (a template's own bucket table chose it) */
 } hi3_image_vae_opts;
 
 /* The VAE view of an image (vae_process_image, resize_and_crop). */
@@ -1454,6 +1495,41 @@ void hi3_vae_latent(const hi3_vae *v, const float *mean, const float *logvar, co
 /* rgb (H, W, 3) = round(clamp(x / 2 + 0.5, 0, 1) 255) of image (3, H, W),
  * in fp32 with ties to even (as diffusers' VaeImageProcessor in numpy). */
 void hi3_vae_to_rgb8(const float *image, int H, int W, uint8_t *rgb);
+
+/* --------------------------------------------------------- vision encoder */
+
+/* The SigLIP2 vision encoder (upstream siglip2.py Siglip2VisionTransformer,
+ * tensors vision_model.*; its pooling head vision_model.head.* is not read,
+ * its output being unused upstream) and the aligner (LightProjector,
+ * vision_aligner.*) that maps the encoder's output to the LLM's width. The
+ * configs are the "vit" and "vit_aligner" blocks of config.json. Every call
+ * runs fp32 on the model's backend; on the CPU backend an image gives the
+ * same bits alone or in any batch, at any place in it. */
+
+typedef struct hi3_vit hi3_vit;
+
+/* The ViT and aligner of an open model, through its backend (m must
+ * outlive them). A model without them is an input error naming the missing
+ * block or tensor. */
+int hi3_vit_open(hi3_vit **out, hi3_model *m, hi3_error *err);
+/* The same from a model directory alone (config.json with vit and
+ * vit_aligner blocks, the checkpoint), on a backend of its own; opts as
+ * hi3_model_open's. */
+int hi3_vit_open_dir(hi3_vit **out, const char *dir, const hi3_model_opts *opts, hi3_error *err);
+void hi3_vit_close(hi3_vit *v);
+const hi3_vit_config *hi3_vit_get_config(const hi3_vit *v);
+const hi3_vit_aligner_config *hi3_vit_get_aligner_config(const hi3_vit *v);
+
+/* n images as hi3_image_vit_view makes them: pixel_values (n, P, D) with D
+ * = num_channels patch_size^2, mask (n, P) (1: a real patch, anything else
+ * padding, a key no query attends to; every image needs a 1),
+ * spatial_shapes (n, 2) the patch grids (nph, npw), nph npw <= P. Writes
+ * hidden (n, P, vit hidden_size), the encoder's last_hidden_state, and
+ * embeds (n, P, vit_aligner n_embed), the aligner's output; either may be
+ * NULL. Pad slots carry real outputs (they attend to the real patches), as
+ * upstream's do. */
+int hi3_vit_encode(hi3_vit *v, const float *pixel_values, const int32_t *mask, const int32_t *spatial_shapes, int n,
+                   int P, float *hidden, float *embeds, hi3_error *err);
 
 /* ------------------------------------------------------------------ tools */
 

@@ -59,4 +59,14 @@ test_expect_success 'parity on cuda: batched rows equal rows alone' '
 	grep -q "^\[PASS\]" parity.out && ! grep -q "^\[FAIL\]" parity.out
 '
 
+test_expect_success 'i2t: prefill with a cond image on cuda (ViT, aligner, their rows), f32 weights: the CPU KV within 1e-5' '
+	make_model tiny-release rel --dtype f32 &&
+	cp "$FIXTURES/image/rgb.png" . &&
+	printf "%s\n" "{\"prompt\": \"hi\"}" "{\"prompt\": \"what is it\", \"images\": [\"rgb.png\"]}" >img.jsonl &&
+	hi3 -q -m rel tokenize-concat img.jsonl -o img.st &&
+	hi3 -q -m rel prefill img.st -o img-cpu.kv --max-new 2 &&
+	cuda -m rel prefill img.st -o img-gpu.kv --max-new 2 &&
+	hi3 diff --valid-only img-cpu.kv img-gpu.kv
+'
+
 test_done

@@ -1,14 +1,9 @@
 /*
  * vae-model.h -- VAE model directories for the tests and the benchmark:
  * config.json with a vae block, and model.safetensors with every vae.*
- * tensor hi3 loads, filled by a counter-based generator that
- * tests/ref/vae_ref.py computes the same way, so the fixtures hold only
+ * tensor hi3 loads, filled by the counter-based generator of model-gen.h
+ * (tests/ref/vae_ref.py gen() computes the same), so the fixtures hold only
  * inputs and outputs, never the weights.
- *
- * Element i (from 0) of tensor NAME: u = top 24 bits of splitmix64 of
- * state fnv1a64(NAME) + seed + (i + 1) 0x9e3779b97f4a7c15, over 2^24; then in
- * double: a conv weight (2 u - 1) / sqrt(fan_in), a norm weight
- * 1 + 0.25 (2 u - 1), a bias 0.1 (2 u - 1), rounded to f32.
  */
 #ifndef HI3_VAE_MODEL_H
 #define HI3_VAE_MODEL_H

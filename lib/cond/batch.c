@@ -31,6 +31,12 @@ struct rowview {
 	const int64_t *greedy;       /* (n_greedy) */
 	int32_t gen_hw[2];           /* the generated image's grid, (0, 0) */
 	int64_t seed;
+	int n_img, P, D;             /* cond images with pixels */
+	const int32_t *vit_grid;     /* (n_img, 2) */
+	const uint8_t *vit_pixels;   /* (n_img, P, D) */
+	const int32_t *vae_shape;    /* (n_img, 2) */
+	const uint8_t *vae_pixels;   /* (nv) the images' VAE views, one after the other */
+	int64_t nv;
 };
 
 static int used_prefix(const int64_t *v, int n)
@@ -66,6 +72,20 @@ static void view_of_cond(const hi3_cond *c, int b, struct rowview *v)
 	v->gen_hw[0] = c->gen_image_hw ? c->gen_image_hw[2 * b] : 0;
 	v->gen_hw[1] = c->gen_image_hw ? c->gen_image_hw[2 * b + 1] : 0;
 	v->seed = c->seeds[b];
+	v->n_img = 0;
+	v->nv = 0;
+	for (int64_t k = 0, off = 0; k < c->NI; off += (int64_t)c->vae_shape[2 * k] * c->vae_shape[2 * k + 1] * 3, k++)
+		if (c->image_row[k] == b) {
+			if (!v->n_img++) {
+				v->vit_grid = c->vit_grid + 2 * (size_t)k;
+				v->vit_pixels = c->vit_pixels + (size_t)k * c->VP * c->VD;
+				v->vae_shape = c->vae_shape + 2 * (size_t)k;
+				v->vae_pixels = c->vae_pixels + off;
+			}
+			v->nv += (int64_t)c->vae_shape[2 * k] * c->vae_shape[2 * k + 1] * 3;
+		}
+	v->P = c->VP;
+	v->D = c->VD;
 }
 
 static void view_of_row(const hi3_cond_row *r, struct rowview *v)
@@ -97,7 +117,8 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
                       hi3_error *err)
 {
 	hi3_cond *c = &ci->c;
-	int S = 1, NS = 1, K = 0, NF = 0, NG = 0;
+	int S = 1, NS = 1, K = 0, NF = 0, NG = 0, NI = 0, P = 0, D = 0;
+	int64_t NV = 0;
 
 	/* gen_image_hw when every row with generated image tokens knows its
 	 * grid (conditions written before the tensor existed do not) */
@@ -111,6 +132,15 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 		lacks_hw |= img && v[b].gen_hw[0] == 0;
 	}
 	for (int b = 0; b < B; b++) {
+		if (v[b].n_img && P && (v[b].P != P || v[b].D != D))
+			return hi3_error_set(err, HI3_ERR_INPUT, "cond images of %d x %d and %d x %d ViT features in one "
+			                     "conditions (made for different models?)", P, D, v[b].P, v[b].D);
+		if (v[b].n_img) {
+			P = v[b].P;
+			D = v[b].D;
+			NI += v[b].n_img;
+			NV += v[b].nv;
+		}
 		L = (int)HI3_MAX(L, v[b].n);
 		S = HI3_MAX(S, v[b].n_blocks);
 		NS = HI3_MAX(NS, v[b].n_stop);
@@ -133,6 +163,8 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 			[T_GMASK] = has_mask[0] ? BL : 0, [T_VIT] = has_mask[1] ? BL : 0, [T_VAE] = has_mask[2] ? BL : 0,
 			[T_TS] = (size_t)B * K * 8, [T_FORCED] = (size_t)B * NF * 8, [T_GREEDY] = (size_t)B * NG * 8,
 			[T_GEN_HW] = has_mask[0] && has_hw && !lacks_hw ? (size_t)B * 8 : 0,
+			[T_IMG_ROW] = (size_t)NI * 8, [T_VIT_GRID] = (size_t)NI * 8, [T_VIT_PIX] = (size_t)NI * P * D,
+			[T_VAE_SHAPE] = (size_t)NI * 8, [T_VAE_PIX] = (size_t)NV,
 		};
 		for (int i = 0; i < T_COUNT; i++)
 			if (sizes[i] && !(ci->buf[i] = hi3i_calloc(1, sizes[i], err)))
@@ -152,12 +184,23 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 	c->forced_after = ci->buf[T_FORCED];
 	c->greedy_among = ci->buf[T_GREEDY];
 	c->gen_image_hw = ci->buf[T_GEN_HW];
+	c->NI = NI;
+	c->VP = NI ? P : 0;
+	c->VD = NI ? D : 0;
+	c->image_row = ci->buf[T_IMG_ROW];
+	c->vit_grid = ci->buf[T_VIT_GRID];
+	c->vit_pixels = ci->buf[T_VIT_PIX];
+	c->vae_shape = ci->buf[T_VAE_SHAPE];
+	c->vae_pixels = ci->buf[T_VAE_PIX];
+	c->NV = NV;
 	return 0;
 }
 
 /* Row b of a freshly allocated conditions: the real columns as given, then
- * pads (pad id, position t or 0, RoPE (t, t), masks 0). */
-static void put_row(struct hi3i_cond *ci, int b, const struct rowview *v, int64_t pad_id, int pad_zero)
+ * pads (pad id, position t or 0, RoPE (t, t), masks 0); its images from
+ * image img0 on, their VAE views from byte vae0 on. */
+static void put_row(struct hi3i_cond *ci, int b, const struct rowview *v, int64_t pad_id, int pad_zero, int img0,
+                    int64_t vae0)
 {
 	hi3_cond *c = &ci->c;
 	size_t o = (size_t)b * c->L;
@@ -190,16 +233,31 @@ static void put_row(struct hi3i_cond *ci, int b, const struct rowview *v, int64_
 		forced[(size_t)b * c->NF + k] = k < v->n_forced ? v->forced[k] : -1;
 	for (int k = 0; k < c->NG; k++)
 		greedy[(size_t)b * c->NG + k] = k < v->n_greedy ? v->greedy[k] : -1;
+	for (int k = 0; k < v->n_img; k++)
+		((int64_t *)ci->buf[T_IMG_ROW])[img0 + k] = b;
+	if (v->n_img) {
+		memcpy((int32_t *)ci->buf[T_VIT_GRID] + 2 * (size_t)img0, v->vit_grid, sizeof(int32_t) * 2 * v->n_img);
+		memcpy((uint8_t *)ci->buf[T_VIT_PIX] + (size_t)img0 * c->VP * c->VD, v->vit_pixels,
+		       (size_t)v->n_img * c->VP * c->VD);
+		memcpy((int32_t *)ci->buf[T_VAE_SHAPE] + 2 * (size_t)img0, v->vae_shape, sizeof(int32_t) * 2 * v->n_img);
+		memcpy((uint8_t *)ci->buf[T_VAE_PIX] + vae0, v->vae_pixels, (size_t)v->nv);
+	}
 }
 
 /* A conditions of the given rows (all columns), L at least min_L. */
 static int cond_from_views(struct hi3i_cond *ci, const struct rowview *v, int B, int min_L, const int has_mask[3],
                            int64_t pad_id, int pad_zero, hi3_error *err)
 {
+	int img = 0;
+	int64_t vae = 0;
+
 	if (cond_alloc(ci, v, B, min_L, has_mask, err) != 0)
 		return -1;
-	for (int b = 0; b < B; b++)
-		put_row(ci, b, &v[b], pad_id, pad_zero);
+	for (int b = 0; b < B; b++) {
+		put_row(ci, b, &v[b], pad_id, pad_zero, img, vae);
+		img += v[b].n_img;
+		vae += v[b].nv;
+	}
 	ci->c.pad_id = pad_id;
 	return 0;
 }
@@ -412,6 +470,16 @@ void hi3_cond_row_release(hi3_cond_row *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* The ViT and VAE views of one request's images. */
+struct req_images {
+	int n, P, D;
+	int32_t *grid;               /* (n, 2) */
+	uint8_t *pixels;             /* (n, P, D) */
+	int32_t *vae_shape;          /* (n, 2) */
+	uint8_t *vae;                /* (nv) */
+	int64_t nv;
+};
+
 /* Metadata shared by every row of a build. */
 struct build_meta {
 	const hi3_template *t;
@@ -419,7 +487,78 @@ struct build_meta {
 	int cfg_factor;
 	int64_t pad_id;
 	int pad_zero;
+	const struct req_images *img;  /* (R) */
 };
+
+/* The ViT view of every image of request r (hi3_image_vit_view), as
+ * uint8 patches: the levels the view normalised, re-read from its
+ * resized image in patch order; and its VAE view (hi3_image_vae_view) in
+ * the template's bucket, the cropped uint8 image. */
+static int request_images(const hi3_template *t, const hi3_requests *rq, int i, int kernel, int64_t max_pixels,
+                          struct req_images *ri, hi3_error *err)
+{
+	const struct hi3i_request *r = &rq->r[i];
+	hi3_image_vit_opts vo = {.kernel = kernel};
+	int tgh, tgw;
+
+	memset(ri, 0, sizeof(*ri));
+	if (!r->image_paths)
+		return 0;
+	hi3i_template_vit(t, &vo.patch, &vo.max_patches);
+	ri->n = r->n_cond;
+	ri->P = vo.max_patches;
+	ri->D = 3 * vo.patch * vo.patch;
+	ri->grid = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)ri->n, err);
+	ri->pixels = ri->grid ? hi3i_calloc((size_t)ri->n * ri->P, (size_t)ri->D, err) : NULL;
+	ri->vae_shape = ri->pixels ? hi3i_malloc(sizeof(int32_t) * 2 * (size_t)ri->n, err) : NULL;
+	if (!ri->vae_shape)
+		return -1;
+	for (int k = 0; k < ri->n; k++) {
+		hi3i_template_cond_bucket(t, r->cond[k][0], r->cond[k][1], &ri->vae_shape[2 * k], &ri->vae_shape[2 * k + 1]);
+		ri->nv += (int64_t)ri->vae_shape[2 * k] * ri->vae_shape[2 * k + 1] * 3;
+	}
+	if (!(ri->vae = hi3i_malloc((size_t)ri->nv, err)))
+		return -1;
+	for (int k = 0; k < ri->n; k++) {
+		hi3_image_vit *v = NULL;
+		uint8_t *px = ri->pixels + (size_t)k * ri->P * ri->D;
+		const int p = vo.patch;
+		if (!r->images[k])
+			return hi3_error_set(err, HI3_ERR_USAGE, "%s:%d: image %d ('%s') was not read "
+			                     "(hi3_requests_load_images)", rq->name, r->line, k, r->image_paths[k]);
+		if (hi3_image_vit_view(&v, r->images[k], &vo, err))
+			return hi3_error_prefix(err, "%s:%d: image %d", rq->name, r->line, k);
+		hi3i_vit_grid(r->cond[k][0], r->cond[k][1], vo.patch, vo.max_patches, &tgh, &tgw);
+		HI3_ASSERT(v->grid_h == tgh && v->grid_w == tgw && v->dim == ri->D && v->n_patches == ri->P);
+		ri->grid[2 * k] = v->grid_h;
+		ri->grid[2 * k + 1] = v->grid_w;
+		/* patch (gy, gx), feature (py p + px) 3 + c */
+		for (int gy = 0; gy < v->grid_h; gy++)
+			for (int gx = 0; gx < v->grid_w; gx++)
+				for (int py = 0; py < p; py++)
+					memcpy(px + ((size_t)(gy * v->grid_w + gx) * ri->D + (size_t)py * p * 3),
+					       v->rgb + ((size_t)(gy * p + py) * v->width + (size_t)gx * p) * 3, (size_t)p * 3);
+		hi3_image_vit_free(v);
+	}
+	for (int k = 0, off = 0; k < ri->n; off += ri->vae_shape[2 * k] * ri->vae_shape[2 * k + 1] * 3, k++) {
+		hi3_image_vae_opts ao = {.max_pixels = max_pixels, .target_h = ri->vae_shape[2 * k],
+		                         .target_w = ri->vae_shape[2 * k + 1]};
+		hi3_image_vae *v = NULL;
+		if (hi3_image_vae_view(&v, r->images[k], &ao, err))
+			return hi3_error_prefix(err, "%s:%d: image %d", rq->name, r->line, k);
+		memcpy(ri->vae + off, v->rgb, (size_t)v->height * v->width * 3);
+		hi3_image_vae_free(v);
+	}
+	return 0;
+}
+
+static void request_images_release(struct req_images *ri)
+{
+	free(ri->grid);
+	free(ri->pixels);
+	free(ri->vae_shape);
+	free(ri->vae);
+}
 
 /* A conditions of requests [r0, r0 + R) of rq from rows laid out as
  * rows[g * n_req + i] (group g, request i). */
@@ -444,7 +583,16 @@ static int build_part(hi3_cond **out, const hi3_requests *rq, const hi3_cond_row
 	for (int g = 0; g < f; g++)
 		for (int i = 0; i < R; i++) {
 			const hi3_cond_row *row = &rows[g * n_req + r0 + i];
+			const struct req_images *ri = &bm->img[r0 + i];
 			view_of_row(row, &v[g * R + i]);
+			v[g * R + i].n_img = ri->n;
+			v[g * R + i].P = ri->P;
+			v[g * R + i].D = ri->D;
+			v[g * R + i].vit_grid = ri->grid;
+			v[g * R + i].vit_pixels = ri->pixels;
+			v[g * R + i].vae_shape = ri->vae_shape;
+			v[g * R + i].vae_pixels = ri->vae;
+			v[g * R + i].nv = ri->nv;
 			has_mask[0] |= row->gen_image_mask != NULL;
 			has_mask[1] |= row->cond_vit_mask != NULL;
 			has_mask[2] |= row->cond_vae_mask != NULL;
@@ -517,6 +665,7 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 	int R = rq->n, f, B;
 	hi3_cond_row *rows = NULL;
 	hi3_cond **parts = NULL;
+	struct req_images *img = NULL;
 	struct build_meta bm = {0};
 	const hi3_tok *tok = hi3_template_tok(t);
 	const hi3_gen_defaults *gen = hi3_template_gen_defaults(t);
@@ -544,6 +693,12 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 	B = R * f;
 	if (!(rows = hi3i_calloc((size_t)B, sizeof(*rows), err)))
 		return -1;
+	if (!(img = hi3i_calloc((size_t)R, sizeof(*img), err)))
+		goto out;
+	bm.img = img;
+	for (int i = 0; i < R; i++)
+		if (request_images(t, rq, i, o->vit_kernel, o->max_image_pixels, &img[i], err))
+			goto out;
 	for (int g = 0; g < f; g++)
 		for (int i = 0; i < R; i++) {
 			hi3_cond_row *row = &rows[g * R + i];
@@ -568,6 +723,9 @@ out:
 	free(parts);
 	for (int i = 0; i < B; i++)
 		hi3_cond_row_release(&rows[i]);
+	for (int i = 0; img && i < R; i++)
+		request_images_release(&img[i]);
+	free(img);
 	free(rows);
 	return rc;
 }

@@ -38,6 +38,8 @@ struct hi3i_request {
 	int ratio_index;
 	int n_cond;
 	int64_t (*cond)[2];          /* (n_cond, 2) cond image (H, W) */
+	const char **image_paths;    /* (n_cond) "images": the paths as given, or NULL ("cond_images") */
+	hi3_image **images;          /* (n_cond) the images read (hi3_requests_load_images), or NULL */
 	int has_seed;
 	int64_t seed;
 	int64_t *tokens;             /* (n_tokens) pre-tokenized row, or NULL */
@@ -48,6 +50,7 @@ struct hi3i_request {
 
 struct hi3_requests {
 	char *name;                  /* the input's name for messages */
+	char *dir;                   /* where relative image paths start: the JSONL file's directory */
 	int n;
 	struct hi3i_request *r;      /* (n) */
 };
@@ -61,6 +64,10 @@ int64_t hi3i_template_vocab(const hi3_template *t);
  * 1 otherwise and for a cfg-distilled model). */
 int hi3i_template_bot_task(const hi3_template *t, const struct hi3i_request *r);
 int hi3i_template_cfg_factor(const hi3_template *t, int mode);
+/* vit_processor's patch_size and max_num_patches, as the template lays out ViT runs. */
+void hi3i_template_vit(const hi3_template *t, int *patch, int *max_patches);
+/* The VAE bucket (H, W) the template gives a cond image of h x w. */
+void hi3i_template_cond_bucket(const hi3_template *t, int64_t h, int64_t w, int *bh, int *bw);
 
 /* Image geometry (facts/image-input.md 1): the resolution buckets of a
  * base size, (H, W) sorted by H/W, count returned (-1: more than max); the

@@ -82,6 +82,10 @@ int hi3_image_vae_view(hi3_image_vae **out, const hi3_image *im, const hi3_image
 	b = hi3_image_bucket_of((const int (*)[2])hw, n, im->height, im->width);
 	th = hw[b][0];
 	tw = hw[b][1];
+	if (o && o->target_h > 0 && o->target_w > 0) {
+		th = o->target_h;
+		tw = o->target_w;
+	}
 	if (o && o->resize) {
 		rw = tw;
 		rh = th;

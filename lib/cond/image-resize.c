@@ -15,7 +15,10 @@
  *    torchvision converts to float32, runs _upsample_bilinear2d_aa in float
  *    (taps computed in float) and rounds half to even, as torch's plain
  *    x86-64 build computes it (HI3_TV_FLOAT; its AVX2/AVX-512 builds sum in
- *    a slightly different way that is not reproduced here).
+ *    a slightly different way that is not reproduced here). The same float
+ *    path on float input, any number of channels, is F.interpolate(...,
+ *    mode="bilinear", align_corners=False, antialias=True) on the CPU:
+ *    hi3i_resize_aa_f32, the SigLIP2 position grid's resize (model/vit.c).
  *
  * Images are (h, w, c) interleaved uint8, c = 1..4. Both passes split rows
  * over OpenMP threads; every output value is computed by one fixed
@@ -407,24 +410,37 @@ static int hpass_int(uint8_t *dst, size_t ds, const uint8_t *src, size_t ss, int
 }
 
 /* Float passes (torchvision's float32 path): out = x_0 w_0, then
- * out += x_j w_j for j = 1.. in order, each product and sum rounded. */
-static void hpass_f32(float *dst, const uint8_t *src, int rows, int in_w, int C, const struct axis *a)
+ * out += x_j w_j for j = 1.. in order, each product and sum rounded. The
+ * horizontal pass reads uint8 (an image) or float (s8 NULL) input; the
+ * two thin wrappers below let the compiler specialise it for each. */
+static inline __attribute__((always_inline)) void hpass_f32_any(float *dst, const uint8_t *s8, const float *sf,
+                                                                int rows, int in_w, int C, const struct axis *a)
 {
 #pragma omp parallel for schedule(static) if (PAR((size_t)rows * a->out * a->ksize))
 	for (int y = 0; y < rows; y++) {
-		const uint8_t *s = src + (size_t)y * in_w * C;
+		const size_t s0 = (size_t)y * in_w * C;
 		float *d = dst + (size_t)y * a->out * C;
 		for (int x = 0; x < a->out; x++) {
 			const float *k = a->wf + (size_t)x * a->ksize;
-			const uint8_t *p = s + (size_t)a->lo[x] * C;
+			const size_t p = s0 + (size_t)a->lo[x] * C;
 			for (int c = 0; c < C; c++) {
-				float acc = (float)p[c] * k[0];
+				float acc = (s8 ? (float)s8[p + c] : sf[p + c]) * k[0];
 				for (int j = 1; j < a->n[x]; j++)
-					acc = acc + (float)p[j * C + c] * k[j];
+					acc = acc + (s8 ? (float)s8[p + (size_t)j * C + c] : sf[p + (size_t)j * C + c]) * k[j];
 				d[x * C + c] = acc;
 			}
 		}
 	}
+}
+
+static void hpass_f32(float *dst, const uint8_t *src, int rows, int in_w, int C, const struct axis *a)
+{
+	hpass_f32_any(dst, src, NULL, rows, in_w, C, a);
+}
+
+static void hpass_f32f(float *dst, const float *src, int rows, int in_w, int C, const struct axis *a)
+{
+	hpass_f32_any(dst, NULL, src, rows, in_w, C, a);
 }
 
 static void vpass_f32(float *dst, const float *src, int w, int C, const struct axis *a)
@@ -525,43 +541,82 @@ int hi3_resize_pil(const uint8_t *src, int sw, int sh, int c, uint8_t *dst, int 
 	return hi3i_resize_pil_crop(src, sw, sh, c, dst, dw, dh, 0, 0, dw, dh, filter, err);
 }
 
+/* The float32 path's passes over src (sh, sw, c), uint8 (s8) or float
+ * (sf): horizontal, then vertical, each only where the size changes (as
+ * ATen skips an axis of the same size); *res (dh, dw, c) is *h or *v, both
+ * the caller's to free. */
+static int tv_f32_passes(const uint8_t *s8, const float *sf, int sw, int sh, int c, int dw, int dh, float **h,
+                         float **v, const float **res, hi3_error *err)
+{
+	struct axis ax = {0}, ay = {0};
+	const size_t nh = (size_t)sh * dw * c;
+	int rc = -1;
+
+	*h = *v = NULL;
+	if ((dw != sw && axis_tv_f32(&ax, sw, dw, err)) || (dh != sh && axis_tv_f32(&ay, sh, dh, err)))
+		goto out;
+	if (!(*h = hi3i_malloc(nh * sizeof(float), err)))
+		goto out;
+	if (dw != sw && s8)
+		hpass_f32(*h, s8, sh, sw, c, &ax);
+	else if (dw != sw)
+		hpass_f32f(*h, sf, sh, sw, c, &ax);
+	else if (s8)
+		for (size_t i = 0; i < nh; i++)
+			(*h)[i] = s8[i];
+	else
+		memcpy(*h, sf, nh * sizeof(float));
+	*res = *h;
+	if (dh != sh) {
+		if (!(*v = hi3i_malloc((size_t)dh * dw * c * sizeof(float), err)))
+			goto out;
+		vpass_f32(*v, *h, dw, c, &ay);
+		*res = *v;
+	}
+	rc = 0;
+out:
+	axis_release(&ax);
+	axis_release(&ay);
+	return rc;
+}
+
 /* torchvision's float32 path: convert, resize in float, round half to
  * even, back to uint8. */
 static int resize_tv_f32(const uint8_t *src, int sw, int sh, int c, uint8_t *dst, int dw, int dh, hi3_error *err)
 {
-	struct axis ax = {0}, ay = {0};
-	float *h = NULL, *v = NULL;
+	float *h, *v;
 	const float *res;
 	size_t n = (size_t)dw * dh * c;
-	int rc = -1;
 
-	if ((dw != sw && axis_tv_f32(&ax, sw, dw, err)) || (dh != sh && axis_tv_f32(&ay, sh, dh, err)))
-		goto out;
-	if (!(h = hi3i_malloc((size_t)sh * dw * c * sizeof(float), err)))
-		goto out;
-	if (dw != sw) {
-		hpass_f32(h, src, sh, sw, c, &ax);
-	} else {
-		for (size_t i = 0; i < (size_t)sh * sw * c; i++)
-			h[i] = src[i];
-	}
-	res = h;
-	if (dh != sh) {
-		if (!(v = hi3i_malloc(n * sizeof(float), err)))
-			goto out;
-		vpass_f32(v, h, dw, c, &ay);
-		res = v;
+	if (tv_f32_passes(src, NULL, sw, sh, c, dw, dh, &h, &v, &res, err)) {
+		free(h);
+		free(v);
+		return -1;
 	}
 	for (size_t i = 0; i < n; i++) {
 		float r = rintf(res[i]);
 		dst[i] = r <= 0.0f ? 0 : r >= 255.0f ? 255 : (uint8_t)r;
 	}
-	rc = 0;
-out:
 	free(h);
 	free(v);
-	axis_release(&ax);
-	axis_release(&ay);
+	return 0;
+}
+
+int hi3i_resize_aa_f32(const float *src, int sw, int sh, int C, float *dst, int dw, int dh, hi3_error *err)
+{
+	float *h, *v;
+	const float *res;
+	int rc;
+
+	if (!src || !dst || sw < 1 || sh < 1 || dw < 1 || dh < 1 || C < 1 || sw > (1 << 16) || sh > (1 << 16) ||
+	    dw > (1 << 16) || dh > (1 << 16) || (int64_t)HI3_MAX(sw, dw) * HI3_MAX(sh, dh) * C > ((int64_t)1 << 31))
+		return hi3_error_set(err, HI3_ERR_USAGE, "antialiased resize: cannot resize %dx%d (%d channels) to %dx%d",
+		                     sw, sh, C, dw, dh);
+	rc = tv_f32_passes(NULL, src, sw, sh, C, dw, dh, &h, &v, &res, err);
+	if (!rc)
+		memcpy(dst, res, (size_t)dw * dh * C * sizeof(float));
+	free(h);
+	free(v);
 	return rc;
 }
 

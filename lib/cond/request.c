@@ -5,10 +5,19 @@
  *   {"prompt": "...", "system": "en_unified", "cot": "...", "bot_task": "auto",
  *    "mode": "gen_text", "image_size": "1024x768", "cond_images": [[H, W]],
  *    "seed": 7}
+ *   {"prompt": "...", "images": ["a.png", "sub/b.jpg"]}
+ *
+ * "images" are files, relative to the JSONL file's directory (standard
+ * input: the working directory); hi3_requests_load_images reads them and
+ * gives each its size as "cond_images" would. "cond_images" gives only
+ * sizes (the token layout without pixels, which no stage can run).
  *   {"tokens": [1, 2, 3], "stop_tokens": [2], "seed": 7}
  */
+#include <limits.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cond/cond-internal.h"
 
 const char *const hi3i_bot_task_names[] = {"auto", "image", "think", "recaption", "img_ratio", "think_recaption",
@@ -16,7 +25,7 @@ const char *const hi3i_bot_task_names[] = {"auto", "image", "think", "recaption"
 const char *const hi3i_mode_names[] = {"gen_text", "gen_image", NULL};
 
 static const char *const fields[] = {"prompt", "system", "cot",    "bot_task",   "mode",        "image_size",
-                                     "cond_images", "seed", "tokens", "stop_tokens", NULL};
+                                     "cond_images", "images", "seed", "tokens", "stop_tokens", NULL};
 
 #define MAX_IMAGE_SIDE 65536
 
@@ -193,6 +202,34 @@ static int parse_cond_images(const struct hi3_requests *rq, struct hi3i_request 
 	return 0;
 }
 
+static int parse_images(const struct hi3_requests *rq, struct hi3i_request *r, hi3_error *err)
+{
+	json_t *v = json_object_get(r->obj, "images"), *e;
+	size_t i;
+
+	if (!v)
+		return 0;
+	if (json_object_get(r->obj, "cond_images"))
+		return bad(err, rq, r->line, "fields 'images' and 'cond_images' exclude each other (images give their "
+		           "own sizes)");
+	if (!json_is_array(v))
+		return bad(err, rq, r->line, "field 'images': expected an array of file names");
+	if (json_array_size(v) == 0)
+		return 0;
+	r->cond = hi3i_calloc(json_array_size(v), sizeof(*r->cond), err);
+	r->image_paths = r->cond ? hi3i_calloc(json_array_size(v), sizeof(*r->image_paths), err) : NULL;
+	r->images = r->image_paths ? hi3i_calloc(json_array_size(v), sizeof(*r->images), err) : NULL;
+	if (!r->images)
+		return -1;
+	json_array_foreach(v, i, e) {
+		if (!json_is_string(e) || !json_string_length(e) || strlen(json_string_value(e)) != json_string_length(e))
+			return bad(err, rq, r->line, "field 'images': element %zu: expected a file name", i);
+		r->image_paths[i] = json_string_value(e);
+	}
+	r->n_cond = (int)json_array_size(v);
+	return 0;
+}
+
 static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, hi3_error *err)
 {
 	const char *key, *s;
@@ -202,7 +239,7 @@ static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, 
 	json_object_foreach(r->obj, key, v) {
 		if (hi3i_name_index(fields, key) < 0)
 			return bad(err, rq, r->line, "unknown field '%s' (expected prompt, system, cot, bot_task, mode, "
-			           "image_size, cond_images, seed, tokens or stop_tokens)", key);
+			           "image_size, cond_images, images, seed, tokens or stop_tokens)", key);
 	}
 	if (get_string(rq, r, "prompt", &r->prompt, &r->prompt_len, err) ||
 	    get_string(rq, r, "system", &r->system, &r->system_len, err) ||
@@ -218,7 +255,7 @@ static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, 
 		return -1;
 	if (s && (r->mode = hi3i_name_index(hi3i_mode_names, s)) < 0)
 		return bad(err, rq, r->line, "field 'mode': unknown value '%s' (expected gen_text or gen_image)", s);
-	if (parse_image_size(rq, r, err) || parse_cond_images(rq, r, err))
+	if (parse_image_size(rq, r, err) || parse_cond_images(rq, r, err) || parse_images(rq, r, err))
 		return -1;
 	if ((v = json_object_get(r->obj, "seed"))) {
 		if (!json_is_integer(v))
@@ -263,11 +300,16 @@ void hi3_requests_free(hi3_requests *rq)
 	for (int i = 0; i < rq->n; i++) {
 		json_decref(rq->r[i].obj);
 		free(rq->r[i].cond);
+		for (int k = 0; rq->r[i].images && k < rq->r[i].n_cond; k++)
+			hi3_image_free(rq->r[i].images[k]);
+		free(rq->r[i].images);
+		free(rq->r[i].image_paths);
 		free(rq->r[i].tokens);
 		free(rq->r[i].stops);
 	}
 	free(rq->r);
 	free(rq->name);
+	free(rq->dir);
 	free(rq);
 }
 
@@ -278,7 +320,9 @@ int hi3_requests_parse(hi3_requests **out, const char *text, size_t len, const c
 	int line = 0;
 
 	*out = NULL;
-	if (!rq || !(rq->name = hi3i_strdup(name))) {
+	if (!rq || !(rq->name = hi3i_strdup(name)) || !(rq->dir = hi3i_strdup("."))) {
+		if (rq)
+			free(rq->name);
 		free(rq);
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 	}
@@ -342,7 +386,74 @@ int hi3_requests_read(hi3_requests **out, const char *path, hi3_error *err)
 		return -1;
 	rc = hi3_requests_parse(out, text, len, strcmp(path, "-") ? path : "<stdin>", err);
 	free(text);
+	if (!rc && strcmp(path, "-")) {
+		const char *slash = strrchr(path, '/');
+		char *dir = slash ? hi3i_asprintf("%.*s", (int)(slash == path ? 1 : slash - path), path) : NULL;
+		if (slash && !dir) {
+			hi3_requests_free(*out);
+			*out = NULL;
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		}
+		if (dir) {
+			free((*out)->dir);
+			(*out)->dir = dir;
+		}
+	}
 	return rc;
+}
+
+/* Whether the real path of file lies inside the real directory root. */
+static int inside(const char *root, const char *file)
+{
+	char rr[PATH_MAX], rf[PATH_MAX];
+	size_t n;
+
+	if (!realpath(root, rr) || !realpath(file, rf))
+		return 0;
+	n = strlen(rr);
+	if (n == 1 && rr[0] == '/')
+		return 1;
+	return !strncmp(rr, rf, n) && rf[n] == '/';
+}
+
+int hi3_requests_load_images(hi3_requests *rq, const hi3_request_image_opts *o, hi3_error *err)
+{
+	const hi3_image_opts io = {.max_pixels = o ? o->max_pixels : 0};
+
+	for (int i = 0; i < rq->n; i++) {
+		struct hi3i_request *r = &rq->r[i];
+		for (int k = 0; r->image_paths && k < r->n_cond; k++) {
+			const char *p = r->image_paths[k];
+			char *path = p[0] == '/' ? hi3i_strdup(p) : hi3i_asprintf("%s/%s", rq->dir, p);
+			int rc;
+
+			if (r->images[k])
+				continue;
+			if (!path)
+				return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+			if (o && o->safe_paths && access(path, F_OK) == 0 && !inside(rq->dir, path)) {
+				rc = bad(err, rq, r->line, "image '%s': %s is outside %s (--safe-paths)", p, path, rq->dir);
+			} else {
+				rc = hi3_image_load(&r->images[k], path, &io, err);
+				if (rc)
+					hi3_error_prefix(err, "%s:%d: image %d", rq->name, r->line, k);
+			}
+			free(path);
+			if (rc)
+				return -1;
+			r->cond[k][0] = r->images[k]->height;
+			r->cond[k][1] = r->images[k]->width;
+		}
+	}
+	return 0;
+}
+
+int hi3_requests_have_images(const hi3_requests *rq)
+{
+	for (int i = 0; i < rq->n; i++)
+		if (rq->r[i].image_paths)
+			return 1;
+	return 0;
 }
 
 int hi3_requests_count(const hi3_requests *rq) { return rq->n; }

@@ -62,6 +62,22 @@ struct hi3_template {
 	char fingerprint[17];
 };
 
+static int bucket_of(const hi3_template *t, int64_t h, int64_t w);
+
+void hi3i_template_vit(const hi3_template *t, int *patch, int *max_patches)
+{
+	*patch = t->vit_patch;
+	*max_patches = t->vit_max;
+}
+
+void hi3i_template_cond_bucket(const hi3_template *t, int64_t h, int64_t w, int *bh, int *bw)
+{
+	int b = bucket_of(t, h, w);
+
+	*bh = t->reso[b][0];
+	*bw = t->reso[b][1];
+}
+
 /* -------------------------------------------------------------- images */
 
 /* The resolution buckets of base size B: from (B, B), heights up to 2B

@@ -264,6 +264,49 @@ static int check_row(const struct hi3i_cond *ci, int b, int pad_zero, hi3_error 
 	return 0;
 }
 
+/* The cond images: rows in order, grids that fit, and each row's images
+ * one to one with its runs of cond_vit_mask columns, VP columns each. */
+static int check_images(const struct hi3i_cond *ci, hi3_error *err)
+{
+	const hi3_cond *c = &ci->c;
+	int k = 0;
+	int64_t nv = 0;
+
+	if (!c->NI)
+		return 0;
+	if (!c->cond_vit_mask)
+		return vbad(ci, err, "tensor 'vit_pixels': %d images but no 'cond_vit_mask' to place them", c->NI);
+	for (int i = 0; i < c->NI; i++) {
+		const int32_t gh = c->vit_grid[2 * i], gw = c->vit_grid[2 * i + 1];
+		if (c->image_row[i] < 0 || c->image_row[i] >= c->B || (i && c->image_row[i] < c->image_row[i - 1]))
+			return vbad(ci, err, "tensor 'image_row': entry %d is %lld: expected rows in [0, %d) in order", i,
+			            (long long)c->image_row[i], c->B);
+		if (gh < 1 || gw < 1 || (int64_t)gh * gw > c->VP)
+			return vbad(ci, err, "tensor 'vit_grid': image %d: a %d x %d patch grid in %d slots", i, gh, gw,
+			            c->VP);
+		if (c->vae_shape[2 * i] < 1 || c->vae_shape[2 * i + 1] < 1 || c->vae_shape[2 * i] > (1 << 16) ||
+		    c->vae_shape[2 * i + 1] > (1 << 16))
+			return vbad(ci, err, "tensor 'vae_shape': image %d: (%d, %d) is not an image size", i,
+			            c->vae_shape[2 * i], c->vae_shape[2 * i + 1]);
+		nv += (int64_t)c->vae_shape[2 * i] * c->vae_shape[2 * i + 1] * 3;
+	}
+	if (nv != c->NV)
+		return vbad(ci, err, "tensor 'vae_pixels': %lld bytes, but the images of 'vae_shape' take %lld",
+		            (long long)c->NV, (long long)nv);
+	for (int b = 0; b < c->B; b++) {
+		const uint8_t *m = c->cond_vit_mask + (size_t)b * c->L;
+		int n = 0, have = 0;
+		for (int t = 0; t < c->L; t++)
+			n += m[t];
+		while (k < c->NI && c->image_row[k] == b)
+			k++, have++;
+		if ((int64_t)have * c->VP != n)
+			return vbad(ci, err, "row %d: %d cond_vit_mask columns, but %d images of %d ViT slots", b, n, have,
+			            c->VP);
+	}
+	return 0;
+}
+
 static int validate(struct hi3i_cond *ci, hi3_error *err)
 {
 	const hi3_cond *c = &ci->c;
@@ -288,7 +331,7 @@ static int validate(struct hi3i_cond *ci, hi3_error *err)
 	}
 	if (check_mask(ci, "gen_image_mask", c->gen_image_mask, err) ||
 	    check_mask(ci, "cond_vit_mask", c->cond_vit_mask, err) ||
-	    check_mask(ci, "cond_vae_mask", c->cond_vae_mask, err))
+	    check_mask(ci, "cond_vae_mask", c->cond_vae_mask, err) || check_images(ci, err))
 		return -1;
 	return 0;
 }
@@ -381,6 +424,40 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 		c->NG = ga ? (int)ga->shape[1] : 0;
 		c->gen_image_hw = hw ? hw->data : NULL;
 	}
+	{
+		const int64_t any1[1] = {-1}, any3[3] = {-1, -1, -1};
+		const hi3_tensor *row, *grid, *pix, *vs, *vp;
+		if (get(ci, "image_row", HI3_I64, 1, any1, 1, &row, err))
+			goto fail;
+		if (row) {
+			const int64_t s_n2[2] = {row->shape[0], 2};
+			if (get(ci, "vit_grid", HI3_I32, 2, s_n2, 0, &grid, err) ||
+			    get(ci, "vit_pixels", HI3_U8, 3, any3, 0, &pix, err) ||
+			    get(ci, "vae_shape", HI3_I32, 2, s_n2, 0, &vs, err) ||
+			    get(ci, "vae_pixels", HI3_U8, 1, any1, 0, &vp, err))
+				goto fail;
+			if (pix->shape[0] != row->shape[0] || row->shape[0] > INT32_MAX || pix->shape[1] < 1 ||
+			    pix->shape[1] > (1 << 20) || pix->shape[2] < 1 || pix->shape[2] > (1 << 20)) {
+				vbad(ci, err, "tensor 'vit_pixels': shape (%lld, %lld, %lld): expected (%lld images, P, D)",
+				     (long long)pix->shape[0], (long long)pix->shape[1], (long long)pix->shape[2],
+				     (long long)row->shape[0]);
+				goto fail;
+			}
+			c->NI = (int)row->shape[0];
+			c->VP = (int)pix->shape[1];
+			c->VD = (int)pix->shape[2];
+			c->image_row = row->data;
+			c->vit_grid = grid->data;
+			c->vit_pixels = pix->data;
+			c->vae_shape = vs->data;
+			c->vae_pixels = vp->data;
+			c->NV = vp->shape[0];
+		} else if (hi3_st_find(c->st, "vit_grid") || hi3_st_find(c->st, "vit_pixels") ||
+		           hi3_st_find(c->st, "vae_shape") || hi3_st_find(c->st, "vae_pixels")) {
+			vbad(ci, err, "tensor 'image_row' is missing (the file has cond image pixels)");
+			goto fail;
+		}
+	}
 	if (validate(ci, err) != 0)
 		goto fail;
 	*out = c;
@@ -423,6 +500,31 @@ int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err)
 	return 0;
 }
 
+int hi3_cond_vit_image(const hi3_cond *c, int k, uint8_t **rgb, int *w, int *h, hi3_error *err)
+{
+	int p = 1;
+
+	*rgb = NULL;
+	if (k < 0 || k >= c->NI)
+		return hi3_error_set(err, HI3_ERR_USAGE, "%s: image %d of %d", HI3I_COND(c)->name, k, c->NI);
+	while (3 * (p + 1) * (p + 1) <= c->VD)
+		p++;
+	if (3 * p * p != c->VD)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'vit_pixels': %d features are not 3 channels of a "
+		                     "square patch", HI3I_COND(c)->name, c->VD);
+	*h = c->vit_grid[2 * k] * p;
+	*w = c->vit_grid[2 * k + 1] * p;
+	if (!(*rgb = hi3i_malloc((size_t)*h * *w * 3, err)))
+		return -1;
+	for (int gy = 0; gy < c->vit_grid[2 * k]; gy++)
+		for (int gx = 0; gx < c->vit_grid[2 * k + 1]; gx++)
+			for (int py = 0; py < p; py++)
+				memcpy(*rgb + ((size_t)(gy * p + py) * *w + (size_t)gx * p) * 3,
+				       c->vit_pixels + ((size_t)k * c->VP + (size_t)gy * c->vit_grid[2 * k + 1] + gx) * c->VD +
+				           (size_t)py * p * 3, (size_t)p * 3);
+	return 0;
+}
+
 /* ----------------------------------------------------------------- write */
 
 int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
@@ -459,6 +561,14 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
 		bad |= hi3_stw_add(w, "greedy_among", HI3_I64, 2, s_bg, c->greedy_among);
 	if (c->gen_image_hw)
 		bad |= hi3_stw_add(w, "gen_image_hw", HI3_I32, 2, (const int64_t[]){B, 2}, c->gen_image_hw);
+	if (c->NI) {
+		const int64_t s_n[1] = {c->NI}, s_n2[2] = {c->NI, 2}, s_npd[3] = {c->NI, c->VP, c->VD};
+		bad |= hi3_stw_add(w, "image_row", HI3_I64, 1, s_n, c->image_row);
+		bad |= hi3_stw_add(w, "vit_grid", HI3_I32, 2, s_n2, c->vit_grid);
+		bad |= hi3_stw_add(w, "vit_pixels", HI3_U8, 3, s_npd, c->vit_pixels);
+		bad |= hi3_stw_add(w, "vae_shape", HI3_I32, 2, s_n2, c->vae_shape);
+		bad |= hi3_stw_add(w, "vae_pixels", HI3_U8, 1, &c->NV, c->vae_pixels);
+	}
 	for (int i = 0; meta_keys[i]; i++)
 		if ((v = hi3_cond_meta(c, meta_keys[i])))
 			bad |= hi3_stw_meta(w, meta_keys[i], v);
@@ -476,12 +586,16 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
 
 int hi3i_cond_require_text(const hi3_cond *c, const char *what, hi3_error *err)
 {
+	int tokens = 0;
+
 	if (c->mode && strcmp(c->mode, "gen_text"))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions in mode '%s': only gen_text rows can be "
 		                     "%s (image generation is diffusion-capture's)", HI3I_COND(c)->name, c->mode, what);
-	if (c->cond_vit_mask || c->cond_vae_mask)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions hold cond image tokens; image embeddings "
-		                     "(ViT/VAE) are not implemented, and running them as text would be wrong",
-		                     HI3I_COND(c)->name);
+	for (size_t i = 0; !c->NI && i < (size_t)c->B * c->L; i++)
+		tokens |= (c->cond_vit_mask && c->cond_vit_mask[i]) || (c->cond_vae_mask && c->cond_vae_mask[i]);
+	if (tokens)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions hold cond image tokens but no pixels (requests "
+		                     "with 'cond_images' sizes; give 'images' files instead): running them as text "
+		                     "would be wrong", HI3I_COND(c)->name);
 	return 0;
 }

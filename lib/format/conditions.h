@@ -10,7 +10,7 @@
 
 /* Owned tensors of a conditions, by slot. */
 enum { T_IDS, T_POS, T_REAL, T_ROPE, T_BLOCKS, T_SEEDS, T_STOPS, T_GMASK, T_VIT, T_VAE, T_TS, T_FORCED, T_GREEDY,
-       T_GEN_HW, T_COUNT };
+       T_GEN_HW, T_IMG_ROW, T_VIT_GRID, T_VIT_PIX, T_VAE_SHAPE, T_VAE_PIX, T_COUNT };
 
 struct hi3i_cond {
 	hi3_cond c;                  /* first: hi3_cond_close casts back */
@@ -31,7 +31,7 @@ int hi3i_cond_set_meta(struct hi3i_cond *ci, const char *key, const char *val, h
 int hi3i_cond_set_meta_int(struct hi3i_cond *ci, const char *key, int64_t v, hi3_error *err);
 /* Refuse conditions a text stage cannot run (what: "prefilled",
  * "decoded", "replayed"): gen_image rows, or rows with cond image tokens
- * whose embeddings hi3 does not compute. */
+ * but no pixels (requests with "cond_images" sizes alone). */
 int hi3i_cond_require_text(const hi3_cond *c, const char *what, hi3_error *err);
 
 #endif

@@ -4,8 +4,7 @@
 #include <string.h>
 #include "model/conv.h"
 
-/* Tensor name of ck, checked (see hi3i_weight_checked), or NULL. */
-static const hi3_tensor *find_checked(const hi3_ckpt *ck, const char *where, const char *name, int ndim,
+const hi3_tensor *hi3i_tensor_checked(const hi3_ckpt *ck, const char *where, const char *name, int ndim,
                                       const int64_t *shape, hi3_error *err)
 {
 	const hi3_tensor *t = hi3_ckpt_find(ck, name);
@@ -35,7 +34,7 @@ static const hi3_tensor *find_checked(const hi3_ckpt *ck, const char *where, con
 hi3_wt *hi3i_weight_checked(hi3_backend *be, const hi3_ckpt *ck, const char *where, const char *name, int kind,
                             int ndim, const int64_t *shape, hi3_error *err)
 {
-	const hi3_tensor *t = find_checked(ck, where, name, ndim, shape, err);
+	const hi3_tensor *t = hi3i_tensor_checked(ck, where, name, ndim, shape, err);
 	hi3_wt *w;
 
 	if (!t)
@@ -82,7 +81,7 @@ int hi3i_conv_load(struct hi3_conv_w *cw, hi3_backend *be, const hi3_ckpt *ck, c
 	cw->kt = dims == 3 ? k : 1;
 	cw->kh = cw->kw = k;
 	snprintf(nm, sizeof(nm), "%s.weight", prefix);
-	if (!(t = find_checked(ck, where, nm, 2 + dims, ws, err)))
+	if (!(t = hi3i_tensor_checked(ck, where, nm, 2 + dims, ws, err)))
 		return -1;
 	if (!(cw->w = hi3i_conv_weight(be, t, err)))
 		return hi3_error_prefix(err, "%s: tensor '%s'", where, nm);

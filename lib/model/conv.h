@@ -18,6 +18,11 @@ struct hi3_conv_w {
 	int Cout, C, kt, kh, kw;
 };
 
+/* Tensor `name` of ck, which must be F32, BF16 or F16 of the given shape
+ * (ndim entries), or NULL with an input error naming `where` (the model
+ * directory), the tensor, and both shapes. */
+const hi3_tensor *hi3i_tensor_checked(const hi3_ckpt *ck, const char *where, const char *name, int ndim,
+                                      const int64_t *shape, hi3_error *err);
 /* A weight the backend prepared from tensor `name` of ck, which must be
  * F32, BF16 or F16 of the given shape (ndim entries); the error names
  * `where` (the model directory), the tensor, and both shapes. */

@@ -471,6 +471,14 @@ static int check_batch(const hi3_model *m, const hi3_kvcache *kv, const hi3_batc
 		if (b->hidden_at[i] < 0 || b->hidden_at[i] >= M)
 			return hi3_error_set(err, HI3_ERR_USAGE, "forward: hidden row %d asked at token %d of %d", i,
 			                     b->hidden_at[i], M);
+	if (b->n_host_embed < 0 || (b->n_host_embed && (!b->host_embed_at || !b->host_embed_rows)))
+		return hi3_error_set(err, HI3_ERR_USAGE, "forward: %d embedding rows without their places or values",
+		                     b->n_host_embed);
+	for (int i = 0; i < b->n_host_embed; i++)
+		if (b->host_embed_at[2 * i] < 0 || b->host_embed_at[2 * i] >= b->B || b->host_embed_at[2 * i + 1] < 0 ||
+		    b->host_embed_at[2 * i + 1] >= b->T)
+			return hi3_error_set(err, HI3_ERR_USAGE, "forward: embedding row %d at (%d, %d) of (%d, %d)", i,
+			                     b->host_embed_at[2 * i], b->host_embed_at[2 * i + 1], b->B, b->T);
 	for (int i = 0; i < b->n_logits; i++)
 		if (b->logit_at[2 * i] < 0 || b->logit_at[2 * i] >= b->B || b->logit_at[2 * i + 1] < 0 ||
 		    b->logit_at[2 * i + 1] >= b->T)
@@ -657,6 +665,18 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	}
 	if (b->rope_zero && rope_zero_prepare(m, b, &rz, err) != 0)
 		goto out;
+	/* rows given in place of their embeddings (cond images), copied by runs
+	 * of consecutive places */
+	for (int i = 0, j; i < b->n_host_embed; i = j) {
+		const int32_t *e = b->host_embed_at;
+		const size_t at = (size_t)e[2 * i] * b->T + (size_t)e[2 * i + 1];
+		for (j = i + 1; j < b->n_host_embed && (size_t)e[2 * j] * b->T + (size_t)e[2 * j + 1] == at + (size_t)(j - i);
+		     j++)
+			;
+		if (be->ops->upload(be, m->w.x + at * H, b->host_embed_rows + (size_t)i * H,
+		                    sizeof(float) * (size_t)(j - i) * H))
+			goto be_failed;
+	}
 	point(b->trace, HI3_TRACE_EMBED, -1, m->w.x, H);
 	for (int l = 0; l < c->num_hidden_layers; l++) {
 		const struct hi3_layer_w *L = &m->layers[l];

@@ -451,13 +451,7 @@ int hi3_vae_open_dir(hi3_vae **out, const char *dir, const hi3_model_opts *opts,
 	if (hi3i_read_file(path, &text, NULL, err) || hi3_vae_config_parse(&c, text, path, err) ||
 	    hi3_ckpt_open(&ck, dir, err))
 		goto out;
-	if (!opts->backend || !strcmp(opts->backend, "cpu"))
-		rc = hi3i_backend_cpu(&be, opts->threads, opts->batch_invariant, err);
-	else if (!strcmp(opts->backend, "cuda"))
-		rc = hi3i_backend_cuda(&be, opts->threads, opts->batch_invariant, err);
-	else
-		rc = hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", opts->backend);
-	if (rc || (rc = hi3i_vae_open(out, be, ck, &c, dir, parts, err)))
+	if ((rc = hi3i_backend_open(&be, opts, err)) || (rc = hi3i_vae_open(out, be, ck, &c, dir, parts, err)))
 		goto out;
 	(*out)->own_be = be;
 	(*out)->own_ck = ck;

@@ -6,13 +6,16 @@
  * self-attention mode: query column t attends key columns j <= t and its
  * image block; K/V go to cache slot position_ids[i, t] (rules 1, 2); each
  * row's first logits come from column n_i - 1 (rule 5). The file is built
- * under a temporary name and renamed into place when complete.
+ * under a temporary name and renamed into place when complete. Rows with
+ * cond images take the ViT and aligner outputs at their ViT columns
+ * (stage/images.c), computed here, on the prefill pass only.
  */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 #include "format/conditions.h"
 #include "format/kv.h"
+#include "stage/images.h"
 #include "format/trace.h"
 
 int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi3_prefill_opts *o,
@@ -24,8 +27,11 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	hi3_kvfile kv = {0};
 	char *tmp = NULL;
 	int32_t *hi = NULL, *at = NULL, *crow = NULL;
+	int *rows = NULL;
 	int64_t *tpos = NULL;     /* (rows_per, L) traced positions: the column, -1 on pads */
 	float *logits = NULL;
+	hi3_vit *vit = NULL;
+	struct hi3i_image_embeds emb = {0};
 	hi3_comm *comm = hi3i_model_comm(m);
 	const int lead = !comm || comm->rank == 0;    /* rank 0 writes all but the other ranks' kv heads */
 	int64_t pid;
@@ -50,18 +56,25 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 		rows_per = c->B;
 	if (hi3i_par_check_cond(m, c, err) != 0)
 		return -1;
+	/* the cond images' encoder, on every rank (each needs the rows): a
+	 * model without one fails alike on all of them, before any collective */
+	if (hi3i_image_vit_for(&vit, m, c, cond_path, err))
+		return -1;
 	/* one file for every rank: the temporary name is rank 0's */
 	pid = (int64_t)getpid();
-	if (comm && hi3_comm_bcast(comm, &pid, sizeof(pid), 0, err) != 0)
+	if (comm && hi3_comm_bcast(comm, &pid, sizeof(pid), 0, err) != 0) {
+		hi3_vit_close(vit);
 		return -1;
+	}
 	tmp = hi3i_asprintf("%s.prefill-%lld", kv_path, (long long)pid);
 	hi = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per * L, err);
 	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)rows_per, err);
 	crow = hi3i_malloc(sizeof(int32_t) * (size_t)rows_per, err);
 	logits = hi3i_malloc(sizeof(float) * (size_t)rows_per * V, err);
+	rows = hi3i_malloc(sizeof(int) * (size_t)rows_per, err);
 	if (o->trace)
 		tpos = hi3i_malloc(sizeof(int64_t) * (size_t)rows_per * L, err);
-	if (!tmp || !hi || !at || !crow || !logits || (o->trace && !tpos)) {
+	if (!tmp || !hi || !at || !crow || !logits || !rows || (o->trace && !tpos)) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
 	}
@@ -110,11 +123,18 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			crow[r] = r0 + r;
 			at[2 * r] = r;
 			at[2 * r + 1] = (int32_t)c->real_pos[r0 + r] - 1;
+			rows[r] = r0 + r;
 			for (int t = 0; tpos && t < L; t++)
 				tpos[(size_t)r * L + t] = t < c->real_pos[r0 + r] ? t : -1;
 		}
+		if (hi3i_image_embeds(vit, c, rows, nb, hi3_model_config(m)->hidden_size, &emb, err))
+			goto out;
+		b.n_host_embed = emb.n;
+		b.host_embed_at = emb.at;
+		b.host_embed_rows = emb.rows;
 		if (hi3_forward(m, &kv.cache, &b, err) != 0)
 			goto out;
+		hi3i_image_embeds_release(&emb);
 		for (int r = 0; lead && r < nb; r++)
 			memcpy(kv.next_logits + (size_t)(r0 + r) * V, logits + (size_t)r * V, sizeof(float) * (size_t)V);
 		if (o->progress)
@@ -146,7 +166,10 @@ out:
 	free(hi);
 	free(at);
 	free(crow);
+	free(rows);
 	free(tpos);
 	free(logits);
+	hi3i_image_embeds_release(&emb);
+	hi3_vit_close(vit);
 	return rc;
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 #include "format/conditions.h"
 #include "format/kv.h"
+#include "stage/images.h"
 #include "format/trace.h"
 
 static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
@@ -65,9 +66,12 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
 /* One forward over a group of rows [r0, r1): prompt + response, right
  * padded to the longest; fills lp (T) at the rows' segment offsets, and
  * the free-routing choices of response tokens into route (T, NM, K). */
-static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, int r0,
-                       int r1, int forced, int record, hi3_trace *trace, float *lp, int16_t *route, hi3_error *err)
+static int replay_rows(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_segment *s,
+                       const hi3_replay_opts *o, int r0, int r1, int forced, int record, hi3_trace *trace, float *lp,
+                       int16_t *route, hi3_error *err)
 {
+	struct hi3i_image_embeds emb = {0};
+	int *crows = NULL;
 	const int V = hi3_model_config(m)->vocab_size, NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m);
 	const int NMK = NM * K, nb = r1 - r0;
 	int64_t Tmax = 0, n_log = 0;
@@ -98,12 +102,18 @@ static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 			force_w = hi3i_malloc(sizeof(float) * (size_t)(nb * Tmax) * NMK, err);
 		}
 	}
+	crows = hi3i_malloc(sizeof(int) * (size_t)nb, err);
 	if (trace) {
 		tpos = hi3i_malloc(sizeof(int64_t) * (size_t)(nb * Tmax), err);
 		trow = hi3i_malloc(sizeof(int32_t) * (size_t)nb, err);
 	}
 	if (!ids || !rope || !hi || !at || !blocks || !logits || (NMK && (!rids || !rw)) ||
-	    (forced && NMK && (!force || !force_w)) || (trace && (!tpos || !trow)))
+	    (forced && NMK && (!force || !force_w)) || (trace && (!tpos || !trow)) || !crows)
+		goto out;
+	/* the rows' cond images, at the prompt columns they have in c */
+	for (int r = 0; r < nb; r++)
+		crows[r] = r0 + r;
+	if (hi3i_image_embeds(vit, c, crows, nb, hi3_model_config(m)->hidden_size, &emb, err))
 		goto out;
 	n_log = 0;
 	for (int r = 0; r < nb; r++) {
@@ -148,6 +158,7 @@ static int replay_rows(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 			.blocks = blocks, .S = c->S, .n_logits = (int)n_log, .logit_at = at, .logits = logits,
 			.route_ids = rids, .route_w = rw, .force_route = force,
 			.force_route_w = o->weights_recorded ? force_w : NULL,
+			.n_host_embed = emb.n, .host_embed_at = emb.at, .host_embed_rows = emb.rows,
 			.trace = trace, .trace_row = trow, .trace_pos = tpos,
 		};
 		if (hi3_forward(m, NULL, &b, err) != 0)
@@ -196,13 +207,15 @@ out:
 	free(rw);
 	free(force);
 	free(force_w);
+	free(crows);
+	hi3i_image_embeds_release(&emb);
 	free(tpos);
 	free(trow);
 	return rc;
 }
 
-static int run_pass(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o, int forced,
-                    int record, hi3_trace *trace, float *lp, int16_t *route, hi3_error *err)
+static int run_pass(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
+                    int forced, int record, hi3_trace *trace, float *lp, int16_t *route, hi3_error *err)
 {
 	int group = 1;
 
@@ -215,7 +228,7 @@ static int run_pass(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const
 	}
 	for (int r0 = 0; r0 < c->B; r0 += group) {
 		int r1 = HI3_MIN(c->B, r0 + group);
-		if (replay_rows(m, c, s, o, r0, r1, forced, record, trace, lp, route, err) != 0)
+		if (replay_rows(m, vit, c, s, o, r0, r1, forced, record, trace, lp, route, err) != 0)
 			return -1;
 		if (o->progress)
 			o->progress(o->progress_ctx, r1, c->B);
@@ -260,22 +273,26 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	float *lp_free = NULL;
 	hi3_mismatch *mm = NULL;
 	double t0 = hi3i_now(), cap = o->is_cap > 0 ? o->is_cap : 2.0;
+	hi3_vit *vit = NULL;
 	int rc = -1;
 
 	memset(rep, 0, sizeof(*rep));
 	if (!(cap > 1.0) || !isfinite(cap))
 		return hi3_error_set(err, HI3_ERR_USAGE, "replay: the importance-ratio cap must be above 1, not %g", cap);
-	if (check_inputs(m, c, s, o, err) != 0 || hi3i_par_check_cond(m, c, err) != 0)
+	if (check_inputs(m, c, s, o, err) != 0 || hi3i_par_check_cond(m, c, err) != 0 ||
+	    hi3i_image_vit_for(&vit, m, c, c->st ? hi3_st_path(c->st) : NULL, err))
 		return -1;
 	if (o->trace && (hi3i_trace_stage_meta(o->trace, "replay", c, err) ||
 	                 hi3_trace_set_meta(o->trace, "mode", o->batched ? "batched" : "per-row", err) ||
 	                 hi3_trace_set_meta(o->trace, "routing", o->routing_recorded ? (o->weights_recorded ?
-	                                    "recorded+weights" : "recorded") : "free", err)))
+	                                    "recorded+weights" : "recorded") : "free", err))) {
+		hi3_vit_close(vit);
 		return -1;
+	}
 	rep->B = s->B;
 	rep->rows = hi3i_calloc((size_t)s->B, sizeof(*rep->rows), err);
 	if (!rep->rows)
-		return -1;
+		goto out;
 	if (s->route_ids && NMK) {
 		route = hi3i_malloc(sizeof(int16_t) * (size_t)(s->T + 1) * NMK, err);
 		if (!route)
@@ -284,10 +301,10 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	if (o->routing_recorded) {
 		/* the free pass first, for the gap without routing replay */
 		lp_free = hi3i_malloc(sizeof(float) * (size_t)(s->T + 1), err);
-		if (!lp_free || run_pass(m, c, s, o, 0, 0, NULL, lp_free, route, err) != 0 ||
-		    run_pass(m, c, s, o, 1, 1, o->trace, logprobs, NULL, err) != 0)
+		if (!lp_free || run_pass(m, vit, c, s, o, 0, 0, NULL, lp_free, route, err) != 0 ||
+		    run_pass(m, vit, c, s, o, 1, 1, o->trace, logprobs, NULL, err) != 0)
 			goto out;
-	} else if (run_pass(m, c, s, o, 0, 1, o->trace, logprobs, route, err) != 0) {
+	} else if (run_pass(m, vit, c, s, o, 0, 1, o->trace, logprobs, route, err) != 0) {
 		goto out;
 	}
 	if (!(mm = hi3i_calloc((size_t)s->B, sizeof(*mm), err)) ||
@@ -358,6 +375,7 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	rc = 0;
 out:
 	rep->seconds = hi3i_now() - t0;
+	hi3_vit_close(vit);
 	free(route);
 	free(lp_free);
 	free(mm);

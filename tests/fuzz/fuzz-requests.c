@@ -1,7 +1,7 @@
 /* fuzz-requests.c -- hi3_requests_parse on any text (lib/cond/request.c).
  * A failure names FUZZ:LINE (or the input); an accepted request is one
  * the template can take: lines in order, a pre-tokenized row or a prompt,
- * a known mode and bot_task, image sizes in range. */
+ * a known mode and bot_task, image sizes in range, image files named. */
 #include <stdio.h>
 #include <string.h>
 #include "cond/cond-internal.h"
@@ -32,9 +32,12 @@ static void one(const uint8_t *data, size_t size)
 		FUZZ_CHECK(r->mode == HI3I_GEN_TEXT || r->size_kind != 0, "request %d: gen_image without a size", i);
 		FUZZ_CHECK(r->n_cond >= 0 && (r->n_cond == 0 || r->cond) && r->n_stops >= 0,
 		           "request %d: %d cond images, %d stops", i, r->n_cond, r->n_stops);
+		/* "images" get their sizes when read (hi3_requests_load_images): here, names */
 		for (int k = 0; k < r->n_cond; k++)
-			FUZZ_CHECK(r->cond[k][0] >= 1 && r->cond[k][1] >= 1, "request %d: cond image %d is %lldx%lld", i,
-			           k, (long long)r->cond[k][0], (long long)r->cond[k][1]);
+			FUZZ_CHECK(r->image_paths ? r->image_paths[k] && r->image_paths[k][0] && !r->images[k]
+			                          : r->cond[k][0] >= 1 && r->cond[k][1] >= 1,
+			           "request %d: cond image %d is %lldx%lld (%s)", i, k, (long long)r->cond[k][0],
+			           (long long)r->cond[k][1], r->image_paths ? "a file" : "a size");
 		FUZZ_CHECK(r->size_kind != 1 || (r->size_h >= 1 && r->size_w >= 1), "request %d: image %lldx%lld", i,
 		           (long long)r->size_h, (long long)r->size_w);
 	}

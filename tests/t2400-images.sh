@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Requests with "images" (image understanding, i2t): the files become joint
+# image blocks whose ViT view the conditions carry; prefill scatters the
+# ViT and aligner outputs into the prompt; a ragged batch (rows with 0, 1
+# and 2 images of different sizes) equals each row alone, bit for bit;
+# replay reproduces the rollout; and the bad inputs are refused with exit 3
+# naming the file, leaving existing outputs alone.
+. "$SRCDIR/tests/lib.sh"
+IMG="$FIXTURES/image"
+
+# PNG width and height from the IHDR chunk
+png_size() { od -An -tu1 -j16 -N8 "$1" | awk '{ printf "%dx%d\n", $3 * 256 + $4, $7 * 256 + $8 }'; }
+
+test_expect_success 'setup: a release-shaped model with vision weights, pictures, requests' '
+	make_model tiny-release model &&
+	mkdir pics && cp "$IMG/rgb.png" "$IMG/photo.jpg" "$IMG/gray.png" "$IMG/palette.gif" pics/ &&
+	cat >pics/req.jsonl <<-\EOF &&
+	{"prompt": "hello there", "seed": 3}
+	{"prompt": "what is this", "images": ["rgb.png"], "seed": 4}
+	{"prompt": "compare them", "images": ["photo.jpg", "gray.png"], "seed": 5}
+	EOF
+	hi3 -q -m model tokenize-concat pics/req.jsonl -o c.st
+'
+
+test_expect_success 'the conditions carry each image: its row, ViT grid and pixels, VAE view' '
+	hi3 inspect --tensor image_row c.st | tail -n 1 >rows &&
+	echo "1 2 2" >want && test_cmp want rows &&
+	hi3 inspect c.st >info &&
+	test_grep "vit_pixels *U8 *(3, 64, 768)" info &&
+	test_grep "vae_shape *I32 *(3, 2)" info &&
+	test_grep "vit_grid *I32 *(3, 2)" info
+'
+
+test_expect_success '--dump-images writes both views as PNGs, at the sizes the conditions give' '
+	mkdir dump &&
+	hi3 -q -m model tokenize-concat --dump-images dump pics/req.jsonl -o c2.st &&
+	cmp c.st c2.st &&
+	ls dump >names &&
+	printf "%s\n" row1-image0-vae.png row1-image0-vit.png row2-image0-vae.png row2-image0-vit.png \
+		row2-image1-vae.png row2-image1-vit.png >want && test_cmp want names &&
+	set -- $(hi3 inspect --tensor vit_grid c.st | grep "^\[1, :\]") &&
+	test "$(png_size dump/row2-image0-vit.png)" = "$(($4 * 16))x$(($3 * 16))" &&
+	set -- $(hi3 inspect --tensor vae_shape c.st | grep "^\[0, :\]") &&
+	test "$(png_size dump/row1-image0-vae.png)" = "${4}x${3}"
+'
+
+test_expect_success 'a batch of rows with 0, 1 and 2 images equals each row alone, bit for bit' '
+	hi3 -m model parity pics/req.jsonl >par.out 2>par.err &&
+	test_grep "12 of 12 cases pass (tolerance 0)" par.err &&
+	test_grep "unequal real_pos" par.out
+'
+
+test_expect_success 'prefill, decode; replay reproduces the i2t rollout exactly, per row and batched' '
+	hi3 -q -m model prefill c.st -o k.st --max-new 8 &&
+	hi3 -q -m model decode --temperature 0.8 --top-k 20 c.st k.st -o s.st &&
+	hi3 -q -m model replay c.st s.st -o r.st >rep.json &&
+	"$BUILDDIR/tests/test-tools" json overall/max_abs_dlogp <rep.json >d && echo 0.0 >want && test_cmp want d &&
+	hi3 -q -m model replay --batched c.st s.st -o rb.st >/dev/null &&
+	hi3 diff --atol 0 --tensor logprobs s.st rb.st >/dev/null
+'
+
+test_expect_success 'the images reach the model: another picture changes the logits, a copy does not' '
+	cp pics/rgb.png pics/copy.png &&
+	printf "%s\n" "{\"prompt\": \"what is this\", \"images\": [\"rgb.png\"]}" \
+		"{\"prompt\": \"what is this\", \"images\": [\"copy.png\"]}" \
+		"{\"prompt\": \"what is this\", \"images\": [\"palette.gif\"]}" >pics/same.jsonl &&
+	hi3 -q -m model tokenize-concat --per-row pics/same.jsonl -o same.st &&
+	hi3 -q -m model prefill same.st -o same-k.st --max-new 1 &&
+	hi3 inspect --tensor next_logits --slice 0 same-k.st | tail -n 1 >l0 &&
+	hi3 inspect --tensor next_logits --slice 1 same-k.st | tail -n 1 >l1 &&
+	hi3 inspect --tensor next_logits --slice 2 same-k.st | tail -n 1 >l2 &&
+	test_cmp l0 l1 && ! cmp -s l0 l2
+'
+
+test_expect_success '--vit-resize float makes the float kernel view (and still runs)' '
+	hi3 -q -m model tokenize-concat --vit-resize float pics/req.jsonl -o cf.st &&
+	hi3 -q -m model prefill cf.st -o kf.st --max-new 1 &&
+	test_must_fail 2 hi3 -q -m model tokenize-concat --vit-resize double pics/req.jsonl -o cf.st
+'
+
+# bad input: exit 3 naming the file, and c.st as it was
+bad_image() { # bad_image NAME EXPECTED-MESSAGE [tokenize-concat options]
+	name=$1 msg=$2; shift 2
+	printf "%s\n" "{\"prompt\": \"x\"}" "{\"prompt\": \"x\", \"images\": [\"$name\"]}" >pics/bad.jsonl &&
+	cp c.st keep.st &&
+	test_must_fail 3 hi3 -m model tokenize-concat "$@" pics/bad.jsonl -o c.st 2>err &&
+	test_grep "bad.jsonl:2" err && test_grep "$msg" err &&
+	cmp c.st keep.st
+}
+
+test_expect_success 'a missing image: exit 3 naming it' '
+	bad_image nothere.png "nothere.png"
+'
+
+test_expect_success 'a truncated PNG and a file that is no image: exit 3 naming them' '
+	head -c 300 pics/rgb.png >pics/cut.png && bad_image cut.png "cut.png" &&
+	echo "not a picture" >pics/text.png && bad_image text.png "text.png.*not an image"
+'
+
+test_expect_success 'a 1x100000 image: its VAE view would be a 128x12800000 resize (base 256), refused' '
+	cp "$IMG/tall-1x100000.png" pics/ && bad_image tall-1x100000.png "tall-1x100000.png.*128x12800000"
+'
+
+test_expect_success '--max-image-pixels: an image above the limit is refused before decoding' '
+	bad_image rgb.png "rgb.png" --max-image-pixels 100 &&
+	hi3 -q -m model tokenize-concat --max-image-pixels 1000000 pics/req.jsonl -o ok.st &&
+	test_must_fail 2 hi3 -m model tokenize-concat --max-image-pixels 0 pics/req.jsonl -o ok.st
+'
+
+test_expect_success '--safe-paths: images outside the requests directory are refused, a path or a link' '
+	cp "$IMG/rgb.png" outside.png &&
+	bad_image ../outside.png "outside.png.*outside.*--safe-paths" --safe-paths &&
+	ln -s ../outside.png pics/link.png &&
+	bad_image link.png "link.png.*--safe-paths" --safe-paths &&
+	printf "%s\n" "{\"prompt\": \"x\", \"images\": [\"../outside.png\", \"link.png\"]}" >pics/out.jsonl &&
+	hi3 -q -m model tokenize-concat pics/out.jsonl -o out.st &&
+	mkdir pics/sub && cp "$IMG/gray.png" pics/sub/ &&
+	printf "%s\n" "{\"prompt\": \"x\", \"images\": [\"sub/gray.png\"]}" >pics/in.jsonl &&
+	hi3 -q -m model tokenize-concat --safe-paths pics/in.jsonl -o in.st
+'
+
+test_expect_success 'images exclude cond_images and tokens; standard input reads paths from the working directory' '
+	echo "{\"prompt\": \"x\", \"images\": [\"a.png\"], \"cond_images\": [[8, 8]]}" >pics/both.jsonl &&
+	test_must_fail 3 hi3 -m model tokenize-concat pics/both.jsonl -o x.st 2>err &&
+	test_grep "exclude each other" err &&
+	echo "{\"tokens\": [1, 2], \"images\": [\"a.png\"]}" >pics/tok.jsonl &&
+	test_must_fail 3 hi3 -m model tokenize-concat pics/tok.jsonl -o x.st 2>err &&
+	test_grep "images" err &&
+	(cd pics && echo "{\"prompt\": \"x\", \"images\": [\"gray.png\"]}" |
+		hi3 -q -m ../model tokenize-concat - -o ../stdin.st)
+'
+
+test_expect_success 'a model without vision weights given image conditions: exit 3 naming both' '
+	make_model tiny text &&
+	hi3 -q -m text tokenize-concat --template pretrain pics/req.jsonl -o t.st 2>err ||
+		{ cat err; false; } &&
+	test_must_fail 3 hi3 -m text prefill t.st -o tk.st 2>err &&
+	test_grep "t.st" err && test_grep "vit" err && ! test -e tk.st
+'
+
+test_expect_success 'conditions with image sizes but no pixels (cond_images) are still refused by prefill' '
+	echo "{\"prompt\": \"x\", \"cond_images\": [[64, 64]]}" >sizes.jsonl &&
+	hi3 -q -m model tokenize-concat sizes.jsonl -o sz.st &&
+	test_must_fail 3 hi3 -m model prefill sz.st -o szk.st 2>err &&
+	test_grep "no pixels" err
+'
+
+test_done
