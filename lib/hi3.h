@@ -962,6 +962,9 @@ typedef struct hi3_diffusion_opts {
 	const char *noise;            /* a safetensors file with x_T and sde_noise, or NULL: the rows' seeds */
 	int capture_velocity;         /* record velocity (T, R, C, h, w) */
 	int ablate;                   /* enum hi3_ablation: a diffusion defect restored (parity) */
+	hi3_trace *trace;             /* record the forward pass of step trace_step (rows: the conditions'
+	                               * rows, cond then uncond; positions: columns), or NULL */
+	int trace_step;               /* in [0, T) */
 	hi3_progress_fn progress;     /* per step */
 	void *progress_ctx;
 } hi3_diffusion_opts;

@@ -28,6 +28,7 @@
 #include <math.h>
 #include <string.h>
 #include "format/provenance.h"
+#include "format/trace.h"
 #include "model/heads.h"
 #include "model/model.h"
 #include "stage/diffusion.h"
@@ -55,6 +56,9 @@ struct hi3i_denoiser {
 	int32_t *rope, *hi, *at, *hat, *blocks;  /* (R L 2), (R L), (R (ns + N)), (R N), (R S 2) */
 	int64_t *slot;                /* (R L) */
 	uint8_t *zero;                /* (R L) rope-pad */
+	/* tracing (hi3i_denoiser_trace): the calls record into trace */
+	hi3_trace *trace;             /* NULL: none */
+	int64_t *tpos;                /* (R L) each token's column in its row, -1 on pads */
 };
 
 #define DN_BAD(dn, ...) hi3_error_set(err, HI3_ERR_INPUT, __VA_ARGS__)
@@ -132,7 +136,7 @@ void hi3i_denoiser_close(struct hi3i_denoiser *dn)
 	}
 	hi3i_heads_close(dn->hd);
 	free(dn->ts), free(dn->img), free(dn->hx), free(dn->tv), free(dn->ids), free(dn->rope), free(dn->hi);
-	free(dn->at), free(dn->hat), free(dn->blocks), free(dn->slot), free(dn->zero);
+	free(dn->at), free(dn->hat), free(dn->blocks), free(dn->slot), free(dn->zero), free(dn->tpos);
 	free(dn);
 }
 
@@ -209,6 +213,14 @@ int hi3i_denoiser_open(struct hi3i_denoiser **out, hi3_model *m, const hi3_cond 
 fail:
 	hi3i_denoiser_close(dn);
 	return -1;
+}
+
+int hi3i_denoiser_trace(struct hi3i_denoiser *dn, hi3_trace *t, hi3_error *err)
+{
+	if (t && !dn->tpos && !(dn->tpos = hi3i_malloc(sizeof(int64_t) * (size_t)dn->R * dn->L, err)))
+		return -1;
+	dn->trace = t;
+	return 0;
 }
 
 void hi3i_denoiser_geometry(const struct hi3i_denoiser *dn, struct hi3i_dn_geometry *g)
@@ -292,6 +304,8 @@ int hi3i_denoise(struct hi3i_denoiser *dn, const float *x, int rows, float t, fl
 		for (int j = 0; j < T; j++) {
 			int64_t col = full ? j : j < ns ? dn->ts[r] + j : dn->img[r] + (j - ns);
 			put_token(dn, (size_t)r * T + j, r, col);
+			if (dn->trace)
+				dn->tpos[(size_t)r * T + j] = col < dn->c->real_pos[r] ? col : -1;
 		}
 		for (int k = 0; k < ns; k++)
 			dn->at[(size_t)k * rows + r] = r * T + (int32_t)(full ? dn->ts[r] + k : k);
@@ -317,6 +331,9 @@ int hi3i_denoise(struct hi3i_denoiser *dn, const float *x, int rows, float t, fl
 	b.hidden_at = dn->hat;
 	b.hidden = dn->hid;
 	b.rope_zero = (dn->o.defects & HI3I_DN_ROPE_ZERO) ? dn->zero : NULL;
+	/* the stage's row r is batch row r (cond rows first); positions are columns */
+	b.trace = dn->trace;
+	b.trace_pos = dn->trace ? dn->tpos : NULL;
 	if (hi3_forward(m, dn->kv, &b, err))
 		return -1;
 	/* final_layer, back to planar (rows, Z, h, w) */
@@ -426,6 +443,21 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 	n = (size_t)g.Z * g.h * g.w;
 	es = hi3_dtype_size(o->latent_dtype);
 	rows = g.cfg == 2 && s.g > 1.0 ? g.R : g.B;
+	if (o->trace) {
+		char v0[32], v1[32], v2[32];
+		if (o->trace_step < 0 || o->trace_step >= s.T) {
+			hi3_error_set(err, HI3_ERR_USAGE, "--trace-step %d: expected a step in [0, %d)", o->trace_step, s.T);
+			goto out;
+		}
+		snprintf(v0, sizeof(v0), "%d", o->trace_step);
+		snprintf(v1, sizeof(v1), "%d", s.T);
+		snprintf(v2, sizeof(v2), "%d", rows);
+		if (hi3i_trace_stage_meta(o->trace, "diffusion-capture", c, err) ||
+		    hi3_trace_set_meta(o->trace, "trace_step", v0, err) || hi3_trace_set_meta(o->trace, "steps", v1, err) ||
+		    hi3_trace_set_meta(o->trace, "denoised_rows", v2, err) ||
+		    hi3_trace_set_meta(o->trace, "kv_reuse", o->no_kv_reuse ? "off" : "on", err))
+			goto out;
+	}
 	if (!(sig = hi3i_malloc(sizeof(float) * (size_t)(s.T + 1), err)) ||
 	    !(tst = hi3i_malloc(sizeof(float) * (size_t)s.T, err)) || !(x_T = hi3i_malloc(sizeof(float) * g.B * n, err)) ||
 	    !(noise = hi3i_calloc((size_t)g.B * HI3_MAX(s.K, 1) * n, sizeof(float), err)) ||
@@ -472,10 +504,14 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 						((uint16_t *)lat)[at] = o->latent_dtype == HI3_BF16 ? hi3_f32_to_bf16(x[(size_t)b * n + k])
 						                                                    : hi3_f32_to_f16(x[(size_t)b * n + k]);
 				}
+			if (o->trace && i == o->trace_step && hi3i_denoiser_trace(dn, o->trace, err))
+				goto out;
 			if (hi3i_denoise(dn, x, rows, tst[i], sig[i + 1] * 1000.0f, gv, full, v, err)) {
 				hi3_error_prefix(err, "step %d", i);
 				goto out;
 			}
+			if (o->trace && i == o->trace_step)
+				hi3i_denoiser_trace(dn, NULL, err);
 			if (vel)
 				memcpy(vel + (size_t)i * g.R * n, v, sizeof(float) * (size_t)rows * n);
 			for (int b = 0; b < g.B; b++) {

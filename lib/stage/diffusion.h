@@ -86,6 +86,9 @@ struct hi3i_dn_geometry {
 	int n_special;            /* <timestep> [<guidance>] [<timestep_r>] */
 	int guidance, timestep_r; /* the Distil's tokens */
 };
+/* Record the activations of the later hi3i_denoise calls into t (NULL:
+ * stop recording): rows are the conditions' rows, positions their columns. */
+int hi3i_denoiser_trace(struct hi3i_denoiser *dn, hi3_trace *t, hi3_error *err);
 void hi3i_denoiser_geometry(const struct hi3i_denoiser *dn, struct hi3i_dn_geometry *g);
 
 /* The velocity of every row r < rows (rows = R, or B for the cond rows
