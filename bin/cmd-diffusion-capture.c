@@ -6,7 +6,7 @@
 #include "commands.h"
 
 static const struct cli_help help = {
-	.usage = {"hi3 diffusion-capture -m MODEL [options] COND -o TRAJ [--png DIR]",
+	.usage = {"hi3 diffusion-capture -m MODEL [options] [--trace FILE [--trace-step S]] COND -o TRAJ [--png DIR]",
 	          "hi3 diffusion-capture -m MODEL --decode TRAJ --png DIR"},
 	.description =
 	"Generate the image of every gen_image row of the conditions file COND by flow\n"
@@ -20,7 +20,11 @@ static const struct cli_help help = {
 	"request's seed through the counter-based generator, or from --noise FILE.\n"
 	"Steps, guidance and shift default to the model's generation_config.json.\n"
 	"With --png DIR the final latents are decoded by the model's VAE into\n"
-	"DIR/row-<i>.png; --decode TRAJ does that for an existing trajectory.\n",
+	"DIR/row-<i>.png; --decode TRAJ does that for an existing trajectory.\n"
+	"With --trace FILE the forward pass of one step (--trace-step, default 0) is\n"
+	"recorded for the chosen rows (the conditions' rows: cond, then uncond) and\n"
+	"positions (columns); the trace's metadata names the stage diffusion-capture\n"
+	"and the step.\n",
 	.operands = NULL,
 };
 
@@ -64,7 +68,8 @@ int cmd_diffusion_capture(int argc, char **argv)
 	hi3_model *m = NULL;
 	hi3_cond *c = NULL;
 	hi3_error err = {0};
-	int rc;
+	struct cli_trace trace = {0};
+	int rc, n_tstep = 0;
 	struct cli_option options[] = {
 		OPT_STRING('m', "model", &cli.model_dir, "DIR", "model directory"),
 		OPT_GROUP("sampling:"),
@@ -93,6 +98,10 @@ int cmd_diffusion_capture(int argc, char **argv)
 		OPT_STRING(0, "png", &png, "DIR", "decode the final latents with the VAE into DIR/row-<i>.png"),
 		OPT_STRING(0, "decode", &decode, "TRAJ", "decode this trajectory (with --png) instead of generating"),
 		OPT_JSON(&json, "print a JSON summary on standard output"),
+		OPT_TRACE(&trace),
+		OPT_INT(0, "trace-step", &o.trace_step, 0, 99999, "S", "trace the forward pass of denoising step S "
+		        "(default 0, the whole sequence; a later step with KV reuse runs only the special and image "
+		        "tokens)", .given = &n_tstep),
 		OPT_GLOBALS(),
 		OPT_END(),
 	};
@@ -104,6 +113,8 @@ int cmd_diffusion_capture(int argc, char **argv)
 			return cli_usage_error("--decode needs --png DIR");
 		if (argc || out)
 			return cli_usage_error("--decode takes no conditions file and no -o");
+		if (trace.path || trace.given || n_tstep)
+			return cli_usage_error("--decode runs no denoising step: it takes no --trace");
 		return decode_png(decode, png);
 	}
 	if (argc != 1)
@@ -118,10 +129,16 @@ int cmd_diffusion_capture(int argc, char **argv)
 	o.n_sde_steps = n_sde;
 	o.latent_dtype = (hi3_dtype)latent;
 	o.cfg_dtype = (hi3_dtype)cfg_dt;
+	if (n_tstep && !trace.path)
+		return cli_usage_error("--trace-step needs --trace FILE");
 	if (cli_open_cond_model(argv[0], &c, &m, &err))
 		return cli_fail(&err);
-	rc = hi3_diffusion_capture(m, c, &o, out, &st, &err);
+	rc = cli_trace_open(&trace, m, (const char *[]){argv[0], out, o.noise, NULL}, &o.trace, &err);
+	if (rc == 0)
+		rc = hi3_diffusion_capture(m, c, &o, out, &st, &err);
 	cli_progress_end();
+	if (rc == 0)
+		rc = cli_trace_write(&trace, o.trace, &err);
 	if (rc == 0) {
 		cli_info("%d requests (%d rows, L %d), %d x %d latent tokens, %d steps (%d SDE) in %.3f s: step 0 %.3f s, "
 		         "later steps %.3f s each (%s) into %s", st.B, st.R, (int)st.L, st.h, st.w, st.T, st.K, st.seconds,
@@ -144,6 +161,7 @@ int cmd_diffusion_capture(int argc, char **argv)
 		}
 		hi3_trajectory_close(t);
 	}
+	hi3_trace_free(o.trace);
 	cli_close_model(m);
 	return rc ? cli_fail(&err) : 0;
 }
