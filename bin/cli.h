@@ -104,7 +104,7 @@ extern const struct cli_choice cli_vit_resize_choices[];
 	           "float (its float32 path, as on CPUs without AVX2 or with AVX-512)")
 /* Read the requests' images (hi3_requests_load_images). */
 int cli_load_images(hi3_requests *rq, const struct cli_images *io, hi3_error *err);
-/* Tracing (prefill, decode, replay): --trace FILE and what to record. */
+/* Tracing (prefill, decode, replay, diffusion-capture): --trace FILE and what to record. */
 struct cli_trace {
 	const char *path;        /* --trace; NULL: no trace */
 	int64_t rows[1024];      /* --trace-rows */

@@ -18,13 +18,13 @@ static const struct cli_help help = {
 	"number differs. A tensor in only one file, or with another dtype or\n"
 	"shape, differs.\n"
 	"\n"
-	"With --first, A and B are traces (prefill, decode or replay --trace):\n"
-	"their tokens are aligned by (row, position) and compared point by point in\n"
-	"forward order -- token ids, embedding, per layer the input, norms, q/k/v,\n"
-	"attention, o_proj, router, experts, MLP, then the final norm and logits --\n"
-	"and the report names the first point where they differ (bitwise unless\n"
-	"--tol), what its agreeing inputs say about the cause, and a table of max\n"
-	"|A - B| by layer and point.\n",
+	"With --first, A and B are traces (prefill, decode, replay or\n"
+	"diffusion-capture --trace): their tokens are aligned by (row, position) and\n"
+	"compared point by point in forward order -- token ids, embedding, per layer\n"
+	"the input, norms, q/k/v, attention, o_proj, router, experts, MLP, then the\n"
+	"final norm and logits -- and the report names the first point where they\n"
+	"differ (bitwise unless --tol), what its agreeing inputs say about the cause,\n"
+	"and a table of max |A - B| by layer and point.\n",
 	.footer = "Exit status: 0 all within tolerance, 1 some difference, 2 usage, 3 unreadable file.\n",
 	.operands = "two files A and B", .min_operands = 2, .max_operands = 2,
 };
