@@ -881,21 +881,11 @@ int hi3_diff_report(const hi3_diff_result *r, int json, char **text, size_t *len
 	int w = 4;
 
 	*text = NULL;
+	if (json)
+		return hi3i_json_text(report_json(r), JSON_INDENT(1), text, len, err);
 	f = open_memstream(&buf, &blen);
 	if (!f)
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	if (json) {
-		int rc = hi3i_json_emit(f, report_json(r), JSON_INDENT(1), err);
-
-		if (fclose(f) != 0 || rc != 0) {
-			free(buf);
-			return rc ? -1 : hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-		}
-		*text = buf;
-		if (len)
-			*len = blen;
-		return 0;
-	}
 	for (int i = 0; i < r->n; i++)
 		w = HI3_MAX(w, (int)strlen(r->t[i].name));
 	if (r->format_differs)

@@ -664,19 +664,17 @@ int hi3_trace_diff_report(const hi3_trace_diff *d, int json, char **text, size_t
 {
 	char *buf = NULL;
 	size_t blen = 0;
-	FILE *f = open_memstream(&buf, &blen);
-	int rc = 0;
+	FILE *f;
 
 	*text = NULL;
-	if (!f)
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 	if (json)
-		rc = hi3i_json_emit(f, report_json(d), JSON_INDENT(1), err);
-	else
-		text_report(f, d);
-	if (fclose(f) != 0 || rc != 0) {
+		return hi3i_json_text(report_json(d), JSON_INDENT(1), text, len, err);
+	if (!(f = open_memstream(&buf, &blen)))
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	text_report(f, d);
+	if (fclose(f) != 0) {
 		free(buf);
-		return rc ? -1 : hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 	}
 	*text = buf;
 	if (len)
