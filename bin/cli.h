@@ -91,6 +91,7 @@ extern const struct cli_choice cli_decode_mask_choices[], cli_placement_choices[
 struct cli_images {
 	hi3_request_image_opts load;
 	int vit_kernel;             /* enum hi3_tv_kernel */
+	int vae_sample;             /* hi3_cond_build_opts.vae_sample */
 };
 extern const struct cli_choice cli_vit_resize_choices[];
 #define OPT_IMAGES(io) \
@@ -101,7 +102,9 @@ extern const struct cli_choice cli_vit_resize_choices[];
 	         "refuse an image whose real path is outside the requests file's directory"), \
 	OPT_CHOICE(0, "vit-resize", &(io)->vit_kernel, cli_vit_resize_choices, \
 	           "the ViT view's resize: uint8 (torchvision's native kernel, as on AVX2 CPUs; default) or " \
-	           "float (its float32 path, as on CPUs without AVX2 or with AVX-512)")
+	           "float (its float32 path, as on CPUs without AVX2 or with AVX-512)"), \
+	OPT_FLAG(0, "vae-sample", &(io)->vae_sample, "the cond images' VAE latents are posterior samples drawn " \
+	         "from the row seeds (metadata vae_posterior), as upstream draws them; default: the posterior mean")
 /* Read the requests' images (hi3_requests_load_images). */
 int cli_load_images(hi3_requests *rq, const struct cli_images *io, hi3_error *err);
 /* Tracing (prefill, decode, replay, diffusion-capture): --trace FILE and what to record. */

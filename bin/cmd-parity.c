@@ -71,6 +71,7 @@ int cmd_parity(int argc, char **argv)
 	if (hi3_requests_read(&rq, argv[0], &err) != 0)
 		return cli_fail(&err);
 	o.vit_kernel = images.vit_kernel;
+	o.vae_sample = images.vae_sample;
 	if (cli_load_images(rq, &images, &err) != 0) {
 		hi3_requests_free(rq);
 		return cli_fail(&err);

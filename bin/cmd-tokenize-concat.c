@@ -10,7 +10,7 @@ static const struct cli_help help = {
 	.usage = {"hi3 tokenize-concat [-m DIR] [--tokenizer FILE] [--template NAME] [--batch | --per-row] "
 	          "[--pad-positions continue|zero] [--max-length N] [--seed N] [--pad-id N] [--drop-think] "
 	          "[--exact-size | --strict-size] [--max-image-pixels N] [--safe-paths] [--vit-resize uint8|float] "
-	          "[--dump-images DIR] -o OUT REQUESTS",
+	          "[--vae-sample] [--dump-images DIR] -o OUT REQUESTS",
 	          "hi3 tokenize-concat --concat [--pad-positions continue|zero] -o OUT COND..."},
 	.description =
 	"Encode JSONL requests (one JSON object per line; '-' reads standard input)\n"
@@ -176,6 +176,7 @@ int cmd_tokenize_concat(int argc, char **argv)
 	to.model_dir = cli.model_dir;
 	to.fingerprint = cli.model_dir != NULL;
 	bo.vit_kernel = images.vit_kernel;
+	bo.vae_sample = images.vae_sample;
 	bo.max_image_pixels = images.load.max_pixels;
 	return tokenize(argv[0], out, &to, &bo, &images, dump);
 }

@@ -1043,6 +1043,7 @@ typedef struct hi3_parity_opts {
 	int ablate;                   /* enum hi3_ablation, applied to the batched runs only */
 	int pad_to;                   /* pad the batched constructions to at least this many columns */
 	int vit_kernel;               /* cond images' ViT resize (hi3_cond_build_opts) */
+	int vae_sample;               /* cond images' latents sampled (hi3_cond_build_opts) */
 	hi3_dtype kv_dtype;
 	double tol;                   /* a case passes with equal tokens and max |d| <= tol */
 	hi3_progress_fn progress;
@@ -1328,6 +1329,8 @@ typedef struct hi3_cond_build_opts {
 	int64_t seed_base;              /* seed of a request without "seed": seed_base + its index */
 	int vit_kernel;                 /* the ViT view's resize, enum hi3_tv_kernel (0: HI3_TV_UINT8) */
 	int64_t max_image_pixels;       /* refuse a VAE view resize larger than this (0: HI3_IMAGE_MAX_PIXELS) */
+	int vae_sample;                 /* 1: the cond images' latents are posterior samples from the row
+	                                 * seeds (metadata vae_posterior "sample"); 0: the posterior mean */
 } hi3_cond_build_opts;
 
 /* Build the conditions of a batch of requests (hi3-batching(7), rule 1; hi3-files(5)). */

@@ -55,6 +55,11 @@ test_grep() {
 	grep "$@" || { echo "no match for '$1' in:" >&2; cat "${@: -1}" >&2; return 1; }
 }
 
+# The release presets' VAE block with one ResNet block a level: the encoder
+# runs on every cond image, four frames at full size, so image tests that
+# run many cases use it to stay quick (make_model ... --set "vae=$QUICK_VAE").
+QUICK_VAE=$(cat "$FIXTURES/quick-vae.json")
+
 # A tiny model, made once per test file.
 make_model() { # make_model PRESET DIR [extra init-model args]
 	preset=$1 dir=$2; shift 2

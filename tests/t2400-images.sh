@@ -12,7 +12,7 @@ IMG="$FIXTURES/image"
 png_size() { od -An -tu1 -j16 -N8 "$1" | awk '{ printf "%dx%d\n", $3 * 256 + $4, $7 * 256 + $8 }'; }
 
 test_expect_success 'setup: a release-shaped model with vision weights, pictures, requests' '
-	make_model tiny-release model &&
+	make_model tiny-release model --set "vae=$QUICK_VAE" &&
 	mkdir pics && cp "$IMG/rgb.png" "$IMG/photo.jpg" "$IMG/gray.png" "$IMG/palette.gif" pics/ &&
 	cat >pics/req.jsonl <<-\EOF &&
 	{"prompt": "hello there", "seed": 3}

@@ -59,14 +59,20 @@ test_expect_success 'parity on cuda: batched rows equal rows alone' '
 	grep -q "^\[PASS\]" parity.out && ! grep -q "^\[FAIL\]" parity.out
 '
 
-test_expect_success 'i2t: prefill with a cond image on cuda (ViT, aligner, their rows), f32 weights: the CPU KV within 1e-5' '
+# The cond image's VAE rows come from about twenty convolutions and group
+# norms (the VAE encoder, each op within 1e-5 relative of the CPU in
+# test-vae-cuda-emu, then patch_embed), summed in the emulated kernels'
+# order: the KV is compared per element within 2e-5 + 1e-5 |CPU value|
+# (measured: max |d| 1.38e-5, at a value of 0.62; before the VAE rows, with
+# the ViT rows alone, 1e-5 held).
+test_expect_success 'i2t: prefill with a cond image on cuda (VAE encoder, patch_embed, ViT, aligner), f32 weights: the CPU KV within 2e-5 + 1e-5 |v|' '
 	make_model tiny-release rel --dtype f32 &&
 	cp "$FIXTURES/image/rgb.png" . &&
 	printf "%s\n" "{\"prompt\": \"hi\"}" "{\"prompt\": \"what is it\", \"images\": [\"rgb.png\"]}" >img.jsonl &&
 	hi3 -q -m rel tokenize-concat img.jsonl -o img.st &&
 	hi3 -q -m rel prefill img.st -o img-cpu.kv --max-new 2 &&
 	cuda -m rel prefill img.st -o img-gpu.kv --max-new 2 &&
-	hi3 diff --valid-only img-cpu.kv img-gpu.kv
+	hi3 diff --valid-only --atol 2e-5 --rtol 1e-5 img-cpu.kv img-gpu.kv
 '
 
 test_done

@@ -145,28 +145,87 @@ static void test_files(const hi3_cond *c, hi3_template *t)
 	free(path), free(bad);
 }
 
-/* The rows in place of the token embeddings: aligner(ViT(image)), at the
- * row's cond_vit_mask columns in order; the forward pass takes them there
- * and nowhere else. */
+/* The rows in place of the token embeddings: for each image, its VAE
+ * tokens, its <timestep>, then aligner(ViT(image)) at the row's
+ * cond_vit_mask columns in order; the forward pass takes them there and
+ * nowhere else. */
 static void test_embeds(const hi3_cond *c)
 {
 	hi3_model *m = NULL;
 	hi3_vit *v = NULL;
+	struct hi3i_image_enc *enc = NULL;
 	hi3_error err = {0};
 	const int rows[2] = {2, 1};
-	struct hi3i_image_embeds e = {0};
-	int H, ok_rows = 1, ok_at = 1;
+	struct hi3i_image_embeds e = {0}, one = {0};
+	int H, ok_rows = 1, ok_at = 1, n_vae = 0, n_ts = 0, n_vit = 0, ok_ts = 1, ok_alone = 1;
+	uint8_t *seen;
 
-	if (hi3_model_open(&m, model, NULL, &err) || hi3i_image_vit_for(&v, m, c, "c.st", &err))
+	if (hi3_model_open(&m, model, NULL, &err) || hi3i_image_enc_open(&enc, m, c, "c.st", &err) ||
+	    hi3_vit_open(&v, m, &err))
 		BAIL_OUT("%s", err.msg);
 	H = hi3_model_config(m)->hidden_size;
-	ok(hi3i_image_embeds(v, c, rows, 2, H, &e, &err) == 0 && e.n == 3 * c->VP,
-	   "rows 2 and 1: 3 images of %d slots %s", c->VP, err.msg);
-	/* each image alone through the ViT: the same bits */
+	ok(hi3i_image_embeds(enc, c, rows, 2, &e, &err) == 0, "rows 2 and 1: their images' rows %s", err.msg);
+	/* each row's entry kinds, by column */
+	seen = calloc((size_t)2 * c->L, 1);
+	HI3_ASSERT(seen);
+	for (int i = 0; i < e.n; i++) {
+		const int j = e.at[2 * i], t = e.at[2 * i + 1];
+		const size_t ct = (size_t)rows[j] * c->L + t;
+		ok_at &= !seen[(size_t)j * c->L + t]++ && (i == 0 || e.at[2 * i - 2] <= j);
+		if (c->cond_vae_mask[ct]) {
+			n_vae++;
+		} else if (c->cond_vit_mask[ct]) {
+			n_vit++;
+		} else {
+			/* a <timestep>: right before a VAE run, timestep_emb(0) each */
+			n_ts++;
+			ok_at &= t + 1 < c->L && c->cond_vae_mask[ct + 1];
+		}
+	}
+	{
+		/* every image column of the two rows has a row */
+		size_t want_vae = 0, want_vit = 0;
+		for (int j = 0; j < 2; j++)
+			for (int t = 0; t < c->L; t++) {
+				want_vae += c->cond_vae_mask[(size_t)rows[j] * c->L + t];
+				want_vit += c->cond_vit_mask[(size_t)rows[j] * c->L + t];
+			}
+		ok(ok_at && (size_t)n_vae == want_vae && (size_t)n_vit == want_vit && n_ts == 3 && n_vit == 3 * c->VP,
+		   "they go to the rows' cond_vae_mask and cond_vit_mask columns and the 3 images' <timestep>s, once "
+		   "each, row by row (%d VAE, %d ViT, %d timestep rows)", n_vae, n_vit, n_ts);
+	}
+	/* the <timestep> rows: all the same, timestep_emb(0) */
+	{
+		const float *first = NULL;
+		for (int i = 0; i < e.n; i++) {
+			const size_t ct = (size_t)rows[e.at[2 * i]] * c->L + e.at[2 * i + 1];
+			if (c->cond_vae_mask[ct] || c->cond_vit_mask[ct])
+				continue;
+			if (!first)
+				first = e.rows + (size_t)i * H;
+			ok_ts &= !memcmp(first, e.rows + (size_t)i * H, sizeof(float) * H);
+		}
+		ok(ok_ts && first, "the <timestep> rows are one embedding (timestep_emb(0))");
+	}
+	/* row 1 alone: the same rows, bit for bit (each image runs alone) */
+	ok(hi3i_image_embeds(enc, c, (const int[]){1}, 1, &one, &err) == 0, "row 1 alone %s", err.msg);
+	{
+		int k = 0;
+		for (int i = 0; i < e.n; i++)
+			if (e.at[2 * i] == 1) {
+				ok_alone &= k < one.n && one.at[2 * k] == 0 && one.at[2 * k + 1] == e.at[2 * i + 1] &&
+				            !memcmp(one.rows + (size_t)k * H, e.rows + (size_t)i * H, sizeof(float) * H);
+				k++;
+			}
+		ok(ok_alone && k == one.n && k > 0, "row 1's %d rows are the same alone as in the batch", k);
+	}
+	hi3i_image_embeds_release(&one);
+	/* each image alone through the ViT: the same bits as its ViT rows */
 	for (int img = 0; img < 3; img++) {
 		const int k = (int[]){1, 2, 0}[img];    /* batch order: row 2's images, then row 1's */
 		float *pv = malloc(sizeof(float) * (size_t)c->VP * c->VD), *out = malloc(sizeof(float) * (size_t)c->VP * H);
 		int32_t *mask = calloc((size_t)c->VP, sizeof(int32_t));
+		int s = 0;
 		HI3_ASSERT(pv && out && mask);
 		/* the ViT view itself, as hi3_image_vit_view gives it (pad rows 0) */
 		hi3_image *im = load((const char *[]){"rgb.png", "photo.jpg", "gray.png"}[k]);
@@ -180,16 +239,20 @@ static void test_embeds(const hi3_cond *c)
 		hi3_image_free(im);
 		if (hi3_vit_encode(v, pv, mask, c->vit_grid + 2 * k, 1, c->VP, NULL, out, &err))
 			BAIL_OUT("%s", err.msg);
-		ok_rows &= !memcmp(out, e.rows + (size_t)img * c->VP * H, sizeof(float) * (size_t)c->VP * H);
+		/* the img-th image's ViT rows: entries img P .. of the ViT kind */
+		for (int i = 0, nv = 0; i < e.n; i++) {
+			const size_t ct = (size_t)rows[e.at[2 * i]] * c->L + e.at[2 * i + 1];
+			if (!c->cond_vit_mask[ct])
+				continue;
+			if (nv >= img * c->VP && nv < (img + 1) * c->VP)
+				ok_rows &= !memcmp(out + (size_t)s++ * H, e.rows + (size_t)i * H, sizeof(float) * H);
+			nv++;
+		}
+		ok_rows &= s == c->VP;
 		free(pv), free(out), free(mask);
 	}
-	ok(ok_rows, "each image's rows are its aligner(ViT) output alone, bit for bit, pad slots included");
-	for (int i = 0; i < e.n; i++) {
-		const int j = e.at[2 * i], t = e.at[2 * i + 1];
-		ok_at &= c->cond_vit_mask[(size_t)rows[j] * c->L + t] && (i == 0 || e.at[2 * i - 2] < j ||
-		                                                          e.at[2 * i - 1] < t);
-	}
-	ok(ok_at, "they go to the rows' cond_vit_mask columns, in order, once each");
+	ok(ok_rows, "each image's ViT rows are its aligner(ViT) output alone, bit for bit, pad slots included");
+	free(seen);
 	/* the forward pass: layer 0's input is the row there, the token embedding elsewhere */
 	{
 		const int B = 2, T = c->L, L = hi3_model_config(m)->num_hidden_layers;
@@ -227,7 +290,8 @@ static void test_embeds(const hi3_cond *c)
 			                  sizeof(float) * H);
 		for (int j = 0; j < B; j++)
 			for (int t = 0; t < T; t++)
-				if (!c->cond_vit_mask[(size_t)rows[j] * T + t])
+				if (!c->cond_vit_mask[(size_t)rows[j] * T + t] && !c->cond_vae_mask[(size_t)rows[j] * T + t] &&
+				    !(t + 1 < T && c->cond_vae_mask[(size_t)rows[j] * T + t + 1]))
 					kept &= !memcmp(h1 + ((size_t)j * T + t) * H, h0 + ((size_t)j * T + t) * H, sizeof(float) * H);
 		ok(placed && kept, "hi3_forward: layer 0's input is those rows at those columns, the token embedding "
 		   "at every other column");
@@ -247,6 +311,7 @@ static void test_embeds(const hi3_cond *c)
 	}
 	hi3i_image_embeds_release(&e);
 	hi3_vit_close(v);
+	hi3i_image_enc_close(enc);
 	hi3_model_close(m);
 }
 

@@ -286,6 +286,14 @@ struct src {
 	int file, row;
 };
 
+/* vae_posterior, "mean" when absent */
+static const char *posterior_of(const hi3_cond *c)
+{
+	const char *v = hi3_cond_meta(c, "vae_posterior");
+
+	return v ? v : "mean";
+}
+
 static int concat_meta(struct hi3i_cond *ci, const hi3_cond *const *in, int n, int pad_zero, hi3_error *err)
 {
 	static const char *const same[] = {"mode", "template", "cfg_factor", "pad_id", NULL};
@@ -321,6 +329,19 @@ static int concat_meta(struct hi3i_cond *ci, const hi3_cond *const *in, int n, i
 				first = k;
 		}
 		if (hi3i_cond_set_meta(ci, known[i], first >= 0 ? hi3_cond_meta(in[first], known[i]) : "", err) != 0)
+			goto out;
+	}
+	/* how the images' latents are drawn: one way for every file with images */
+	for (int k = 0, first = -1; k < n; k++) {
+		if (!in[k]->NI)
+			continue;
+		if (first >= 0 && strcmp(posterior_of(in[first]), posterior_of(in[k]))) {
+			hi3_error_set(err, HI3_ERR_INPUT, "cannot merge %s and %s: they differ in 'vae_posterior' ('%s' and "
+			              "'%s')", HI3I_COND(in[first])->name, HI3I_COND(in[k])->name, posterior_of(in[first]),
+			              posterior_of(in[k]));
+			goto out;
+		}
+		if (first < 0 && hi3i_cond_set_meta(ci, "vae_posterior", posterior_of(in[first = k]), err))
 			goto out;
 	}
 	for (int k = 0; k < n; k++) {
@@ -487,6 +508,7 @@ struct build_meta {
 	int cfg_factor;
 	int64_t pad_id;
 	int pad_zero;
+	int vae_sample;
 	const struct req_images *img;  /* (R) */
 };
 
@@ -617,7 +639,8 @@ static int build_part(hi3_cond **out, const hi3_requests *rq, const hi3_cond_row
 	    hi3i_cond_set_meta(ci, "model_fingerprint", bm->fingerprint, err) ||
 	    hi3i_cond_set_meta_int(ci, "cfg_factor", f, err) || hi3i_cond_set_meta_int(ci, "pad_id", bm->pad_id, err) ||
 	    hi3i_cond_set_meta(ci, "pad_positions", bm->pad_zero ? "zero" : "continue", err) ||
-	    hi3i_cond_set_meta(ci, "requests", text, err))
+	    hi3i_cond_set_meta(ci, "requests", text, err) ||
+	    (ci->c.NI && hi3i_cond_set_meta(ci, "vae_posterior", bm->vae_sample ? "sample" : "mean", err)))
 		goto fail;
 	ci->cfg_factor = f;
 	hi3i_cond_bind_meta(ci);
@@ -687,6 +710,7 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 	bm.fingerprint = hi3_template_fingerprint(t);
 	bm.pad_id = hi3_template_pad_id(t);
 	bm.pad_zero = o->pad_zero;
+	bm.vae_sample = o->vae_sample;
 	if (bm.pad_id < 0)
 		return hi3_error_set(err, HI3_ERR_USAGE, "no pad id: give --pad-id, or a model whose config.json has "
 		                     "pad_token_id (or whose tokenizer_config.json names pad_token)");

@@ -584,13 +584,10 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
 	return rc;
 }
 
-int hi3i_cond_require_text(const hi3_cond *c, const char *what, hi3_error *err)
+int hi3i_cond_require_pixels(const hi3_cond *c, hi3_error *err)
 {
 	int tokens = 0;
 
-	if (c->mode && strcmp(c->mode, "gen_text"))
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions in mode '%s': only gen_text rows can be "
-		                     "%s (image generation is diffusion-capture's)", HI3I_COND(c)->name, c->mode, what);
 	for (size_t i = 0; !c->NI && i < (size_t)c->B * c->L; i++)
 		tokens |= (c->cond_vit_mask && c->cond_vit_mask[i]) || (c->cond_vae_mask && c->cond_vae_mask[i]);
 	if (tokens)
@@ -598,4 +595,12 @@ int hi3i_cond_require_text(const hi3_cond *c, const char *what, hi3_error *err)
 		                     "with 'cond_images' sizes; give 'images' files instead): running them as text "
 		                     "would be wrong", HI3I_COND(c)->name);
 	return 0;
+}
+
+int hi3i_cond_require_text(const hi3_cond *c, const char *what, hi3_error *err)
+{
+	if (c->mode && strcmp(c->mode, "gen_text"))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions in mode '%s': only gen_text rows can be "
+		                     "%s (image generation is diffusion-capture's)", HI3I_COND(c)->name, c->mode, what);
+	return hi3i_cond_require_pixels(c, err);
 }

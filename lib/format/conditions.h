@@ -33,5 +33,7 @@ int hi3i_cond_set_meta_int(struct hi3i_cond *ci, const char *key, int64_t v, hi3
  * "decoded", "replayed"): gen_image rows, or rows with cond image tokens
  * but no pixels (requests with "cond_images" sizes alone). */
 int hi3i_cond_require_text(const hi3_cond *c, const char *what, hi3_error *err);
+/* Refuse rows with cond image tokens but no pixels. */
+int hi3i_cond_require_pixels(const hi3_cond *c, hi3_error *err);
 
 #endif

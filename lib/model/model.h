@@ -97,6 +97,9 @@ struct hi3_model {
 	size_t touched;           /* weight bytes the backend has read (be->first_use) */
 	int64_t forwards;         /* forward calls done */
 	struct hi3_shard sh;
+	/* the cond images' encoder outputs lately made (stage/images.c), and their free */
+	void *image_memo;
+	void (*image_memo_free)(void *memo);
 };
 
 /* Free the scratch buffers (forward.c); they grow again on demand. */

@@ -288,6 +288,8 @@ void hi3_model_close(hi3_model *m)
 {
 	if (!m)
 		return;
+	if (m->image_memo_free)
+		m->image_memo_free(m->image_memo);
 	if (m->be) {
 		hi3i_model_work_free(m);
 		if (m->attached)

@@ -27,11 +27,13 @@
  */
 #include <math.h>
 #include <string.h>
+#include "format/conditions.h"
 #include "format/provenance.h"
 #include "format/trace.h"
 #include "model/heads.h"
 #include "model/model.h"
 #include "stage/diffusion.h"
+#include "stage/images.h"
 
 struct hi3i_denoiser {
 	hi3_model *m;
@@ -43,6 +45,9 @@ struct hi3i_denoiser {
 	int64_t *ts, *img;            /* (R) the <timestep> column, the first <img> column */
 	int64_t ts0;                  /* row 0's <timestep>: the flash-attention branch's bound */
 	hi3_kvcache *kv;              /* (R, n_kv, L, d) when kv_reuse */
+	/* the cond images' rows of every row (it2i), for the whole-sequence passes */
+	struct hi3i_image_embeds cond;
+	int *cond_upto;               /* (R + 1) cond.n of the rows before r */
 	/* backend */
 	float *x;                     /* (R, N, Z) latents channels-last */
 	float *rows;                  /* (ns R + R N, H): special rows by kind (R each), then image rows */
@@ -137,7 +142,36 @@ void hi3i_denoiser_close(struct hi3i_denoiser *dn)
 	hi3i_heads_close(dn->hd);
 	free(dn->ts), free(dn->img), free(dn->hx), free(dn->tv), free(dn->ids), free(dn->rope), free(dn->hi);
 	free(dn->at), free(dn->hat), free(dn->blocks), free(dn->slot), free(dn->zero), free(dn->tpos);
+	hi3i_image_embeds_release(&dn->cond);
+	free(dn->cond_upto);
 	free(dn);
+}
+
+/* The rows of the conditions' cond images (it2i), once: the same at every
+ * whole-sequence pass (the uncond rows keep the images, with the same
+ * seeds, so their rows equal the cond rows'). */
+static int cond_images(struct hi3i_denoiser *dn, hi3_error *err)
+{
+	struct hi3i_image_enc *enc = NULL;
+	int *rows = NULL, rc = -1;
+
+	if (!(rows = hi3i_malloc(sizeof(int) * (size_t)dn->R, err)) ||
+	    !(dn->cond_upto = hi3i_calloc((size_t)dn->R + 1, sizeof(int), err)))
+		goto out;
+	for (int r = 0; r < dn->R; r++)
+		rows[r] = r;
+	if (hi3i_image_enc_open(&enc, dn->m, dn->c, dn->name, err) ||
+	    hi3i_image_embeds(enc, dn->c, rows, dn->R, &dn->cond, err))
+		goto out;
+	for (int i = 0; i < dn->cond.n; i++)
+		dn->cond_upto[dn->cond.at[2 * i] + 1] = i + 1;
+	for (int r = 1; r <= dn->R; r++)
+		dn->cond_upto[r] = HI3_MAX(dn->cond_upto[r], dn->cond_upto[r - 1]);
+	rc = 0;
+out:
+	hi3i_image_enc_close(enc);
+	free(rows);
+	return rc;
 }
 
 int hi3i_denoiser_open(struct hi3i_denoiser **out, hi3_model *m, const hi3_cond *c, const struct hi3i_dn_opts *o,
@@ -153,10 +187,7 @@ int hi3i_denoiser_open(struct hi3i_denoiser **out, hi3_model *m, const hi3_cond 
 	if (strcmp(c->mode, "gen_image"))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions in mode '%s': diffusion runs gen_image rows "
 		                     "(tokenize-concat requests with \"mode\": \"gen_image\")", name, c->mode);
-	if (c->cond_vit_mask || c->cond_vae_mask)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: conditions hold cond image tokens; image inputs (ViT/VAE "
-		                     "embeddings) are not implemented yet", name);
-	if (hi3_cond_check_model(c, m, err))
+	if (hi3_cond_check_model(c, m, err) || hi3i_cond_require_pixels(c, err))
 		return -1;
 	if (hi3_cond_cfg_factor(c) != (cfg->cfg_distilled ? 1 : 2))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: cfg_factor %d, but the model %s %s", name,
@@ -207,6 +238,8 @@ int hi3i_denoiser_open(struct hi3i_denoiser **out, hi3_model *m, const hi3_cond 
 		goto fail;
 	}
 	if (o->kv_reuse && !(dn->kv = hi3_kvcache_for_model(m, dn->R, dn->L, HI3_F32, err)))
+		goto fail;
+	if (c->NI && cond_images(dn, err))
 		goto fail;
 	*out = dn;
 	return 0;
@@ -331,6 +364,12 @@ int hi3i_denoise(struct hi3i_denoiser *dn, const float *x, int rows, float t, fl
 	b.hidden_at = dn->hat;
 	b.hidden = dn->hid;
 	b.rope_zero = (dn->o.defects & HI3I_DN_ROPE_ZERO) ? dn->zero : NULL;
+	if (full && dn->cond.n) {
+		/* the cond images sit in the prefix: whole-sequence passes only */
+		b.n_host_embed = dn->cond_upto[rows];
+		b.host_embed_at = dn->cond.at;
+		b.host_embed_rows = dn->cond.rows;
+	}
 	/* the stage's row r is batch row r (cond rows first); positions are columns */
 	b.trace = dn->trace;
 	b.trace_pos = dn->trace ? dn->tpos : NULL;

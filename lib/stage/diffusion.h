@@ -18,6 +18,8 @@
 /* the noise streams of a row: x_T, then one per step */
 #define HI3I_STREAM_XT 0
 #define HI3I_STREAM_STEP(i) ((uint64_t)(i) + 1)
+/* and the posterior sample of the row's k-th cond image (stage/images.c) */
+#define HI3I_STREAM_VAE(k) ((UINT64_C(1) << 40) + (uint64_t)(k))
 
 /* ------------------------------------------------------------- flow.c */
 

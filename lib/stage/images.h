@@ -1,6 +1,6 @@
 /*
  * images.h -- the cond images of a conditions file as input rows of a
- * forward batch (prefill and replay share it; images.c).
+ * forward batch (prefill, replay and diffusion-capture share it; images.c).
  */
 #ifndef HI3_STAGE_IMAGES_H
 #define HI3_STAGE_IMAGES_H
@@ -10,23 +10,38 @@
 /* The rows that replace token embeddings at cond image columns. */
 struct hi3i_image_embeds {
 	int n;                       /* rows */
-	int32_t *at;                 /* (n, 2) (batch row, column) */
+	int32_t *at;                 /* (n, 2) (batch row, column), grouped by batch row in order */
 	float *rows;                 /* (n, H) */
 };
 
-/* The ViT and aligner outputs of the images of conditions rows rows[0 ..
- * nb), placed where batch row j = the cond row rows[j] has its cond_vit_mask
- * columns (the same columns in the batch): the k-th such column gets slot
- * k mod P of the row's image k / P, pad slots included (upstream scatters
- * all P). v is the model's ViT (its aligner width must be the model's
- * hidden size H). All the rows' images run as one ViT batch: on the CPU
- * backend each image's bits do not depend on the others. */
-int hi3i_image_embeds(hi3_vit *v, const hi3_cond *c, const int *rows, int nb, int H, struct hi3i_image_embeds *e,
-                      hi3_error *err);
-void hi3i_image_embeds_release(struct hi3i_image_embeds *e);
+/* The encoders of a model for the cond images of one conditions file: the
+ * ViT and aligner, the VAE encoder, and the heads that embed a latent
+ * (patch_embed, time_embed, timestep_emb). */
+struct hi3i_image_enc;
 
-/* The model's ViT when c has cond images (*v NULL when it has none); a
- * model without one is an input error naming the conditions file. */
-int hi3i_image_vit_for(hi3_vit **v, hi3_model *m, const hi3_cond *c, const char *cond_path, hi3_error *err);
+/* The model's encoders when c has cond images (*out NULL when it has
+ * none). A model without them, or whose sizes do not fit the conditions,
+ * is an input error naming the conditions file and the missing part. */
+int hi3i_image_enc_open(struct hi3i_image_enc **out, hi3_model *m, const hi3_cond *c, const char *cond_path,
+                        hi3_error *err);
+void hi3i_image_enc_close(struct hi3i_image_enc *enc);
+
+/* The embedding rows of the images of conditions rows rows[0 .. nb), for a
+ * batch whose row j is the cond row rows[j] at the same columns. For each
+ * row's k-th image (its k-th run of cond_vae_mask columns and its k-th run
+ * of P cond_vit_mask columns):
+ *   VAE columns (row-major y, x): patch_embed(z, time_embed(0)), z the
+ *     posterior mean of the VAE encoder (or, with the conditions' metadata
+ *     vae_posterior "sample", mean + std N(0, 1) drawn from the row's seed,
+ *     stream HI3I_STREAM_VAE(k), diffusion.h), times the scaling factor;
+ *   its <timestep> column (the one before the VAE run): timestep_emb(0);
+ *   ViT columns: slot s of aligner(ViT(image)), pad slots included
+ *     (upstream scatters all P).
+ * enc may be NULL (no images: no rows). Each image runs alone through its
+ * encoders, so on the CPU backend a row's rows do not depend on the rest of
+ * the batch. */
+int hi3i_image_embeds(struct hi3i_image_enc *enc, const hi3_cond *c, const int *rows, int nb,
+                      struct hi3i_image_embeds *e, hi3_error *err);
+void hi3i_image_embeds_release(struct hi3i_image_embeds *e);
 
 #endif

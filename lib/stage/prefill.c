@@ -7,8 +7,9 @@
  * image block; K/V go to cache slot position_ids[i, t] (rules 1, 2); each
  * row's first logits come from column n_i - 1 (rule 5). The file is built
  * under a temporary name and renamed into place when complete. Rows with
- * cond images take the ViT and aligner outputs at their ViT columns
- * (stage/images.c), computed here, on the prefill pass only.
+ * cond images take their encoders' outputs at the image columns (VAE
+ * tokens, <timestep>, ViT tokens: stage/images.c), computed here, on the
+ * prefill pass only.
  */
 #include <stdio.h>
 #include <string.h>
@@ -30,7 +31,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	int *rows = NULL;
 	int64_t *tpos = NULL;     /* (rows_per, L) traced positions: the column, -1 on pads */
 	float *logits = NULL;
-	hi3_vit *vit = NULL;
+	struct hi3i_image_enc *enc = NULL;
 	struct hi3i_image_embeds emb = {0};
 	hi3_comm *comm = hi3i_model_comm(m);
 	const int lead = !comm || comm->rank == 0;    /* rank 0 writes all but the other ranks' kv heads */
@@ -56,14 +57,14 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 		rows_per = c->B;
 	if (hi3i_par_check_cond(m, c, err) != 0)
 		return -1;
-	/* the cond images' encoder, on every rank (each needs the rows): a
-	 * model without one fails alike on all of them, before any collective */
-	if (hi3i_image_vit_for(&vit, m, c, cond_path, err))
+	/* the cond images' encoders, on every rank (each needs the rows): a
+	 * model without them fails alike on all of them, before any collective */
+	if (hi3i_image_enc_open(&enc, m, c, cond_path, err))
 		return -1;
 	/* one file for every rank: the temporary name is rank 0's */
 	pid = (int64_t)getpid();
 	if (comm && hi3_comm_bcast(comm, &pid, sizeof(pid), 0, err) != 0) {
-		hi3_vit_close(vit);
+		hi3i_image_enc_close(enc);
 		return -1;
 	}
 	tmp = hi3i_asprintf("%s.prefill-%lld", kv_path, (long long)pid);
@@ -127,7 +128,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			for (int t = 0; tpos && t < L; t++)
 				tpos[(size_t)r * L + t] = t < c->real_pos[r0 + r] ? t : -1;
 		}
-		if (hi3i_image_embeds(vit, c, rows, nb, hi3_model_config(m)->hidden_size, &emb, err))
+		if (hi3i_image_embeds(enc, c, rows, nb, &emb, err))
 			goto out;
 		b.n_host_embed = emb.n;
 		b.host_embed_at = emb.at;
@@ -170,6 +171,6 @@ out:
 	free(tpos);
 	free(logits);
 	hi3i_image_embeds_release(&emb);
-	hi3_vit_close(vit);
+	hi3i_image_enc_close(enc);
 	return rc;
 }

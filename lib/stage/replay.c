@@ -66,7 +66,7 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
 /* One forward over a group of rows [r0, r1): prompt + response, right
  * padded to the longest; fills lp (T) at the rows' segment offsets, and
  * the free-routing choices of response tokens into route (T, NM, K). */
-static int replay_rows(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_segment *s,
+static int replay_rows(hi3_model *m, struct hi3i_image_enc *enc, const hi3_cond *c, const hi3_segment *s,
                        const hi3_replay_opts *o, int r0, int r1, int forced, int record, hi3_trace *trace, float *lp,
                        int16_t *route, hi3_error *err)
 {
@@ -113,7 +113,7 @@ static int replay_rows(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_
 	/* the rows' cond images, at the prompt columns they have in c */
 	for (int r = 0; r < nb; r++)
 		crows[r] = r0 + r;
-	if (hi3i_image_embeds(vit, c, crows, nb, hi3_model_config(m)->hidden_size, &emb, err))
+	if (hi3i_image_embeds(enc, c, crows, nb, &emb, err))
 		goto out;
 	n_log = 0;
 	for (int r = 0; r < nb; r++) {
@@ -214,8 +214,8 @@ out:
 	return rc;
 }
 
-static int run_pass(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
-                    int forced, int record, hi3_trace *trace, float *lp, int16_t *route, hi3_error *err)
+static int run_pass(hi3_model *m, struct hi3i_image_enc *enc, const hi3_cond *c, const hi3_segment *s,
+                    const hi3_replay_opts *o, int forced, int record, hi3_trace *trace, float *lp, int16_t *route, hi3_error *err)
 {
 	int group = 1;
 
@@ -228,7 +228,7 @@ static int run_pass(hi3_model *m, hi3_vit *vit, const hi3_cond *c, const hi3_seg
 	}
 	for (int r0 = 0; r0 < c->B; r0 += group) {
 		int r1 = HI3_MIN(c->B, r0 + group);
-		if (replay_rows(m, vit, c, s, o, r0, r1, forced, record, trace, lp, route, err) != 0)
+		if (replay_rows(m, enc, c, s, o, r0, r1, forced, record, trace, lp, route, err) != 0)
 			return -1;
 		if (o->progress)
 			o->progress(o->progress_ctx, r1, c->B);
@@ -273,20 +273,20 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	float *lp_free = NULL;
 	hi3_mismatch *mm = NULL;
 	double t0 = hi3i_now(), cap = o->is_cap > 0 ? o->is_cap : 2.0;
-	hi3_vit *vit = NULL;
+	struct hi3i_image_enc *enc = NULL;
 	int rc = -1;
 
 	memset(rep, 0, sizeof(*rep));
 	if (!(cap > 1.0) || !isfinite(cap))
 		return hi3_error_set(err, HI3_ERR_USAGE, "replay: the importance-ratio cap must be above 1, not %g", cap);
 	if (check_inputs(m, c, s, o, err) != 0 || hi3i_par_check_cond(m, c, err) != 0 ||
-	    hi3i_image_vit_for(&vit, m, c, c->st ? hi3_st_path(c->st) : NULL, err))
+	    hi3i_image_enc_open(&enc, m, c, c->st ? hi3_st_path(c->st) : NULL, err))
 		return -1;
 	if (o->trace && (hi3i_trace_stage_meta(o->trace, "replay", c, err) ||
 	                 hi3_trace_set_meta(o->trace, "mode", o->batched ? "batched" : "per-row", err) ||
 	                 hi3_trace_set_meta(o->trace, "routing", o->routing_recorded ? (o->weights_recorded ?
 	                                    "recorded+weights" : "recorded") : "free", err))) {
-		hi3_vit_close(vit);
+		hi3i_image_enc_close(enc);
 		return -1;
 	}
 	rep->B = s->B;
@@ -301,10 +301,10 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	if (o->routing_recorded) {
 		/* the free pass first, for the gap without routing replay */
 		lp_free = hi3i_malloc(sizeof(float) * (size_t)(s->T + 1), err);
-		if (!lp_free || run_pass(m, vit, c, s, o, 0, 0, NULL, lp_free, route, err) != 0 ||
-		    run_pass(m, vit, c, s, o, 1, 1, o->trace, logprobs, NULL, err) != 0)
+		if (!lp_free || run_pass(m, enc, c, s, o, 0, 0, NULL, lp_free, route, err) != 0 ||
+		    run_pass(m, enc, c, s, o, 1, 1, o->trace, logprobs, NULL, err) != 0)
 			goto out;
-	} else if (run_pass(m, vit, c, s, o, 0, 1, o->trace, logprobs, route, err) != 0) {
+	} else if (run_pass(m, enc, c, s, o, 0, 1, o->trace, logprobs, route, err) != 0) {
 		goto out;
 	}
 	if (!(mm = hi3i_calloc((size_t)s->B, sizeof(*mm), err)) ||
@@ -375,7 +375,7 @@ int hi3_replay(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_
 	rc = 0;
 out:
 	rep->seconds = hi3i_now() - t0;
-	hi3_vit_close(vit);
+	hi3i_image_enc_close(enc);
 	free(route);
 	free(lp_free);
 	free(mm);

@@ -368,7 +368,8 @@ static int parity_in(hi3_model *m, const hi3_template *t, const hi3_requests *rq
 	struct run *ar = NULL;
 	static const char *const cons_names[3] = {"batch", "per-row+concat", "padded B=1"};
 	int B = 0, rc = -1, ablate_pad = o->ablate == HI3_ABLATE_POS_PAD || o->ablate == HI3_ABLATE_ROPE_PAD;
-	hi3_cond_build_opts bo = {.seed_base = o->seed_base, .vit_kernel = o->vit_kernel};
+	hi3_cond_build_opts bo = {.seed_base = o->seed_base, .vit_kernel = o->vit_kernel,
+	                          .vae_sample = o->vae_sample};
 
 	memset(rep, 0, sizeof(*rep));
 	if (mkdir(o->workdir, 0777) != 0 && errno != EEXIST)
