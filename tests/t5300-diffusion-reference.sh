@@ -6,6 +6,9 @@
 # tiny model at seed 1. Tolerance: max |d| <= 1e-5 on latents of magnitude
 # about 1 to 5 (fp32 sums in another order: PyTorch's), and on the SDE
 # log-probs; bitwise for bf16 latents (the rounding absorbs the fp32 noise).
+# Image editing: the release-shaped preset (with the image tests' quick VAE),
+# the reference running upstream's VAE encoder, patch_embed, timestep_emb,
+# SigLIP2 and aligner on the views the conditions store.
 . "$SRCDIR/tests/lib.sh"
 FX=$FIXTURES/diffusion
 
@@ -39,6 +42,24 @@ test_expect_success 'KV reuse and the whole sequence both match the reference' '
 	hi3 -q -m tiny diffusion-capture --steps 5 --guidance 4.5 --sampler sde --sde-steps 1,3 --eta 0.9 \
 		--no-kv-reuse --noise "$FX/ref-noise.safetensors" c.st -o tn.st &&
 	hi3 diff --atol 1e-5 --tensor latents --tensor sde_logp tn.st "$FX/ref-trajectory.safetensors"
+'
+
+test_expect_success 'image editing: the cond images through upstream encoders; --noise reproduces it (<= 1e-5)' '
+	make_model tiny-release edit --set "vae=$QUICK_VAE" &&
+	mkdir -p ref/x && cp "$FX/ref-edit.jsonl" ref/x/ && cp -r "$FIXTURES/image" ref/image &&
+	hi3 -q -m edit tokenize-concat ref/x/ref-edit.jsonl -o ce.st &&
+	hi3 -q -m edit diffusion-capture --steps 3 --guidance 4.5 --sampler sde --sde-steps 1 --eta 0.9 \
+		--noise "$FX/ref-edit-noise.safetensors" ce.st -o te.st &&
+	hi3 diff --atol 1e-5 --tensor latents --tensor sde_logp te.st "$FX/ref-edit-trajectory.safetensors"
+'
+
+test_expect_success 'image editing: the check can fail (the cond images changed: other latents)' '
+	sed "s/rgb.png\"\]/gray.png\"]/" ref/x/ref-edit.jsonl >ref/x/other.jsonl &&
+	! cmp -s ref/x/ref-edit.jsonl ref/x/other.jsonl &&
+	hi3 -q -m edit tokenize-concat ref/x/other.jsonl -o co.st &&
+	hi3 -q -m edit diffusion-capture --steps 3 --guidance 4.5 --sampler sde --sde-steps 1 --eta 0.9 \
+		--noise "$FX/ref-edit-noise.safetensors" co.st -o to.st &&
+	test_must_fail 1 hi3 diff --atol 1e-5 --tensor latents to.st "$FX/ref-edit-trajectory.safetensors" >/dev/null
 '
 
 test_done

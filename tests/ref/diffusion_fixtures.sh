@@ -28,3 +28,15 @@ trap 'rm -rf "$tmp"' EXIT
 "$py" "$here/diffusion_ref.py" trajectory --model "$tmp/tiny" --cond "$tmp/c.st" \
 	--noise "$out/ref-noise-bf16.safetensors" --out "$out/ref-trajectory-bf16.safetensors" \
 	--steps 3 --guidance 1 --latent-dtype bf16
+# case: image editing (requests with images) on the release-shaped preset
+# with the quick VAE of the image tests: CFG (g 4.5), 3 steps, SDE at 1; the
+# reference runs upstream's VAE encoder, patch_embed, ViT and aligner on the
+# views the conditions store
+"$HI3" -q init-model --preset tiny-release --seed 1 --set "vae=$(cat "$here/../fixtures/quick-vae.json")" \
+	-o "$tmp/edit"
+"$HI3" -q -m "$tmp/edit" tokenize-concat "$out/ref-edit.jsonl" -o "$tmp/ce.st"
+"$HI3" -q -m "$tmp/edit" diffusion-capture --steps 3 --guidance 4.5 --sampler sde --sde-steps 1 --eta 0.9 \
+	"$tmp/ce.st" -o "$out/ref-edit-noise.safetensors"
+"$py" "$here/diffusion_ref.py" trajectory --model "$tmp/edit" --cond "$tmp/ce.st" \
+	--noise "$out/ref-edit-noise.safetensors" --out "$out/ref-edit-trajectory.safetensors" \
+	--steps 3 --guidance 4.5 --sampler sde --sde-steps 1 --eta 0.9

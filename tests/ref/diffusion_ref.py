@@ -50,6 +50,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import hi3ref  # noqa: E402
 import upstream_template as U  # noqa: E402
+import vae_ref  # noqa: E402
+import vit_ref  # noqa: E402
 
 UNIRL_MIRROR = "/work/.mirror/Tencent-Hunyuan+UniRL/repo"
 UNIRL_COMMIT = "1a7b501"
@@ -166,6 +168,84 @@ def read_st(path):
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
+def runs(mask):
+    """The [start, stop) runs of true values of a 1-D mask."""
+    out, t, L = [], 0, len(mask)
+    while t < L:
+        if mask[t]:
+            u = t
+            while u < L and mask[u]:
+                u += 1
+            out.append((t, u))
+            t = u
+        else:
+            t += 1
+    return out
+
+
+class CondImages:
+    """The cond images' input rows as upstream makes them on the first pass
+    (instantiate_vae_image_tokens, instantiate_continuous_tokens and the cond
+    <timestep> of modeling_hunyuan_image_3.py): upstream's
+    AutoencoderKLConv3D encoder (autoencoder_kl_3d.py; the posterior mean,
+    times the scaling factor), UNetDown with time_embed(0), timestep_emb(0),
+    Siglip2VisionTransformer and LightProjector (siglip2.py), all fp32, on
+    the views the conditions file stores. Row r's k-th image feeds its k-th
+    run of cond_vae_mask (raster order), the <timestep> just before it and
+    its k-th run of cond_vit_mask (all P slots). rows[r] maps a column to its
+    row."""
+
+    def __init__(self, model_dir, c, meta, hd):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
+        if meta.get("vae_posterior", "mean") != "mean":
+            sys.exit("diffusion_ref: only the posterior mean (vae_posterior 'mean') is referenced")
+        w = hi3ref.load_weights(model_dir)
+        get = lambda n, s: w[n].float().numpy().reshape(s)  # noqa: E731
+        vae = vae_ref.build(vae_ref.load_upstream(None), cfg["vae"], only_encoder=True)
+        vae_ref.set_weights(vae, get)
+        vm, va, _ = vit_ref.build(vit_ref.load_siglip2(), cfg["vit"], cfg["vit_aligner"], get)
+        R, L = c["input_ids"].shape
+        self.rows = [dict() for _ in range(R)]
+        image_row, P = c["image_row"], c["vit_pixels"].shape[1]
+        te0 = hd.emb("time_embed", [0.0])
+        ts0 = hd.emb("timestep_emb", [0.0])[0]
+        off, seen = 0, {}
+        for k in range(len(image_row)):
+            r = int(image_row[k])
+            kr = seen.get(r, 0)
+            seen[r] = kr + 1
+            H, W = (int(v) for v in c["vae_shape"][k])
+            u = c["vae_pixels"][off:off + H * W * 3].reshape(H, W, 3)
+            off += H * W * 3
+            x = (torch.from_numpy(u.copy()).float().div(255.0) - 0.5) / 0.5
+            with torch.no_grad():
+                mean = vae.encode(x.permute(2, 0, 1)[None].contiguous()).latent_dist.mean[:, :, 0]
+            z = mean * cfg["vae"]["scaling_factor"]
+            vae_rows = hd.down(z, te0)[0]                               # (N, H)
+            v0, v1 = runs(c["cond_vae_mask"][r])[kr]
+            assert v1 - v0 == vae_rows.shape[0], (k, v1 - v0, vae_rows.shape)
+            for i in range(v1 - v0):
+                self.rows[r][v0 + i] = vae_rows[i]
+            self.rows[r][v0 - 1] = ts0
+            gh, gw = (int(v) for v in c["vit_grid"][k])
+            pv = torch.zeros(P, c["vit_pixels"].shape[2])
+            pv[:gh * gw] = (torch.from_numpy(c["vit_pixels"][k][:gh * gw].astype(np.float32)) - 127.5) / 127.5
+            # upstream casts the input to the patch weight's dtype (bf16 in the
+            # release presets) before the fp32 modules here see it
+            pv = pv.to(w["vision_model.embeddings.patch_embedding.weight"].dtype).float()
+            mask = torch.zeros(P, dtype=torch.int32)
+            mask[:gh * gw] = 1
+            with torch.no_grad():
+                hid = vm(pv[None], attention_mask=mask[None],
+                         spatial_shapes=torch.tensor([[gh, gw]], dtype=torch.long)).last_hidden_state
+                emb = va(hid)[0]                                        # (P, H)
+            t0, t1 = runs(c["cond_vit_mask"][r])[kr]
+            assert t1 - t0 == P
+            for s_ in range(P):
+                self.rows[r][t0 + s_] = emb[s_]
+
+
 class Denoiser:
     """Velocity predictions for the gen_image rows of a conditions file."""
 
@@ -188,6 +268,7 @@ class Denoiser:
         ts = c["timestep_index"]
         self.ts = [int(ts[r][ts[r] >= 0][-1]) for r in range(self.R)]
         mc = self.m.cfg.raw
+        self.cond = CondImages(model_dir, c, meta, self.hd) if "image_row" in c else None
         self.guidance = bool(mc.get("cfg_distilled", False))
         self.meanflow = bool(mc.get("use_meanflow", False))
 
@@ -199,6 +280,10 @@ class Denoiser:
         img = hd.down(x_rows, te)                              # (R, N, H)
         for r in range(R):
             cr = {int(v): j for j, v in enumerate(cols[r].tolist())}
+            # the cond images: in the prefix, on whole-sequence passes only
+            for col, row in (self.cond.rows[r].items() if self.cond else ()):
+                if col in cr:
+                    e[r, cr[col]] = row
             s = self.img_start[r]
             e[r, cr[s]:cr[s] + self.N] = img[r]
             e[r, cr[self.ts[r]]] = hd.emb("timestep_emb", [t])[0]
