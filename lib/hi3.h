@@ -515,6 +515,10 @@ typedef struct hi3_batch {
 	int n_logits;                /* how many (row, column) logits to return */
 	const int32_t *logit_at;     /* (n_logits, 2) (b, t) */
 	float *logits;               /* (n_logits, V) */
+	int vocab_slice;             /* 1: under tensor parallelism only this rank's vocabulary
+	                              * columns of each logits row are written (lm_head not
+	                              * gathered: the caller reduces them, lib/stage/vocab.h);
+	                              * 0: every column, gathered */
 	/* optional */
 	float *hidden_out;           /* (n_layers + 1, B, T, H): input of each layer and ln_f input */
 	int16_t *route_ids;          /* (B, T, n_moe, k) chosen experts, -1 padded */

@@ -489,7 +489,7 @@ static int check_batch(const hi3_model *m, const hi3_kvcache *kv, const hi3_batc
 
 /* The traced tokens' final RMSNorm and logits: their own lm_head product,
  * in chunks of at most 256 tokens, whatever logits the batch asked for. */
-static void trace_final(hi3_model *m, hi3_trace *tr)
+static int trace_final(hi3_model *m, hi3_trace *tr, hi3_error *err)
 {
 	hi3_backend *be = m->be;
 	const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
@@ -498,17 +498,21 @@ static void trace_final(hi3_model *m, hi3_trace *tr)
 	float *lx, *lg;                    /* (n, H), (256, V) */
 
 	if (!kept || !(hi3i_trace_wants(tr, HI3_TRACE_FINAL_NORM) || hi3i_trace_wants(tr, HI3_TRACE_LOGITS)))
-		return;
+		return 0;
 	if (!(lx = hi3i_trace_scratch(tr, 0, (size_t)n * H)) || !(lg = hi3i_trace_scratch(tr, 1, (size_t)256 * V)))
-		return;
+		return 0;
 	be->ops->gather(be, lx, m->w.x, kept, n, H);
 	be->ops->rmsnorm(be, lx, lx, m->ln_f, n, H, m->dims.eps);
 	hi3i_trace_point_kept(tr, HI3_TRACE_FINAL_NORM, -1, lx, H);
 	for (int i = 0; hi3i_trace_wants(tr, HI3_TRACE_LOGITS) && i < n; i += 256) {
 		int c = HI3_MIN(256, n - i);
-		be->ops->matmul(be, lg, lx + (size_t)i * H, m->lm_head, c);
+		/* under tensor parallelism the traced tokens' rows are gathered
+		 * (a trace is a diagnosis; the stages' logits never are) */
+		if (hi3i_shard_matmul(m, lg, lx + (size_t)i * H, m->lm_head, V, c, err) != 0)
+			return -1;
 		hi3i_trace_logits(tr, lg, V, c);
 	}
+	return 0;
 }
 
 /* The rope-pad ablation: the query and key heads of the tokens flagged in
@@ -767,8 +771,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	}
 	if (b->trace) {
 		point(b->trace, HI3_TRACE_FINAL, -1, m->w.x, H);
-		trace_final(m, b->trace);
-		if (hi3i_trace_end(b->trace, err) != 0)
+		if (trace_final(m, b->trace, err) != 0 || hi3i_trace_end(b->trace, err) != 0)
 			goto out;
 	}
 	if (b->n_logits > 0) {
@@ -778,10 +781,18 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 			goto be_failed;
 		be->ops->gather(be, m->w.lx, m->w.x, m->w.idx, b->n_logits, H);
 		be->ops->rmsnorm(be, m->w.lx, m->w.lx, m->ln_f, b->n_logits, H, m->dims.eps);
-		if (hi3i_shard_matmul(m, m->w.logits, m->w.lx, m->lm_head, c->vocab_size, b->n_logits, err) != 0)
-			goto out;
-		if (be->ops->download(be, b->logits, m->w.logits, sizeof(float) * (size_t)b->n_logits * c->vocab_size))
-			goto be_failed;
+		if (sh->tp > 1 && b->vocab_slice) {
+			/* this rank's vocabulary columns only, into the caller's rows */
+			if (hi3i_shard_matmul_host(m, b->logits, c->vocab_size, m->w.lx, m->lm_head, c->vocab_size,
+			                           b->n_logits, err) != 0)
+				goto out;
+		} else {
+			if (hi3i_shard_matmul(m, m->w.logits, m->w.lx, m->lm_head, c->vocab_size, b->n_logits, err) != 0)
+				goto out;
+			if (be->ops->download(be, b->logits, m->w.logits,
+			                      sizeof(float) * (size_t)b->n_logits * c->vocab_size))
+				goto be_failed;
+		}
 	}
 	if (hi3i_backend_failed(be, err))
 		goto out;

@@ -66,13 +66,6 @@ struct hi3_shard {
 	int n_views, cap_views;
 };
 
-/* The rows [lo, lo + n) of a length-N axis split into parts: part i. */
-static inline void hi3i_split(int N, int parts, int i, int *lo, int *n)
-{
-	*lo = (int)((int64_t)N * i / parts);
-	*n = (int)((int64_t)N * (i + 1) / parts) - *lo;
-}
-
 /* A block of a (R, N) product computed by one rank: rows [r0, r0 + nr), columns [c0, c0 + nc). */
 struct hi3_block {
 	int r0, nr, c0, nc;
@@ -117,6 +110,12 @@ int hi3i_shard_gather(hi3_model *m, float *y, int R, int N, const float *mine, c
 /* y (M, N) = x (M, K) . W^T, where w holds this rank's output rows split(N, tp, t) of W
  * (all of it when tp = 1): the product of those rows, then the gather. */
 int hi3i_shard_matmul(hi3_model *m, float *y, const float *x, const hi3_wt *w, int N, int M, hi3_error *err);
+
+/* This rank's columns split(N, tp, t) of y (M, ldy) on the host = x (M, K) . W^T
+ * for w, this rank's output rows of W: the product of those rows, no gather
+ * (lm_head split on the vocabulary, stage/vocab.h). */
+int hi3i_shard_matmul_host(hi3_model *m, float *y, int ldy, const float *x, const hi3_wt *w, int N, int M,
+                           hi3_error *err);
 
 /* After each forward call (forward.c): -v reports the first one. */
 void hi3i_model_forward_done(hi3_model *m);

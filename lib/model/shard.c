@@ -16,6 +16,7 @@
 #include <string.h>
 #include "model/model.h"
 #include "format/provenance.h"
+#include "stage/vocab.h"
 
 int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err)
 {
@@ -221,6 +222,40 @@ int hi3i_shard_matmul(hi3_model *m, float *y, const float *x, const hi3_wt *w, i
 	if (bp != blk)
 		free(bp);
 	return rc;
+}
+
+int hi3i_shard_matmul_host(hi3_model *m, float *y, int ldy, const float *x, const hi3_wt *w, int N, int M,
+                           hi3_error *err)
+{
+	struct hi3_shard *s = &m->sh;
+	float *part;
+	int lo, n;
+
+	hi3i_split(N, s->tp, s->t, &lo, &n);
+	if (!(part = hi3i_shard_scratch(m, (size_t)M * n + 1, err)) ||
+	    grow_host(&s->send, &s->send_cap, (size_t)M * n + 1, err))
+		return -1;
+	if (M && n) {
+		m->be->ops->matmul(m->be, part, x, w, M);
+		if (hi3i_backend_failed(m->be, err) ||
+		    m->be->ops->download(m->be, s->send, part, sizeof(float) * (size_t)M * n) != 0)
+			return hi3i_backend_failed(m->be, err);
+	}
+	for (int i = 0; i < M; i++)
+		memcpy(y + (size_t)i * ldy + lo, s->send + (size_t)i * n, sizeof(float) * (size_t)n);
+	return 0;
+}
+
+void hi3i_model_vocab(const hi3_model *m, hi3i_vocab *vs)
+{
+	const struct hi3_shard *s = &m->sh;
+
+	memset(vs, 0, sizeof(*vs));
+	vs->V = m->cfg.vocab_size;
+	vs->tp = s->tp;
+	hi3i_split(vs->V, s->tp, s->t, &vs->v0, &vs->nv);
+	if (s->tp > 1)
+		vs->comm = s->par->comm;
 }
 
 hi3_comm *hi3i_model_comm(const hi3_model *m)
