@@ -57,6 +57,7 @@ struct hi3_work {
 struct hi3_shard {
 	const hi3_par *par;       /* NULL: one process */
 	int rank, size, tp, ep, t, e;    /* t = rank % tp, e = rank / tp */
+	int alltoall;             /* experts' rows to their tokens' group by all-to-all (tp = 1) */
 	int kv0, n_kv;            /* this rank's kv heads */
 	float *dev;               /* device scratch: this rank's block of a product */
 	float *send, *recv, *full;/* host staging for the gathers */
@@ -111,6 +112,11 @@ int hi3i_shard_gather(hi3_model *m, float *y, int R, int N, const float *mine, c
  * (all of it when tp = 1): the product of those rows, then the gather. */
 int hi3i_shard_matmul(hi3_model *m, float *y, const float *x, const hi3_wt *w, int N, int M, hi3_error *err);
 
+/* Rows of H floats between ranks (all-to-all): src (sum send_rows, H) on the
+ * device holds the rows for rank 0, then those for rank 1, ...; dst
+ * (sum recv_rows, H) gets rank 0's rows for this rank, then rank 1's, ... */
+int hi3i_shard_alltoall_rows(hi3_model *m, float *dst, const float *src, int H, const int *send_rows,
+                             const int *recv_rows, hi3_error *err);
 /* This rank's columns split(N, tp, t) of y (M, ldy) on the host = x (M, K) . W^T
  * for w, this rank's output rows of W: the product of those rows, no gather
  * (lm_head split on the vocabulary, stage/vocab.h). */

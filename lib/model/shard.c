@@ -50,6 +50,10 @@ int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err)
 	if (par->ep > 1 && n_moe == 0)
 		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel ep=%d: %s has no MoE layer to split by expert",
 		                     par->ep, m->dir);
+	if (par->dispatch == HI3_DISPATCH_ALLTOALL && (par->ep < 2 || par->tp > 1))
+		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel tp=%d,ep=%d,dispatch=alltoall: the all-to-all "
+		                     "dispatch needs ep > 1 and tp = 1 (with tp > 1 use dispatch=gather)", par->tp,
+		                     par->ep);
 	if (par->tp > 1 && strcmp(m->be->name, "cpu") != 0)
 		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel tp=%d: tensor parallel runs on the cpu backend only "
 		                     "for now (the %s backend has no sharded KV store); ep runs on both", par->tp,
@@ -59,6 +63,7 @@ int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err)
 	s->size = comm->size;
 	s->tp = par->tp;
 	s->ep = par->ep;
+	s->alltoall = par->dispatch == HI3_DISPATCH_ALLTOALL;
 	s->t = comm->rank % par->tp;
 	s->e = comm->rank / par->tp;
 	s->n_kv = c->num_key_value_heads / par->tp;
@@ -221,6 +226,49 @@ int hi3i_shard_matmul(hi3_model *m, float *y, const float *x, const hi3_wt *w, i
 	rc = hi3i_shard_gather(m, y, M, N, part, bp, err);
 	if (bp != blk)
 		free(bp);
+	return rc;
+}
+
+int hi3i_shard_alltoall_rows(hi3_model *m, float *dst, const float *src, int H, const int *send_rows,
+                             const int *recv_rows, hi3_error *err)
+{
+	struct hi3_shard *s = &m->sh;
+	hi3_backend *be = m->be;
+	size_t *c = NULL, n_send = 0, n_recv = 0;
+	int rc = -1;
+
+	for (int r = 0; r < s->size; r++) {
+		n_send += (size_t)send_rows[r];
+		n_recv += (size_t)recv_rows[r];
+	}
+	if (!(c = hi3i_malloc(sizeof(*c) * 4 * (size_t)s->size, err)) ||
+	    grow_host(&s->send, &s->send_cap, n_send * H + 1, err) || grow_host(&s->recv, &s->recv_cap, n_recv * H + 1, err))
+		goto out;
+	/* counts and displacements in bytes: sent, then received */
+	for (int r = 0, so = 0, ro = 0; r < s->size; r++) {
+		c[r] = sizeof(float) * (size_t)send_rows[r] * H;
+		c[s->size + r] = sizeof(float) * (size_t)so * H;
+		c[2 * s->size + r] = sizeof(float) * (size_t)recv_rows[r] * H;
+		c[3 * s->size + r] = sizeof(float) * (size_t)ro * H;
+		so += send_rows[r];
+		ro += recv_rows[r];
+	}
+	if (n_send && be->ops->download(be, s->send, src, sizeof(float) * n_send * H) != 0) {
+		hi3i_backend_failed(be, err);
+		goto out;
+	}
+	if (hi3_comm_alltoallv(s->par->comm, s->send, c, c + s->size, s->recv, c + 2 * s->size, c + 3 * s->size,
+	                       err) != 0) {
+		hi3_error_prefix(err, "rank %d of %d", s->rank, s->size);
+		goto out;
+	}
+	if (n_recv && be->ops->upload(be, dst, s->recv, sizeof(float) * n_recv * H) != 0) {
+		hi3i_backend_failed(be, err);
+		goto out;
+	}
+	rc = 0;
+out:
+	free(c);
 	return rc;
 }
 
