@@ -344,6 +344,11 @@ int main(int argc, char **argv)
 		ok(hi3_par_parse(&p, "dp=2", &err) != 0 && strstr(err.msg, "unknown key 'dp'"), "refuse an unknown key");
 		ok(hi3_par_parse(&p, "tp=2x", &err) != 0 && err.status == HI3_ERR_USAGE, "refuse trailing garbage");
 		ok(hi3_par_parse(&p, "", &err) != 0, "refuse an empty layout");
+		ok(hi3_par_parse(&p, "ep=2", &err) == 0 && p.dispatch == HI3_DISPATCH_GATHER, "dispatch: gather by default");
+		ok(hi3_par_parse(&p, "ep=2,dispatch=alltoall", &err) == 0 && p.ep == 2 &&
+		   p.dispatch == HI3_DISPATCH_ALLTOALL, "parse ep=2,dispatch=alltoall");
+		ok(hi3_par_parse(&p, "dispatch=all", &err) != 0 && strstr(err.msg, "dispatch=all is not gather or alltoall"),
+		   "refuse an unknown dispatch");
 	}
 	lead = c->rank == 0;
 	collectives(c, host);
