@@ -268,8 +268,8 @@ static int moe_experts_alltoall(hi3_model *m, const struct hi3_layer_w *L, float
 	hi3_backend *be = m->be;
 	const int E = L->E, H = m->cfg.hidden_size, inter = L->experts[L->e0].I, G = sh->size, me = sh->rank;
 	const int g_lo = first[L->e0], g_rows = (L->e0 + L->ne < E ? first[L->e0 + L->ne] : rows) - g_lo;
-	int *owner = NULL, *t0 = NULL, *nsend = NULL, *nrecv = NULL, *ecnt = NULL, *ms = NULL, *perm = NULL;
-	int32_t *idx2 = NULL;
+	int *owner = NULL, *t0 = NULL, *nsend = NULL, *nrecv = NULL, *ecnt = NULL, *ms = NULL;
+	int32_t *perm = NULL, *idx2 = NULL;     /* (g_rows): packed rows in sending order; (rows): tokens received */
 	float *sc2 = NULL, **ys = NULL;
 	const float **xs = NULL;
 	const hi3_wt **ws = NULL;
@@ -280,7 +280,7 @@ static int moe_experts_alltoall(hi3_model *m, const struct hi3_layer_w *L, float
 	nsend = hi3i_calloc((size_t)G, sizeof(int), err);
 	nrecv = hi3i_calloc((size_t)G, sizeof(int), err);
 	ecnt = hi3i_calloc((size_t)E, sizeof(int), err);
-	perm = hi3i_malloc(sizeof(int) * (size_t)(g_rows + 1), err);
+	perm = hi3i_malloc(sizeof(int32_t) * (size_t)(g_rows + 1), err);
 	idx2 = hi3i_malloc(sizeof(int32_t) * (size_t)(rows + 1), err);
 	sc2 = hi3i_malloc(sizeof(float) * (size_t)(rows + 1), err);
 	ys = hi3i_calloc((size_t)L->ne, sizeof(*ys), err);

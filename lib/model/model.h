@@ -52,7 +52,10 @@ struct hi3_work {
  * columns together: the same bits for any tp and ep, by construction.
  * Experts are split by expert (E / ep per group), each expert's products
  * on rows over tp like the dense ones; every rank routes every token, so
- * no token moves: the (token, expert) rows of the group are gathered.
+ * no token moves: the (token, expert) rows of the group are gathered, or
+ * (alltoall) sent to the group of their token, which adds them up. lm_head
+ * is split like the others, but its slices are not gathered for the
+ * stages (stage/vocab.h).
  */
 struct hi3_shard {
 	const hi3_par *par;       /* NULL: one process */
