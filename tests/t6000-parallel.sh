@@ -148,6 +148,12 @@ test_expect_success 'a KV file prefilled by 2 ranks decodes with 1, one prefille
 	cmp tm.seg one.seg && cmp tm.kv one.kv
 '
 
+test_expect_success 'a KV file prefilled with tp=4 decodes with tp=2 (other vocabulary slices of next_logits)' '
+	run 4 tp=4 -m tw prefill tw.cond -o four.kv --max-new 7 && cmp tw.kv0 four.kv &&
+	run 2 tp=2 -m tw decode --temperature 0.8 --top-k 50 --top-p 0.9 tw.cond four.kv -o four.seg &&
+	cmp tw.seg-topp four.seg && cmp tw.kv-topp four.kv
+'
+
 test_expect_success 'parity passes under tp=2' '
 	run 2 tp=2 -m tm parity --steps 3 --greedy-only req.jsonl >par.txt &&
 	test_grep -q "^\[PASS\]" par.txt && ! grep -q "^\[FAIL\]" par.txt
