@@ -51,8 +51,9 @@ const struct cli_option cli_global_options[] = {
 	           "alone or batched; off: OpenBLAS sgemm (CPU)"),
 	OPT_INT('t', "threads", &cli.threads, 0, 4096, "N", "worker threads (default: all cores)"),
 	OPT_STRING(0, "parallel", &cli.parallel, "tp=T,ep=E",
-	           "run as one of T*E ranks: tensor parallel T, expert parallel E (hi3-mpi under mpirun; "
-	           "hi3-parallel(7))"),
+	           "run as one of T*E ranks: tensor parallel T, expert parallel E; add ,dispatch=alltoall to send "
+	           "the experts' rows to their tokens' ranks instead of gathering them all (tp=1) (hi3-mpi under "
+	           "mpirun; hi3-parallel(7))"),
 	OPT_CALLBACK('q', "quiet", NULL, NULL, set_quiet, "only errors and warnings on stderr"),
 	OPT_CALLBACK('v', "verbose", NULL, NULL, set_verbose, "more detail on stderr"),
 	OPT_HELP('h', "help", "this help; 'hi3 help COMMAND' or 'hi3 COMMAND --help' for a command"),
@@ -346,7 +347,7 @@ int cli_parallel_end(int rc)
 	if (rc != 0 && par.comm->size > 1)
 		par.comm->ops->abort(par.comm, rc, NULL);
 	if (!cli.quiet)
-		fprintf(stderr, "hi3 %s: rank %d of %d: %.3f s in collectives, %.1f MiB received\n", cli.cmd ? cli.cmd : "",
+		fprintf(stderr, "hi3 %s: rank %d of %d: %.3f s in collectives, %.3f MiB received\n", cli.cmd ? cli.cmd : "",
 		        par.comm->rank, par.comm->size, par.comm->seconds, (double)par.comm->bytes / 1048576.0);
 	par.comm->ops->destroy(par.comm);
 	par.comm = NULL;

@@ -407,13 +407,26 @@ int hi3_comm_check_same(hi3_comm *c, const char *what, const char *value, hi3_er
  * the lowest failing rank and its message (a collective: all ranks call it). */
 int hi3_comm_agree(hi3_comm *c, const hi3_error *mine, hi3_error *err);
 
+/* How the routed experts' outputs reach their tokens when ep > 1
+ * (hi3-parallel(7), "experts"). */
+enum hi3_dispatch {
+	/* every rank holds every token; each expert group computes its
+	 * experts' rows of all of them, and the rows are all-gathered */
+	HI3_DISPATCH_GATHER,
+	/* the tokens are split over the expert groups: each group sends its
+	 * experts' rows to the group of their tokens (all-to-all), which adds
+	 * them up with the shared MLP; the sums are all-gathered (tp = 1) */
+	HI3_DISPATCH_ALLTOALL,
+};
+
 /* A parallel layout: size = tp * ep ranks; rank r is tensor slot r % tp of
  * expert group r / tp (hi3-parallel(7)). */
 typedef struct hi3_par {
 	hi3_comm *comm;
 	int tp, ep;
+	int dispatch;            /* enum hi3_dispatch */
 } hi3_par;
-/* "tp=T,ep=E" (either part may be left out: 1) into p->tp, p->ep. */
+/* "tp=T,ep=E[,dispatch=gather|alltoall]" (a part left out: tp 1, ep 1, gather) into p. */
 int hi3_par_parse(hi3_par *p, const char *spec, hi3_error *err);
 
 /*
@@ -515,6 +528,10 @@ typedef struct hi3_batch {
 	int n_logits;                /* how many (row, column) logits to return */
 	const int32_t *logit_at;     /* (n_logits, 2) (b, t) */
 	float *logits;               /* (n_logits, V) */
+	int vocab_slice;             /* 1: under tensor parallelism only this rank's vocabulary
+	                              * columns of each logits row are written (lm_head not
+	                              * gathered: the caller reduces them, lib/stage/vocab.h);
+	                              * 0: every column, gathered */
 	/* optional */
 	float *hidden_out;           /* (n_layers + 1, B, T, H): input of each layer and ln_f input */
 	int16_t *route_ids;          /* (B, T, n_moe, k) chosen experts, -1 padded */

@@ -59,8 +59,9 @@ HI3_CUDA_SYNC=1 timeout 300 make -s check-cuda || fail "make check-cuda"
 step "scale-out: the NCCL communicator on every GPU, and ep=2 on cuda against one process"
 # tests/test-comm.c through NCCL (device buffers: CUDA managed memory), one
 # rank per GPU (1 included), then tiny-moe prefill and decode as 2 ranks of
-# --parallel ep=2 on the cuda backend (2 ranks share a GPU when there is
-# one), which must equal one cuda process within the pipeline's tolerance.
+# --parallel ep=2 on the cuda backend, with either expert dispatch (2 ranks
+# share a GPU when there is one), which must equal one cuda process within
+# the pipeline's tolerance.
 if [ -x bin/hi3-mpi ] && command -v mpirun >/dev/null 2>&1 && grep -q '^#define HI3_HAVE_NCCL 1' config.h; then
 	export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 	ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || ngpu=0
@@ -75,17 +76,22 @@ if [ -x bin/hi3-mpi ] && command -v mpirun >/dev/null 2>&1 && grep -q '^#define 
 	[ -f "$pm/config.json" ] || $HI3 -q init-model --preset tiny-moe --seed 1 -o "$pm"
 	printf '{"prompt": "a red fox"}\n{"prompt": "two cats on a mat", "seed": 3}\n' |
 		$HI3 -q -m "$pm" tokenize-concat - -o "$pc"
-	if $HI3 -q --backend cuda --batch-invariant=off -m "$pm" prefill "$pc" -o "$WORK/par1.kv" --max-new 8 &&
-		$HI3 -q --backend cuda --batch-invariant=off -m "$pm" decode "$pc" "$WORK/par1.kv" -o "$WORK/par1.seg" &&
-		timeout 120 mpirun -np 2 bin/hi3-mpi -q --backend cuda --batch-invariant=off -m "$pm" --parallel ep=2 \
+	$HI3 -q --backend cuda --batch-invariant=off -m "$pm" prefill "$pc" -o "$WORK/par1.kv" --max-new 8 &&
+		$HI3 -q --backend cuda --batch-invariant=off -m "$pm" decode "$pc" "$WORK/par1.kv" -o "$WORK/par1.seg" ||
+		fail "one cuda process, the reference of the ep=2 layouts"
+	# both expert dispatches: the experts' rows gathered, and sent to their tokens' ranks
+	for lay in ep=2 ep=2,dispatch=alltoall; do
+		if timeout 120 mpirun -np 2 bin/hi3-mpi -q --backend cuda --batch-invariant=off -m "$pm" --parallel $lay \
 			prefill "$pc" -o "$WORK/par2.kv" --max-new 8 &&
-		timeout 120 mpirun -np 2 bin/hi3-mpi -q --backend cuda --batch-invariant=off -m "$pm" --parallel ep=2 \
+			timeout 120 mpirun -np 2 bin/hi3-mpi -q --backend cuda --batch-invariant=off -m "$pm" --parallel $lay \
 			decode "$pc" "$WORK/par2.kv" -o "$WORK/par2.seg" &&
-		$HI3 diff "$WORK/par1.seg" "$WORK/par2.seg" && $HI3 diff --valid-only "$WORK/par1.kv" "$WORK/par2.kv"; then
-		echo "ep=2 on cuda: segment and KV equal one process" | tee -a "$RESULTS"
-	else
-		fail "ep=2 on cuda against one process"
-	fi
+			$HI3 diff "$WORK/par1.seg" "$WORK/par2.seg" && $HI3 diff --valid-only "$WORK/par1.kv" "$WORK/par2.kv"; then
+			echo "$lay on cuda: segment and KV equal one process" | tee -a "$RESULTS"
+		else
+			fail "$lay on cuda against one process"
+		fi
+		rm -f "$WORK/par2.kv" "$WORK/par2.seg"
+	done
 else
 	echo "gpu-check: scale-out skipped: no hi3-mpi, mpirun or NCCL in this build" | tee -a "$RESULTS"
 fi

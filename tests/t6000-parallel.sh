@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # t6000-parallel.sh -- scale-out (hi3-parallel(7)): layouts of 2 and 4 ranks
-# under mpirun give bitwise the same KV files, segments (tokens, log-probs)
-# and replay files as one process; KV files cross between layouts; a rank
+# under mpirun (tp, ep with either expert dispatch, both) give bitwise the
+# same KV files (cache, next logits), segments (tokens, log-probs: greedy,
+# top-k and top-p, the whole vocabulary) and replay files as one process,
+# lm_head split on the vocabulary without exchanging logits rows; KV files
+# cross between layouts; a rank
 # that dies fails every rank and leaves the files resumable; bad layouts and
 # ranks with other models or inputs are refused. Skipped without mpirun or
 # without hi3-mpi (configure found no MPI).
@@ -24,6 +27,10 @@ run() { np=$1 layout=$2; shift 2; mpirun -np "$np" "$MPI_BIN" -q -t 1 --parallel
 
 REQ_SEED=6000
 SAMPLE="--temperature 0.9 --top-k 40"
+# the decodes every layout repeats: greedy, temperature 0.8 with top-k and
+# top-p, and the whole vocabulary with top-p (no top-k: the vocabulary
+# slices send their ordered candidates until the draw ends inside them)
+DECODES="greedy:--greedy topp:--temperature_0.8_--top-k_50_--top-p_0.9 full:--temperature_0.8_--top-p_0.95"
 
 test_expect_success 'the MPI communicator: every collective on 3 ranks (tests/test-comm.c)' '
 	mpirun -np 3 "$BUILDDIR/tests/test-comm-mpi" >comm.tap &&
@@ -46,16 +53,31 @@ test_expect_success 'one process: prefill, sampled decode, replay (the reference
 		hi3 -q -t 1 -m $m prefill $m.cond -o $m.kv0 --max-new 7 &&
 		cp $m.kv0 $m.kv && hi3 -q -t 1 -m $m decode $SAMPLE $m.cond $m.kv -o $m.seg &&
 		hi3 -q -t 1 -m $m replay $m.cond $m.seg -o $m.rep >/dev/null || return 1
-	done
+		for d in $DECODES; do
+			cp $m.kv0 $m.kv-${d%%:*} &&
+			hi3 -q -t 1 -m $m decode $(echo "${d#*:}" | tr _ " ") $m.cond $m.kv-${d%%:*} -o $m.seg-${d%%:*} ||
+			return 1
+		done
+	done &&
+	# the samplers choose differently, so each decode below tests its own path
+	! cmp -s tm.seg-greedy tm.seg-topp && ! cmp -s tm.seg-topp tm.seg-full && ! cmp -s tm.seg tm.seg-topp &&
+	! cmp -s tw.seg-greedy tw.seg-topp && ! cmp -s tw.seg-topp tw.seg-full
 '
 
-# layout MODEL NP LAYOUT: prefill and decode under the layout equal one process, byte for byte
+# layout MODEL NP LAYOUT: prefill and decode under the layout equal one
+# process, byte for byte: the KV file (cache, next logits), then the
+# segment (tokens, log-probs) and the decoded KV file of every decode
 layout() {
 	m=$1 np=$2 l=$3 t=$m-$(echo "$3" | tr =, __)
 	run "$np" "$l" -m "$m" prefill "$m.cond" -o "$t.kv" --max-new 7 &&
-	cmp "$m.kv0" "$t.kv" &&
+	cmp "$m.kv0" "$t.kv" && cp "$t.kv" "$t.kv0" &&
 	run "$np" "$l" -m "$m" decode $SAMPLE "$m.cond" "$t.kv" -o "$t.seg" &&
-	cmp "$m.seg" "$t.seg" && cmp "$m.kv" "$t.kv"
+	cmp "$m.seg" "$t.seg" && cmp "$m.kv" "$t.kv" &&
+	for d in $DECODES; do
+		cp "$t.kv0" "$t.kv" &&
+		run "$np" "$l" -m "$m" decode $(echo "${d#*:}" | tr _ " ") "$m.cond" "$t.kv" -o "$t.seg" &&
+		cmp "$m.seg-${d%%:*}" "$t.seg" && cmp "$m.kv-${d%%:*}" "$t.kv" || return 1
+	done
 }
 
 test_expect_success 'tiny-moe, tp=2: KV file, segment and decoded KV bitwise those of one process' '
@@ -63,6 +85,9 @@ test_expect_success 'tiny-moe, tp=2: KV file, segment and decoded KV bitwise tho
 '
 test_expect_success 'tiny-moe, ep=2: bitwise one process' '
 	layout tm 2 ep=2
+'
+test_expect_success 'tiny-moe, ep=2 with the all-to-all dispatch: bitwise one process' '
+	layout tm 2 ep=2,dispatch=alltoall
 '
 test_expect_success 'wider MoE, tp=2,ep=2 on 4 ranks: bitwise one process' '
 	layout tw 4 tp=2,ep=2
@@ -73,6 +98,40 @@ test_expect_success 'wider MoE, tp=4 (uneven vocabulary split): bitwise one proc
 
 test_expect_success 'wider MoE, ep=4 (2 of the 8 experts per rank): bitwise one process' '
 	layout tw 4 ep=4
+'
+test_expect_success 'wider MoE, ep=4 and ep=2 with the all-to-all dispatch: bitwise one process' '
+	layout tw 4 ep=4,dispatch=alltoall && layout tw 2 ep=2,dispatch=alltoall
+'
+
+test_expect_success 'the all-to-all dispatch receives fewer bytes than the gather (it is the path taken)' '
+	for d in gather alltoall; do
+		mpirun -np 4 "$MPI_BIN" -t 1 --parallel ep=4,dispatch=$d -m tw prefill tw.cond -o $d.kv --max-new 7 \
+			2>$d.err && cmp tw.kv0 $d.kv || return 1
+	done &&
+	g=$(sed -n "s/.*rank 0 of 4: .* s in collectives, \([0-9.]*\) MiB.*/\1/p" gather.err) &&
+	a=$(sed -n "s/.*rank 0 of 4: .* s in collectives, \([0-9.]*\) MiB.*/\1/p" alltoall.err) &&
+	echo "gather $g MiB, alltoall $a MiB" && awk -v g="$g" -v a="$a" "BEGIN { exit !(a > 0 && a < g) }"
+'
+
+test_expect_success 'lm_head split: a decode step exchanges no row of logits (large vocabulary, tp=2)' '
+	make_model tiny-moe tv --set vocab_size=40000 &&
+	hi3 -q -m tv tokenize-concat req.jsonl -o tv.cond &&
+	hi3 -q -t 1 -m tv prefill tv.cond -o tv.kv0 --max-new 7 && cp tv.kv0 tv.kv &&
+	hi3 -q -t 1 -m tv decode --temperature 0.8 --top-k 50 --top-p 0.9 tv.cond tv.kv -o tv.seg &&
+	mpirun -np 2 "$MPI_BIN" -t 1 --parallel tp=2 -m tv prefill tv.cond -o tv2.kv --max-new 7 2>/dev/null &&
+	cmp tv.kv0 tv2.kv &&
+	mpirun -np 2 "$MPI_BIN" -t 1 --parallel tp=2 -m tv decode --temperature 0.8 --top-k 50 --top-p 0.9 \
+		tv.cond tv2.kv -o tv2.seg 2>err && cmp tv.seg tv2.seg && cmp tv.kv tv2.kv &&
+	# 7 steps of 3 rows: gathering the logits would receive 7 x 3 x 40000 floats (3.2 MiB)
+	mib=$(sed -n "s/.*rank 0 of 2: .* s in collectives, \([0-9.]*\) MiB.*/\1/p" err) && echo "received $mib MiB" &&
+	awk -v b="$mib" "BEGIN { exit !(b < 0.5) }"
+'
+
+test_expect_success 'a trace under tp=4: the logits points (top-k, ids, log-sum-exp) equal one process' '
+	hi3 -q -t 1 -m tw prefill tw.cond -o tr1.kv --max-new 7 --trace tr1.st &&
+	run 4 tp=4 -m tw prefill tw.cond -o tr4.kv --max-new 7 --trace tr4.st &&
+	hi3 diff --atol 0 --tensor logits.topk --tensor logits.topk_ids --tensor logits.lse --tensor final_norm \
+		tr1.st tr4.st
 '
 
 test_expect_success 'replay under tp=2,ep=2 writes the replay file of one process' '
@@ -87,6 +146,12 @@ test_expect_success 'a KV file prefilled by 2 ranks decodes with 1, one prefille
 	cp tm.kv0 one.kv &&
 	run 2 ep=2 -m tm decode $SAMPLE tm.cond one.kv -o one.seg &&
 	cmp tm.seg one.seg && cmp tm.kv one.kv
+'
+
+test_expect_success 'a KV file prefilled with tp=4 decodes with tp=2 (other vocabulary slices of next_logits)' '
+	run 4 tp=4 -m tw prefill tw.cond -o four.kv --max-new 7 && cmp tw.kv0 four.kv &&
+	run 2 tp=2 -m tw decode --temperature 0.8 --top-k 50 --top-p 0.9 tw.cond four.kv -o four.seg &&
+	cmp tw.seg-topp four.seg && cmp tw.kv-topp four.kv
 '
 
 test_expect_success 'parity passes under tp=2' '
@@ -133,7 +198,11 @@ test_expect_success 'a tp that does not divide the kv heads, an ep that does not
 	test_must_fail 2 run 3 ep=3 -m tm prefill tm.cond -o x.kv 2>err &&
 	test_grep -q "num_experts 4 of layer 0 is not divisible by 3" err &&
 	test_must_fail 2 run 2 tp=1 -m tm prefill tm.cond -o x.kv 2>err &&
-	test_grep -q "needs 1 ranks; the launcher started 2" err && test ! -e x.kv
+	test_grep -q "needs 1 ranks; the launcher started 2" err &&
+	test_must_fail 2 run 4 tp=2,ep=2,dispatch=alltoall -m tw prefill tw.cond -o x.kv 2>err &&
+	test_grep -q "all-to-all dispatch needs ep > 1 and tp = 1" err &&
+	test_must_fail 2 run 2 ep=2,dispatch=scatter -m tm prefill tm.cond -o x.kv 2>err &&
+	test_grep -q "dispatch=scatter is not gather or alltoall" err && test ! -e x.kv
 '
 
 test_expect_success '--parallel without a launcher, and with the plain hi3: a clear message, exit 2' '

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <string.h>
 #include "hi3.h"
+#include "stage/vocab.h"
 #include "tap.h"
 #ifdef HI3_MPI
 #include "par/comm-mpi.h"
@@ -184,6 +185,113 @@ out:
 	tfree(c, buf);
 }
 
+/*
+ * lm_head split on the vocabulary (stage/vocab.c): every rank makes the
+ * same rows of logits and holds slice split(V, size, rank) of them, as
+ * tensor slot `rank` of tp = size; the tokens and log-probs that
+ * hi3i_vocab_next computes from the slices must be the bits of
+ * hi3_sample / hi3_argmax / hi3_logprob on the whole rows. The logits are
+ * multiples of 1/4 (ties across slice boundaries, -0 and +0), a flat row
+ * (a full-vocabulary draw walks deep past the first candidates asked
+ * for), and rows with NaN (argmax and log-softmax only).
+ */
+#define VV 1037
+#define VR 12
+
+static float vlogit(int row, int v)
+{
+	uint32_t h = (uint32_t)(row * 7919 + v) * 2654435761u;
+
+	if (row == 2 || row == 4 || row == 5)
+		return v % 2 ? 0.0f : -0.0f;                        /* flat */
+	if (row == 3)
+		return (float)(h % 64) * 0.01f;                     /* near flat, no ties */
+	if ((row == VR - 1 && v == 0) || (row == VR - 2 && v == VV / 2))
+		return NAN;
+	return (float)((int)(h >> 8) % 33 - 16) * 0.25f;
+}
+
+static void vocab_split(hi3_comm *host)
+{
+	static const hi3_sampler samplers[] = {
+		{.greedy = 1, .temperature = 1.0, .top_p = 1.0},
+		{.temperature = 0.8, .top_k = 40, .top_p = 0.9},
+		{.temperature = 0.8, .top_k = 5, .top_p = 1.0},
+		{.temperature = 1.3, .top_k = 0, .top_p = 1.0},
+		{.temperature = 0.7, .top_k = 0, .top_p = 0.95},
+		{.temperature = 1.0, .top_k = VV + 5, .top_p = 0.5},
+	};
+	static const char *what[] = {
+		"vocab split: greedy tokens and log-probs bitwise one process's",
+		"vocab split: temperature 0.8, top-k 40, top-p 0.9: bitwise one process's",
+		"vocab split: temperature 0.8, top-k 5: bitwise one process's",
+		"vocab split: temperature 1.3, whole vocabulary: bitwise one process's",
+		"vocab split: temperature 0.7, whole vocabulary, top-p 0.95: bitwise one process's",
+		"vocab split: top-k beyond V, top-p 0.5: bitwise one process's",
+	};
+	hi3i_vocab vs = {.comm = host, .V = VV, .tp = host->size};
+	float *x = malloc(sizeof(float) * VR * VV);
+	void *scratch = malloc(hi3_sample_scratch_size(VV));
+	const float *rows[VR];
+	uint64_t seed[VR], step[VR];
+	int64_t tok[VR], want[VR];
+	float lp[VR], want_lp[VR];
+	hi3_error err = {0};
+
+	if (!x || !scratch) {
+		check(0, "vocab split: test buffers");
+		goto out;
+	}
+	hi3i_split(VV, host->size, host->rank, &vs.v0, &vs.nv);
+	for (int i = 0; i < VR; i++) {
+		for (int v = 0; v < VV; v++)
+			/* another rank's columns are not this rank's to read: poison them */
+			x[(size_t)i * VV + v] = v >= vs.v0 && v < vs.v0 + vs.nv ? vlogit(i, v) : 1e30f;
+		rows[i] = x + (size_t)i * VV;
+		seed[i] = 6000 + (uint64_t)i;
+		step[i] = (uint64_t)i * 3;
+	}
+	for (size_t k = 0; k < HI3_ARRAY_SIZE(samplers); k++) {
+		const hi3_sampler *sp = &samplers[k];
+		/* NaN rows only where the reference defines the answer */
+		int n = sp->greedy ? VR : VR - 2, good = 1;
+		float *full = malloc(sizeof(float) * VV);
+		for (int i = 0; i < n && full; i++) {
+			for (int v = 0; v < VV; v++)
+				full[v] = vlogit(i, v);
+			want[i] = hi3_sample(full, VV, sp, seed[i], step[i], scratch);
+			want_lp[i] = (float)hi3_logprob(full, VV, want[i]);
+			tok[i] = -1;
+		}
+		/* given tokens too: the greedy pass also checks rows forced to token 7 */
+		if (sp->greedy)
+			for (int i = 0; i < 3; i++) {
+				tok[i] = want[i] = 7;
+				for (int v = 0; v < VV; v++)
+					full[v] = vlogit(i, v);
+				want_lp[i] = (float)hi3_logprob(full, VV, 7);
+			}
+		good = full && hi3i_vocab_next(&vs, rows, n, sp, seed, step, tok, lp, scratch, &err) == 0;
+		for (int i = 0; i < n && good; i++)
+			good &= tok[i] == want[i] && memcmp(&lp[i], &want_lp[i], sizeof(float)) == 0;
+		if (!good)
+			diag("rank %d: %s: %s", host->rank, what[k], err.msg);
+		check(good, what[k]);
+		free(full);
+	}
+	{
+		int64_t id[4] = {0, VV - 1, VV / 2, 17};
+		float val[4];
+		int good = hi3i_vocab_pick(&vs, rows[0], id, 4, val, &err) == 0;
+		for (int j = 0; j < 4 && good; j++)
+			good &= memcmp(&val[j], &(float){vlogit(0, (int)id[j])}, sizeof(float)) == 0;
+		check(good, "vocab split: logits picked by id from their slices");
+	}
+out:
+	free(x);
+	free(scratch);
+}
+
 static void report(hi3_comm *c)
 {
 	/* the results are host memory: gathered over the host communicator */
@@ -236,9 +344,15 @@ int main(int argc, char **argv)
 		ok(hi3_par_parse(&p, "dp=2", &err) != 0 && strstr(err.msg, "unknown key 'dp'"), "refuse an unknown key");
 		ok(hi3_par_parse(&p, "tp=2x", &err) != 0 && err.status == HI3_ERR_USAGE, "refuse trailing garbage");
 		ok(hi3_par_parse(&p, "", &err) != 0, "refuse an empty layout");
+		ok(hi3_par_parse(&p, "ep=2", &err) == 0 && p.dispatch == HI3_DISPATCH_GATHER, "dispatch: gather by default");
+		ok(hi3_par_parse(&p, "ep=2,dispatch=alltoall", &err) == 0 && p.ep == 2 &&
+		   p.dispatch == HI3_DISPATCH_ALLTOALL, "parse ep=2,dispatch=alltoall");
+		ok(hi3_par_parse(&p, "dispatch=all", &err) != 0 && strstr(err.msg, "dispatch=all is not gather or alltoall"),
+		   "refuse an unknown dispatch");
 	}
 	lead = c->rank == 0;
 	collectives(c, host);
+	vocab_split(host);
 	report(host);
 	if (c != host)
 		c->ops->destroy(c);

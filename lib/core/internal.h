@@ -22,6 +22,13 @@ _Noreturn void hi3i_assert_fail(const char *what, const char *file, int line);
 #define HI3_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define HI3_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
+/* The rows [lo, lo + n) of a length-N axis split into parts: part i. */
+static inline void hi3i_split(int N, int parts, int i, int *lo, int *n)
+{
+	*lo = (int)((int64_t)N * i / parts);
+	*n = (int)((int64_t)N * (i + 1) / parts) - *lo;
+}
+
 /* Allocation that reports failure through err (returns NULL). */
 void *hi3i_malloc(size_t n, hi3_error *err);
 void *hi3i_calloc(size_t count, size_t size, hi3_error *err);

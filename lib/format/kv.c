@@ -3,6 +3,7 @@
 #include <string.h>
 #include "format/kv.h"
 #include "format/provenance.h"
+#include "stage/vocab.h"
 
 int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, const char *cond_path, int max_new,
                    hi3_dtype dt, int prompt_routing, hi3_error *err)
@@ -146,6 +147,8 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 	kv->C = (int)C;
 	kv->G = (int)G;
 	kv->V = (int)V;
+	kv->v0 = 0;
+	kv->nv = (int)V;
 	kv->cache.n_layers = nl;
 	kv->cache.B = (int)B;
 	kv->cache.n_kv = cfg->num_key_value_heads;
@@ -271,17 +274,21 @@ void hi3i_kv_settle(hi3_kvfile *kv)
 {
 	for (int i = 0; i < kv->B; i++)
 		if (kv->gen_len[i] % 2)
-			memcpy(kv->next_logits + (size_t)i * kv->V, kv->next_logits_alt + (size_t)i * kv->V,
-			       sizeof(float) * (size_t)kv->V);
+			memcpy(kv->next_logits + (size_t)i * kv->V + kv->v0, kv->next_logits_alt + (size_t)i * kv->V + kv->v0,
+			       sizeof(float) * (size_t)kv->nv);
 }
 
 /*
  * A rank other than 0 keeps its own copy of the decode record (everything
  * but k.* and v.*): it runs the same steps on the same numbers as rank 0,
  * which alone writes the record to the file, while each rank writes its kv
- * heads of k.* and v.* there. No rank reads what another writes.
+ * heads of k.* and v.* there. With lm_head split on the vocabulary (tp >
+ * 1) the logits buffers are the exception: tensor slot t (ranks 0 .. tp-1)
+ * writes and reads its own columns of next_logits and next_logits_alt in
+ * the file, shared (mine = 1); their copies (ranks tp and up) keep them
+ * private. No rank reads what another writes.
  */
-static int privatize(hi3_kvfile *kv, hi3_error *err)
+static int privatize(hi3_kvfile *kv, int logits_shared, hi3_error *err)
 {
 	const size_t B = (size_t)kv->B, G = (size_t)kv->G, V = (size_t)kv->V, R = (size_t)kv->n_moe * kv->k_route;
 	struct {
@@ -298,12 +305,14 @@ static int privatize(hi3_kvfile *kv, hi3_error *err)
 	size_t tot = 0, off = 0;
 	char *mem;
 
+	if (logits_shared)
+		f[5].n = f[6].n = 0;
 	for (size_t i = 0; i < HI3_ARRAY_SIZE(f); i++)
 		tot += *f[i].p ? (f[i].n + 63) / 64 * 64 : 0;
 	if (!(mem = hi3i_aligned_alloc(tot + 64, err)))
 		return -1;
 	for (size_t i = 0; i < HI3_ARRAY_SIZE(f); i++) {
-		if (!*f[i].p)
+		if (!*f[i].p || !f[i].n)
 			continue;
 		memcpy(mem + off, *f[i].p, f[i].n);
 		*f[i].p = mem + off;
@@ -317,13 +326,16 @@ int hi3i_kv_open_ranks(hi3_kvfile *kv, const char *path, const hi3_model *m, con
 {
 	hi3_comm *comm = hi3i_model_comm(m);
 	hi3_error mine = {0};
+	hi3i_vocab vs;
 
 	if (!comm)
 		return hi3i_kv_open(kv, path, m, c, err);
+	hi3i_model_vocab(m, &vs);
 	/* rank 0 first (it takes the lock), then the others; each step agreed */
 	for (int turn = 0; turn < 2; turn++) {
 		if ((turn == 0) == (comm->rank == 0) &&
-		    (hi3i_kv_open(kv, path, m, c, &mine) != 0 || (comm->rank && privatize(kv, &mine) != 0)))
+		    (hi3i_kv_open(kv, path, m, c, &mine) != 0 ||
+		     (comm->rank && privatize(kv, vs.comm && comm->rank < vs.tp, &mine) != 0)))
 			if (kv->st)
 				hi3i_kv_close(kv);
 		if (hi3_comm_agree(comm, &mine, err) != 0) {
@@ -332,5 +344,8 @@ int hi3i_kv_open_ranks(hi3_kvfile *kv, const char *path, const hi3_model *m, con
 			return -1;
 		}
 	}
+	/* the logits columns this rank computes, and writes */
+	kv->v0 = vs.v0;
+	kv->nv = vs.nv;
 	return 0;
 }

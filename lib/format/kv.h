@@ -32,6 +32,7 @@ typedef struct hi3_kvfile {
 	hi3_st *st;
 	hi3_kvcache cache;        /* points into the mapping */
 	int B, L, C, G, V, n_moe, k_route;
+	int v0, nv;               /* the logits columns this rank writes: all of them, or its vocabulary slice */
 	int64_t *kv_len, *prompt_len, *gen_tokens, *gen_len, *commit;  /* (B), (B), (B, G), (B), (B) */
 	float *next_logits, *next_logits_alt, *gen_logprobs;            /* (B, V), (B, V), (B, G) */
 	uint8_t *finished;                                              /* (B) */
@@ -60,7 +61,7 @@ float *hi3i_kv_logits_next(hi3_kvfile *kv, int row);
 int hi3i_kv_flush(hi3_kvfile *kv, hi3_error *err);
 /* Store the commit word of a row, then its derived fields. */
 void hi3i_kv_commit(hi3_kvfile *kv, int row, int64_t gen_len, int finished);
-/* Make next_logits current for every row (end of a call). */
+/* Make next_logits current for every row (end of a call), in this rank's columns. */
 void hi3i_kv_settle(hi3_kvfile *kv);
 
 #endif

@@ -248,6 +248,145 @@ out:
 	return rc;
 }
 
+/*
+ * The routed experts and the shared MLP with the all-to-all dispatch
+ * (tp = 1, rank = expert group g of G): the M tokens are split over the
+ * groups, tokens [t0[g], t0[g] + mt[g]) are group g's. Every rank holds
+ * every token's input, so nothing moves on the way in: group g computes
+ * its experts' (token, expert) rows, as with the gather, and sends each
+ * row to its token's group. A group adds its tokens' rows in the packed
+ * order (expert ascending, as one process does), then its tokens' shared
+ * MLP, and the groups' sums y (mt, H) are all-gathered. Each element is
+ * the same sum in the same order as in one process: bitwise the same y.
+ * idx, sc (rows) host: each packed row's token and weight.
+ */
+static int moe_experts_alltoall(hi3_model *m, const struct hi3_layer_w *L, float *y, const float *h, int M,
+                                int rows, const int *first, const int *count, const int32_t *idx, const float *sc,
+                                hi3_error *err)
+{
+	const struct hi3_shard *sh = &m->sh;
+	hi3_backend *be = m->be;
+	const int E = L->E, H = m->cfg.hidden_size, inter = L->experts[L->e0].I, G = sh->size, me = sh->rank;
+	const int g_lo = first[L->e0], g_rows = (L->e0 + L->ne < E ? first[L->e0 + L->ne] : rows) - g_lo;
+	int *owner = NULL, *t0 = NULL, *nsend = NULL, *nrecv = NULL, *ecnt = NULL, *ms = NULL;
+	int32_t *perm = NULL, *idx2 = NULL;     /* (g_rows): packed rows in sending order; (rows): tokens received */
+	float *sc2 = NULL, **ys = NULL;
+	const float **xs = NULL;
+	const hi3_wt **ws = NULL;
+	int rc = -1, n_mine = 0;
+
+	owner = hi3i_malloc(sizeof(int) * (size_t)M, err);
+	t0 = hi3i_malloc(sizeof(int) * (size_t)(G + 1), err);
+	nsend = hi3i_calloc((size_t)G, sizeof(int), err);
+	nrecv = hi3i_calloc((size_t)G, sizeof(int), err);
+	ecnt = hi3i_calloc((size_t)E, sizeof(int), err);
+	perm = hi3i_malloc(sizeof(int32_t) * (size_t)(g_rows + 1), err);
+	idx2 = hi3i_malloc(sizeof(int32_t) * (size_t)(rows + 1), err);
+	sc2 = hi3i_malloc(sizeof(float) * (size_t)(rows + 1), err);
+	ys = hi3i_calloc((size_t)L->ne, sizeof(*ys), err);
+	xs = hi3i_calloc((size_t)L->ne, sizeof(*xs), err);
+	ws = hi3i_calloc((size_t)L->ne, sizeof(*ws), err);
+	ms = hi3i_calloc((size_t)L->ne, sizeof(*ms), err);
+	if (!owner || !t0 || !nsend || !nrecv || !ecnt || !perm || !idx2 || !sc2 || !ys || !xs || !ws || !ms)
+		goto out;
+	for (int g = 0; g <= G; g++)
+		t0[g] = (int)((int64_t)M * g / G);
+	for (int g = 0; g < G; g++)
+		for (int t = t0[g]; t < t0[g + 1]; t++)
+			owner[t] = g;
+	/* this group's experts, both stages, in place in the packed buffers */
+	for (int stage = 0; stage < 2; stage++) {
+		int n_jobs = 0;
+		for (int e = L->e0; e < L->e0 + L->ne; e++)
+			if (count[e]) {
+				xs[n_jobs] = stage ? m->w.mid + (size_t)first[e] * inter : m->w.xe + (size_t)first[e] * H;
+				ys[n_jobs] = stage ? m->w.ye + (size_t)first[e] * H : m->w.ab + (size_t)first[e] * 2 * inter;
+				ws[n_jobs] = stage ? L->experts[e].down : L->experts[e].gate_up;
+				ms[n_jobs++] = count[e];
+			}
+		matmul_group(m, n_jobs, ys, xs, ws, ms);
+		if (!stage && g_rows)
+			be->ops->swiglu(be, m->w.mid + (size_t)g_lo * inter, m->w.ab + (size_t)g_lo * 2 * inter, g_rows,
+			                inter);
+		if (hi3i_backend_failed(be, err))
+			goto out;
+	}
+	/* the rows in the order they are sent: by their token's group, packed order within */
+	for (int g = 0, n = 0; g < G; g++)
+		for (int r = g_lo; r < g_lo + g_rows; r++)
+			if (owner[idx[r]] == g) {
+				perm[n++] = r;
+				nsend[g]++;
+			}
+	/* what each group sends this one: its rows of this group's tokens; their
+	 * tokens, weights and experts in the order they arrive (the packed order) */
+	for (int e = 0, g = 0; e < E; e++) {
+		while (g + 1 < G && e >= (int)((int64_t)E * (g + 1) / G))
+			g++;
+		for (int r = first[e]; r < first[e] + count[e]; r++)
+			if (owner[idx[r]] == me) {
+				idx2[n_mine] = idx[r];
+				sc2[n_mine++] = sc[r];
+				nrecv[g]++;
+				ecnt[e]++;
+			}
+	}
+	if (g_rows) {
+		if (be->ops->upload(be, m->w.idx, perm, sizeof(int32_t) * (size_t)g_rows) != 0) {
+			hi3i_backend_failed(be, err);
+			goto out;
+		}
+		be->ops->gather(be, m->w.xe, m->w.ye, m->w.idx, g_rows, H);
+	}
+	if (hi3i_shard_alltoall_rows(m, m->w.ye, m->w.xe, H, nsend, nrecv, err) != 0)
+		goto out;
+	if (n_mine && (be->ops->upload(be, m->w.idx, idx2, sizeof(int32_t) * (size_t)n_mine) != 0 ||
+	               be->ops->upload(be, m->w.scale, sc2, sizeof(float) * (size_t)n_mine) != 0)) {
+		hi3i_backend_failed(be, err);
+		goto out;
+	}
+	/* this group's tokens: experts in ascending id, then the shared MLP */
+	{
+		const int a = t0[me], mt = t0[me + 1] - t0[me];
+		be->ops->zero(be, y + (size_t)a * H, (size_t)mt * H);
+		for (int e = 0, off = 0; e < E; off += ecnt[e++])
+			if (ecnt[e])
+				be->ops->scatter_add(be, y, m->w.ye + (size_t)off * H, m->w.idx + off, m->w.scale + off, ecnt[e],
+				                     H);
+		if (L->has_shared && mt > 0) {
+			if (mlp_forward(m, &L->shared, m->w.ys + (size_t)a * H, h + (size_t)a * H, m->w.sab, m->w.smid, mt,
+			                err) != 0)
+				goto out;
+			be->ops->add(be, y + (size_t)a * H, m->w.ys + (size_t)a * H, (size_t)mt * H);
+		}
+	}
+	if (hi3i_backend_failed(be, err))
+		goto out;
+	{
+		struct hi3_block *blk = hi3i_malloc(sizeof(*blk) * (size_t)G, err);
+		if (!blk)
+			goto out;
+		for (int g = 0; g < G; g++)
+			blk[g] = (struct hi3_block){t0[g], t0[g + 1] - t0[g], 0, H};
+		rc = hi3i_shard_gather(m, y, M, H, y + (size_t)t0[me] * H, blk, err);
+		free(blk);
+	}
+out:
+	free(owner);
+	free(t0);
+	free(nsend);
+	free(nrecv);
+	free(ecnt);
+	free(perm);
+	free(idx2);
+	free(sc2);
+	free(ys);
+	free(xs);
+	free(ws);
+	free(ms);
+	return rc;
+}
+
 static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, const float *h, int M,
                        const hi3_batch *b, hi3_error *err)
 {
@@ -337,6 +476,13 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 				goto moe_out;
 			}
 			be->ops->gather(be, m->w.xe, h, m->w.idx, rows, H);
+		}
+		if (m->sh.size > 1 && m->sh.alltoall && !b->trace) {
+			/* (a traced call takes the gather, whose buffers hold every row) */
+			if (moe_experts_alltoall(m, L, y, h, M, rows, first, count, idx, sc, err) != 0)
+				goto moe_out;
+			rc = 0;
+			goto moe_out;
 		}
 		if (m->sh.size > 1) {
 			if (moe_experts_sharded(m, L, h, M, rows, first, count, err) != 0)
@@ -489,7 +635,7 @@ static int check_batch(const hi3_model *m, const hi3_kvcache *kv, const hi3_batc
 
 /* The traced tokens' final RMSNorm and logits: their own lm_head product,
  * in chunks of at most 256 tokens, whatever logits the batch asked for. */
-static void trace_final(hi3_model *m, hi3_trace *tr)
+static int trace_final(hi3_model *m, hi3_trace *tr, hi3_error *err)
 {
 	hi3_backend *be = m->be;
 	const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
@@ -498,17 +644,21 @@ static void trace_final(hi3_model *m, hi3_trace *tr)
 	float *lx, *lg;                    /* (n, H), (256, V) */
 
 	if (!kept || !(hi3i_trace_wants(tr, HI3_TRACE_FINAL_NORM) || hi3i_trace_wants(tr, HI3_TRACE_LOGITS)))
-		return;
+		return 0;
 	if (!(lx = hi3i_trace_scratch(tr, 0, (size_t)n * H)) || !(lg = hi3i_trace_scratch(tr, 1, (size_t)256 * V)))
-		return;
+		return 0;
 	be->ops->gather(be, lx, m->w.x, kept, n, H);
 	be->ops->rmsnorm(be, lx, lx, m->ln_f, n, H, m->dims.eps);
 	hi3i_trace_point_kept(tr, HI3_TRACE_FINAL_NORM, -1, lx, H);
 	for (int i = 0; hi3i_trace_wants(tr, HI3_TRACE_LOGITS) && i < n; i += 256) {
 		int c = HI3_MIN(256, n - i);
-		be->ops->matmul(be, lg, lx + (size_t)i * H, m->lm_head, c);
+		/* under tensor parallelism the traced tokens' rows are gathered
+		 * (a trace is a diagnosis; the stages' logits never are) */
+		if (hi3i_shard_matmul(m, lg, lx + (size_t)i * H, m->lm_head, V, c, err) != 0)
+			return -1;
 		hi3i_trace_logits(tr, lg, V, c);
 	}
+	return 0;
 }
 
 /* The rope-pad ablation: the query and key heads of the tokens flagged in
@@ -767,8 +917,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	}
 	if (b->trace) {
 		point(b->trace, HI3_TRACE_FINAL, -1, m->w.x, H);
-		trace_final(m, b->trace);
-		if (hi3i_trace_end(b->trace, err) != 0)
+		if (trace_final(m, b->trace, err) != 0 || hi3i_trace_end(b->trace, err) != 0)
 			goto out;
 	}
 	if (b->n_logits > 0) {
@@ -778,10 +927,18 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 			goto be_failed;
 		be->ops->gather(be, m->w.lx, m->w.x, m->w.idx, b->n_logits, H);
 		be->ops->rmsnorm(be, m->w.lx, m->w.lx, m->ln_f, b->n_logits, H, m->dims.eps);
-		if (hi3i_shard_matmul(m, m->w.logits, m->w.lx, m->lm_head, c->vocab_size, b->n_logits, err) != 0)
-			goto out;
-		if (be->ops->download(be, b->logits, m->w.logits, sizeof(float) * (size_t)b->n_logits * c->vocab_size))
-			goto be_failed;
+		if (sh->tp > 1 && b->vocab_slice) {
+			/* this rank's vocabulary columns only, into the caller's rows */
+			if (hi3i_shard_matmul_host(m, b->logits, c->vocab_size, m->w.lx, m->lm_head, c->vocab_size,
+			                           b->n_logits, err) != 0)
+				goto out;
+		} else {
+			if (hi3i_shard_matmul(m, m->w.logits, m->w.lx, m->lm_head, c->vocab_size, b->n_logits, err) != 0)
+				goto out;
+			if (be->ops->download(be, b->logits, m->w.logits,
+			                      sizeof(float) * (size_t)b->n_logits * c->vocab_size))
+				goto be_failed;
+		}
 	}
 	if (hi3i_backend_failed(be, err))
 		goto out;

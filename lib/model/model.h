@@ -52,11 +52,15 @@ struct hi3_work {
  * columns together: the same bits for any tp and ep, by construction.
  * Experts are split by expert (E / ep per group), each expert's products
  * on rows over tp like the dense ones; every rank routes every token, so
- * no token moves: the (token, expert) rows of the group are gathered.
+ * no token moves: the (token, expert) rows of the group are gathered, or
+ * (alltoall) sent to the group of their token, which adds them up. lm_head
+ * is split like the others, but its slices are not gathered for the
+ * stages (stage/vocab.h).
  */
 struct hi3_shard {
 	const hi3_par *par;       /* NULL: one process */
 	int rank, size, tp, ep, t, e;    /* t = rank % tp, e = rank / tp */
+	int alltoall;             /* experts' rows to their tokens' group by all-to-all (tp = 1) */
 	int kv0, n_kv;            /* this rank's kv heads */
 	float *dev;               /* device scratch: this rank's block of a product */
 	float *send, *recv, *full;/* host staging for the gathers */
@@ -65,13 +69,6 @@ struct hi3_shard {
 	hi3_tensor *views;        /* row slices of checkpoint tensors handed to the backend */
 	int n_views, cap_views;
 };
-
-/* The rows [lo, lo + n) of a length-N axis split into parts: part i. */
-static inline void hi3i_split(int N, int parts, int i, int *lo, int *n)
-{
-	*lo = (int)((int64_t)N * i / parts);
-	*n = (int)((int64_t)N * (i + 1) / parts) - *lo;
-}
 
 /* A block of a (R, N) product computed by one rank: rows [r0, r0 + nr), columns [c0, c0 + nc). */
 struct hi3_block {
@@ -120,6 +117,17 @@ int hi3i_shard_gather(hi3_model *m, float *y, int R, int N, const float *mine, c
 /* y (M, N) = x (M, K) . W^T, where w holds this rank's output rows split(N, tp, t) of W
  * (all of it when tp = 1): the product of those rows, then the gather. */
 int hi3i_shard_matmul(hi3_model *m, float *y, const float *x, const hi3_wt *w, int N, int M, hi3_error *err);
+
+/* Rows of H floats between ranks (all-to-all): src (sum send_rows, H) on the
+ * device holds the rows for rank 0, then those for rank 1, ...; dst
+ * (sum recv_rows, H) gets rank 0's rows for this rank, then rank 1's, ... */
+int hi3i_shard_alltoall_rows(hi3_model *m, float *dst, const float *src, int H, const int *send_rows,
+                             const int *recv_rows, hi3_error *err);
+/* This rank's columns split(N, tp, t) of y (M, ldy) on the host = x (M, K) . W^T
+ * for w, this rank's output rows of W: the product of those rows, no gather
+ * (lm_head split on the vocabulary, stage/vocab.h). */
+int hi3i_shard_matmul_host(hi3_model *m, float *y, int ldy, const float *x, const hi3_wt *w, int N, int M,
+                           hi3_error *err);
 
 /* After each forward call (forward.c): -v reports the first one. */
 void hi3i_model_forward_done(hi3_model *m);

@@ -16,6 +16,7 @@
 #include <string.h>
 #include "model/model.h"
 #include "format/provenance.h"
+#include "stage/vocab.h"
 
 int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err)
 {
@@ -49,6 +50,10 @@ int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err)
 	if (par->ep > 1 && n_moe == 0)
 		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel ep=%d: %s has no MoE layer to split by expert",
 		                     par->ep, m->dir);
+	if (par->dispatch == HI3_DISPATCH_ALLTOALL && (par->ep < 2 || par->tp > 1))
+		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel tp=%d,ep=%d,dispatch=alltoall: the all-to-all "
+		                     "dispatch needs ep > 1 and tp = 1 (with tp > 1 use dispatch=gather)", par->tp,
+		                     par->ep);
 	if (par->tp > 1 && strcmp(m->be->name, "cpu") != 0)
 		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel tp=%d: tensor parallel runs on the cpu backend only "
 		                     "for now (the %s backend has no sharded KV store); ep runs on both", par->tp,
@@ -58,6 +63,7 @@ int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err)
 	s->size = comm->size;
 	s->tp = par->tp;
 	s->ep = par->ep;
+	s->alltoall = par->dispatch == HI3_DISPATCH_ALLTOALL;
 	s->t = comm->rank % par->tp;
 	s->e = comm->rank / par->tp;
 	s->n_kv = c->num_key_value_heads / par->tp;
@@ -221,6 +227,83 @@ int hi3i_shard_matmul(hi3_model *m, float *y, const float *x, const hi3_wt *w, i
 	if (bp != blk)
 		free(bp);
 	return rc;
+}
+
+int hi3i_shard_alltoall_rows(hi3_model *m, float *dst, const float *src, int H, const int *send_rows,
+                             const int *recv_rows, hi3_error *err)
+{
+	struct hi3_shard *s = &m->sh;
+	hi3_backend *be = m->be;
+	size_t *c = NULL, n_send = 0, n_recv = 0;
+	int rc = -1;
+
+	for (int r = 0; r < s->size; r++) {
+		n_send += (size_t)send_rows[r];
+		n_recv += (size_t)recv_rows[r];
+	}
+	if (!(c = hi3i_malloc(sizeof(*c) * 4 * (size_t)s->size, err)) ||
+	    grow_host(&s->send, &s->send_cap, n_send * H + 1, err) || grow_host(&s->recv, &s->recv_cap, n_recv * H + 1, err))
+		goto out;
+	/* counts and displacements in bytes: sent, then received */
+	for (int r = 0, so = 0, ro = 0; r < s->size; r++) {
+		c[r] = sizeof(float) * (size_t)send_rows[r] * H;
+		c[s->size + r] = sizeof(float) * (size_t)so * H;
+		c[2 * s->size + r] = sizeof(float) * (size_t)recv_rows[r] * H;
+		c[3 * s->size + r] = sizeof(float) * (size_t)ro * H;
+		so += send_rows[r];
+		ro += recv_rows[r];
+	}
+	if (n_send && be->ops->download(be, s->send, src, sizeof(float) * n_send * H) != 0) {
+		hi3i_backend_failed(be, err);
+		goto out;
+	}
+	if (hi3_comm_alltoallv(s->par->comm, s->send, c, c + s->size, s->recv, c + 2 * s->size, c + 3 * s->size,
+	                       err) != 0) {
+		hi3_error_prefix(err, "rank %d of %d", s->rank, s->size);
+		goto out;
+	}
+	if (n_recv && be->ops->upload(be, dst, s->recv, sizeof(float) * n_recv * H) != 0) {
+		hi3i_backend_failed(be, err);
+		goto out;
+	}
+	rc = 0;
+out:
+	free(c);
+	return rc;
+}
+
+int hi3i_shard_matmul_host(hi3_model *m, float *y, int ldy, const float *x, const hi3_wt *w, int N, int M,
+                           hi3_error *err)
+{
+	struct hi3_shard *s = &m->sh;
+	float *part;
+	int lo, n;
+
+	hi3i_split(N, s->tp, s->t, &lo, &n);
+	if (!(part = hi3i_shard_scratch(m, (size_t)M * n + 1, err)) ||
+	    grow_host(&s->send, &s->send_cap, (size_t)M * n + 1, err))
+		return -1;
+	if (M && n) {
+		m->be->ops->matmul(m->be, part, x, w, M);
+		if (hi3i_backend_failed(m->be, err) ||
+		    m->be->ops->download(m->be, s->send, part, sizeof(float) * (size_t)M * n) != 0)
+			return hi3i_backend_failed(m->be, err);
+	}
+	for (int i = 0; i < M; i++)
+		memcpy(y + (size_t)i * ldy + lo, s->send + (size_t)i * n, sizeof(float) * (size_t)n);
+	return 0;
+}
+
+void hi3i_model_vocab(const hi3_model *m, hi3i_vocab *vs)
+{
+	const struct hi3_shard *s = &m->sh;
+
+	memset(vs, 0, sizeof(*vs));
+	vs->V = m->cfg.vocab_size;
+	vs->tp = s->tp;
+	hi3i_split(vs->V, s->tp, s->t, &vs->v0, &vs->nv);
+	if (s->tp > 1)
+		vs->comm = s->par->comm;
 }
 
 hi3_comm *hi3i_model_comm(const hi3_model *m)

@@ -253,6 +253,7 @@ int hi3_par_parse(hi3_par *p, const char *spec, hi3_error *err)
 	const char *s = spec;
 
 	p->tp = p->ep = 1;
+	p->dispatch = HI3_DISPATCH_GATHER;
 	if (!spec || !*spec)
 		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel: empty layout (expected tp=T,ep=E)");
 	while (*s) {
@@ -267,9 +268,19 @@ int hi3_par_parse(hi3_par *p, const char *spec, hi3_error *err)
 		} else if ((size_t)(eq - s) == 2 && !strncmp(s, "ep", 2)) {
 			if (parse_part(eq + 1, n - 3, "ep", &p->ep, err))
 				return -1;
+		} else if ((size_t)(eq - s) == 8 && !strncmp(s, "dispatch", 8)) {
+			const char *v = eq + 1;
+			size_t nv = n - 9;
+			if (nv == 6 && !strncmp(v, "gather", 6))
+				p->dispatch = HI3_DISPATCH_GATHER;
+			else if (nv == 8 && !strncmp(v, "alltoall", 8))
+				p->dispatch = HI3_DISPATCH_ALLTOALL;
+			else
+				return hi3_error_set(err, HI3_ERR_USAGE, "--parallel: dispatch=%.*s is not gather or "
+				                     "alltoall", (int)nv, v);
 		} else {
-			return hi3_error_set(err, HI3_ERR_USAGE, "--parallel: unknown key '%.*s' (expected tp or ep)",
-			                     (int)(eq - s), s);
+			return hi3_error_set(err, HI3_ERR_USAGE, "--parallel: unknown key '%.*s' (expected tp, ep or "
+			                     "dispatch)", (int)(eq - s), s);
 		}
 		s += n;
 		if (*s == ',' && !*++s)

@@ -21,6 +21,7 @@
 #include "format/conditions.h"
 #include "format/kv.h"
 #include "format/trace.h"
+#include "stage/vocab.h"
 
 /*
  * Fault injection for the crash tests: HI3_TEST_KILL_AT=S:R makes the
@@ -108,29 +109,43 @@ static void rule_step(struct rule_state *st, const int64_t *list, int n, int64_t
 	}
 }
 
-/* The next token of row i: forced, the greedy choice after a trigger, or
- * sampled. last is the token the row produced last (its last prompt token
- * at first). */
-static int64_t next_token(const hi3_cond *c, int i, const struct rule_state *st, int64_t last, const float *logits,
-                          int V, const hi3_sampler *s, uint64_t seed, uint64_t step, void *scratch)
+/* The token of row i decided by its rules, or -1 when it is to be sampled:
+ * forced by a stage transition, or the greedy choice among a set after a
+ * trigger (the set's logits picked from the vocabulary slices, vs). last
+ * is the token the row produced last (its last prompt token at first). */
+static int ruled_token(const hi3_cond *c, int i, const struct rule_state *st, int64_t last, const float *logits,
+                       const hi3i_vocab *vs, int64_t *tok, hi3_error *err)
 {
 	const int64_t *forced = c->forced_after ? c->forced_after + (size_t)i * c->NF : NULL;
 	const int64_t *greedy = c->greedy_among ? c->greedy_among + (size_t)i * c->NG : NULL;
 	int k, r;
 
-	if (forced && st->rec >= 0)
-		return forced[st->rec + 2 + st->pos];
-	if (greedy && (k = find_rule(greedy, c->NG, last, &r)) >= 0) {
-		int64_t best = -1;
-		for (int j = 0; j < greedy[k + 1]; j++) {
-			int64_t id = greedy[k + 2 + j];
-			if (id < V && (best < 0 || logits[id] > logits[best] || (logits[id] == logits[best] && id < best)))
-				best = id;
-		}
-		if (best >= 0)
-			return best;
+	*tok = -1;
+	if (forced && st->rec >= 0) {
+		*tok = forced[st->rec + 2 + st->pos];
+		return 0;
 	}
-	return hi3_sample(logits, V, s, seed, step, scratch);
+	if (greedy && (k = find_rule(greedy, c->NG, last, &r)) >= 0) {
+		const int n = (int)greedy[k + 1];
+		const int64_t *set = greedy + k + 2;
+		int64_t best = -1, ids[64];
+		float val[64], best_v = 0.0f;
+		for (int j0 = 0; j0 < n; j0 += 64) {
+			int m = 0;
+			for (int j = j0; j < n && j < j0 + 64; j++)
+				if (set[j] < vs->V)
+					ids[m++] = set[j];
+			if (hi3i_vocab_pick(vs, logits, ids, m, val, err) != 0)
+				return -1;
+			for (int j = 0; j < m; j++)
+				if (best < 0 || val[j] > best_v || (val[j] == best_v && ids[j] < best)) {
+					best = ids[j];
+					best_v = val[j];
+				}
+		}
+		*tok = best;
+	}
+	return 0;
 }
 
 static int write_segment(const hi3_kvfile *kv, const hi3_cond *c, const hi3_model *m, const hi3_decode_opts *o,
@@ -215,8 +230,13 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 	void *scratch = NULL;
 	struct rule_state *rules = NULL;
 	double t0 = hi3i_now();
-	int NMK;
+	int NMK, *act = NULL;
 	hi3_comm *comm = hi3i_model_comm(m);
+	hi3i_vocab vs;
+	const float **cur = NULL;
+	uint64_t *seeds = NULL, *steps = NULL;
+	int64_t *toks = NULL;
+	float *lps = NULL;
 
 	memset(stats, 0, sizeof(*stats));
 	if (hi3_cond_check_model(c, m, err) != 0 || hi3i_cond_require_text(c, "decoded", err) != 0)
@@ -250,12 +270,19 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 	stop_now = hi3i_calloc((size_t)B, 1, err);
 	scratch = hi3i_malloc(hi3_sample_scratch_size(V), err);
 	rules = hi3i_calloc((size_t)B, sizeof(*rules), err);
+	act = hi3i_malloc(sizeof(*act) * (size_t)B, err);
+	cur = hi3i_malloc(sizeof(*cur) * (size_t)B, err);
+	seeds = hi3i_malloc(sizeof(*seeds) * (size_t)B, err);
+	steps = hi3i_malloc(sizeof(*steps) * (size_t)B, err);
+	toks = hi3i_malloc(sizeof(*toks) * (size_t)B, err);
+	lps = hi3i_malloc(sizeof(*lps) * (size_t)B, err);
+	hi3i_model_vocab(m, &vs);
 	if (NMK) {
 		route_ids = hi3i_malloc(sizeof(int16_t) * (size_t)B * NMK, err);
 		route_w = hi3i_malloc(sizeof(float) * (size_t)B * NMK, err);
 	}
 	if (!ids || !slot || !rope || !hi || !crow || !at || !fed_row || !logits || !stop_now || !scratch || !rules ||
-	    (NMK && (!route_ids || !route_w)))
+	    !act || !cur || !seeds || !steps || !toks || !lps || (NMK && (!route_ids || !route_w)))
 		goto out;
 	/* the rules' state after the prompt and what was decoded before */
 	for (int i = 0; i < B; i++) {
@@ -277,21 +304,32 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 
 		if (o->steps > 0 && step >= o->steps)
 			break;
+		/* the active rows' tokens: by their rules, else sampled, all rows
+		 * at once (with lm_head split, one exchange for the batch) */
 		for (int i = 0; i < B; i++) {
-			int64_t g = kv.gen_len[i], tok, p;
-			uint64_t seed = o->have_seed ? o->seed : (uint64_t)c->seeds[i];
-			const float *cur;
-
+			int64_t g = kv.gen_len[i];
 			if (kv.finished[i] || g >= limit)
 				continue;
+			act[n_active] = i;
+			cur[n_active] = hi3i_kv_logits(&kv, i);
+			seeds[n_active] = o->have_seed ? o->seed : (uint64_t)c->seeds[i];
+			steps[n_active] = (uint64_t)g;
+			if (ruled_token(c, i, &rules[i], g ? kv.gen_tokens[(size_t)i * G + g - 1]
+			                                   : c->input_ids[(size_t)i * kv.L + kv.prompt_len[i] - 1],
+			                cur[n_active], &vs, &toks[n_active], err) != 0)
+				goto out;
 			n_active++;
-			cur = hi3i_kv_logits(&kv, i);
-			tok = next_token(c, i, &rules[i], g ? kv.gen_tokens[(size_t)i * G + g - 1]
-			                                    : c->input_ids[(size_t)i * kv.L + kv.prompt_len[i] - 1],
-			                 cur, V, &o->sampler, seed, (uint64_t)g, scratch);
+		}
+		if (n_active &&
+		    hi3i_vocab_next(&vs, cur, n_active, &o->sampler, seeds, steps, toks, lps, scratch, err) != 0)
+			goto out;
+		for (int a = 0; a < n_active; a++) {
+			const int i = act[a];
+			int64_t g = kv.gen_len[i], tok = toks[a], p;
+
 			rule_step(&rules[i], c->forced_after ? c->forced_after + (size_t)i * c->NF : NULL, c->NF, tok);
 			kv.gen_tokens[(size_t)i * G + g] = tok;
-			kv.gen_logprobs[(size_t)i * G + g] = (float)hi3_logprob(cur, V, tok);
+			kv.gen_logprobs[(size_t)i * G + g] = lps[a];
 			stop_now[i] = is_stop(c, o, i, tok) || g + 1 >= limit;
 			if (stop_now[i]) {
 				if (NMK)
@@ -324,7 +362,7 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 			hi3_batch b = {
 				.B = n_feed, .T = 1, .mode = HI3_ATTN_CACHE, .ids = ids, .rope = rope, .hi = hi,
 				.slot = slot, .cache_row = crow, .n_logits = n_feed, .logit_at = at, .logits = logits,
-				.route_ids = NMK ? route_ids : NULL, .route_w = NMK ? route_w : NULL,
+				.vocab_slice = 1, .route_ids = NMK ? route_ids : NULL, .route_w = NMK ? route_w : NULL,
 				.trace = o->trace, .trace_row = crow, .trace_pos = slot,
 			};
 			if (hi3_forward(m, &kv.cache, &b, err) != 0)
@@ -332,7 +370,8 @@ int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_d
 			for (int r = 0; r < n_feed; r++) {
 				int i = fed_row[r];
 				size_t g = (size_t)kv.gen_len[i];
-				memcpy(hi3i_kv_logits_next(&kv, i), logits + (size_t)r * V, sizeof(float) * (size_t)V);
+				memcpy(hi3i_kv_logits_next(&kv, i) + kv.v0, logits + (size_t)r * V + kv.v0,
+				       sizeof(float) * (size_t)kv.nv);
 				if (NMK) {
 					memcpy(kv.gen_route_ids + ((size_t)i * G + g) * NMK, route_ids + (size_t)r * NMK,
 					       sizeof(int16_t) * (size_t)NMK);
@@ -390,6 +429,12 @@ out:
 	free(stop_now);
 	free(scratch);
 	free(rules);
+	free(act);
+	free(cur);
+	free(seeds);
+	free(steps);
+	free(toks);
+	free(lps);
 	free(route_ids);
 	free(route_w);
 	return rc;

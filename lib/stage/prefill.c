@@ -34,7 +34,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	struct hi3i_image_enc *enc = NULL;
 	struct hi3i_image_embeds emb = {0};
 	hi3_comm *comm = hi3i_model_comm(m);
-	const int lead = !comm || comm->rank == 0;    /* rank 0 writes all but the other ranks' kv heads */
+	const int lead = !comm || comm->rank == 0;    /* rank 0 writes all but the others' kv heads and logits columns */
 	int64_t pid;
 	hi3_error lost = {0};
 
@@ -109,7 +109,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			.blocks = c->image_blocks + (size_t)r0 * c->S * 2, .S = c->S,
 			.slot = c->position_ids + (size_t)r0 * L,
 			.cache_row = crow,
-			.n_logits = nb, .logit_at = at, .logits = logits,
+			.n_logits = nb, .logit_at = at, .logits = logits, .vocab_slice = 1,
 			.trace = o->trace, .trace_row = crow, .trace_pos = tpos,
 		};
 		if (kv.prompt_route_ids) {
@@ -136,8 +136,10 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 		if (hi3_forward(m, &kv.cache, &b, err) != 0)
 			goto out;
 		hi3i_image_embeds_release(&emb);
-		for (int r = 0; lead && r < nb; r++)
-			memcpy(kv.next_logits + (size_t)(r0 + r) * V, logits + (size_t)r * V, sizeof(float) * (size_t)V);
+		/* each tensor slot its vocabulary columns (all of them in one process) */
+		for (int r = 0; r < nb; r++)
+			memcpy(kv.next_logits + (size_t)(r0 + r) * V + kv.v0, logits + (size_t)r * V + kv.v0,
+			       sizeof(float) * (size_t)kv.nv);
 		if (o->progress)
 			o->progress(o->progress_ctx, r0 + nb, c->B);
 	}

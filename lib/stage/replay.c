@@ -19,6 +19,7 @@
 #include "format/kv.h"
 #include "stage/images.h"
 #include "format/trace.h"
+#include "stage/vocab.h"
 
 static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,
                         hi3_error *err)
@@ -156,6 +157,7 @@ static int replay_rows(hi3_model *m, struct hi3i_image_enc *enc, const hi3_cond 
 		hi3_batch b = {
 			.B = nb, .T = (int)Tmax, .mode = HI3_ATTN_SELF, .ids = ids, .rope = rope, .hi = hi,
 			.blocks = blocks, .S = c->S, .n_logits = (int)n_log, .logit_at = at, .logits = logits,
+			.vocab_slice = 1,
 			.route_ids = rids, .route_w = rw, .force_route = force,
 			.force_route_w = o->weights_recorded ? force_w : NULL,
 			.n_host_embed = emb.n, .host_embed_at = emb.at, .host_embed_rows = emb.rows,
@@ -184,12 +186,43 @@ static int replay_rows(hi3_model *m, struct hi3i_image_enc *enc, const hi3_cond 
 			poff += n;
 		}
 	}
+	/* the log-probs of the given tokens; with lm_head split, from the
+	 * vocabulary slices (one exchange for the group) */
+	if (n_log > 0) {
+		hi3i_vocab vs;
+		const float **rows = hi3i_malloc(sizeof(*rows) * (size_t)n_log, err);
+		int64_t *tok = hi3i_malloc(sizeof(*tok) * (size_t)n_log, err);
+		float *lps = hi3i_malloc(sizeof(*lps) * (size_t)n_log, err);
+		int lrc = -1;
+		if (rows && tok && lps) {
+			n_log = 0;
+			for (int r = 0; r < nb; r++) {
+				int64_t off = s->cu_seqlens[r0 + r], len = s->cu_seqlens[r0 + r + 1] - off;
+				for (int64_t j = 0; j < len; j++, n_log++) {
+					rows[n_log] = logits + (size_t)n_log * V;
+					tok[n_log] = s->tokens[off + j];
+				}
+			}
+			hi3i_model_vocab(m, &vs);
+			lrc = hi3i_vocab_next(&vs, rows, (int)n_log, NULL, NULL, NULL, tok, lps, NULL, err);
+			n_log = 0;
+			for (int r = 0; !lrc && r < nb; r++) {
+				int64_t off = s->cu_seqlens[r0 + r], len = s->cu_seqlens[r0 + r + 1] - off;
+				for (int64_t j = 0; j < len; j++)
+					lp[off + j] = lps[n_log++];
+			}
+		}
+		free(rows);
+		free(tok);
+		free(lps);
+		if (lrc)
+			goto out;
+	}
 	n_log = 0;
 	for (int r = 0; r < nb; r++) {
 		int i = r0 + r;
 		int64_t n = c->real_pos[i], off = s->cu_seqlens[i], len = s->cu_seqlens[i + 1] - off;
 		for (int64_t j = 0; j < len; j++, n_log++) {
-			lp[off + j] = (float)hi3_logprob(logits + (size_t)n_log * V, V, s->tokens[off + j]);
 			if (route && NMK)
 				memcpy(route + (size_t)(off + j) * NMK, rids + ((size_t)r * Tmax + n + j) * NMK,
 				       sizeof(int16_t) * (size_t)NMK);

@@ -14,11 +14,18 @@
  *   keep the smallest prefix whose mass reaches top_p (at least one);
  *   draw u in [0, 1) and take the first candidate whose cumulative mass
  *   (over the kept prefix, renormalised) exceeds u.
- * Sums run in double, in candidate order.
+ * Sums run in double, in candidate order, except the two that run over
+ * the whole vocabulary: the log-softmax's sum of exp and, with top-k off,
+ * the sampler's total mass. Those are fixed-point integer sums
+ * (hi3i_fsum): each term rounded to a multiple of 2^-63, then added
+ * exactly, so any split of the vocabulary summed in any order gives the
+ * same bits, and ranks that each hold a slice of the logits
+ * (stage/vocab.c) agree with one process to the bit.
  */
 #include <math.h>
 #include <string.h>
 #include "core/internal.h"
+#include "stage/vocab.h"
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -64,27 +71,73 @@ int64_t hi3_argmax(const float *logits, int V)
 	return best;
 }
 
-double hi3_logprob(const float *logits, int V, int64_t tok)
-{
-	float mx = logits[0];
-	double sum = 0.0;
+/* ------------------------------------------------- exact sums of exp */
 
-	for (int v = 1; v < V; v++)
-		if (logits[v] > mx)
-			mx = logits[v];
-	for (int v = 0; v < V; v++)
-		sum += exp((double)logits[v] - (double)mx);
-	return (double)logits[tok] - (double)mx - log(sum);
+void hi3i_fsum_add(hi3i_fsum *s, double p)
+{
+	uint64_t q;
+
+	if (!(p >= 0.0 && p <= 1.0)) {
+		s->nan = 1;               /* NaN (a NaN logit, or an infinite maximum) */
+		return;
+	}
+	q = (uint64_t)(p * 9223372036854775808.0 + 0.5);      /* p 2^63, rounded: at most 2^63 */
+	s->lo += q;
+	s->hi += s->lo < q;
 }
 
-struct cand {
-	float z;
-	int32_t id;
-};
-
-static int cand_cmp(const void *a, const void *b)
+void hi3i_fsum_merge(hi3i_fsum *s, const hi3i_fsum *o)
 {
-	const struct cand *x = a, *y = b;
+	s->lo += o->lo;
+	s->hi += o->hi + (s->lo < o->lo);
+	s->nan |= o->nan;
+}
+
+double hi3i_fsum_value(const hi3i_fsum *s)
+{
+	if (s->nan)
+		return NAN;
+	return ((double)s->hi * 18446744073709551616.0 + (double)s->lo) * (1.0 / 9223372036854775808.0);
+}
+
+float hi3i_vmax(const float *x, int n)
+{
+	float mx = -INFINITY;
+
+	for (int v = 0; v < n; v++)
+		if (x[v] > mx)            /* NaN never */
+			mx = x[v];
+	return mx;
+}
+
+void hi3i_expsum(hi3i_fsum *s, const float *x, int n, float mx)
+{
+	for (int v = 0; v < n; v++)
+		hi3i_fsum_add(s, exp((double)x[v] - (double)mx));
+}
+
+double hi3i_logprob_of(double x_tok, float mx, const hi3i_fsum *s)
+{
+	double sum = hi3i_fsum_value(s);
+
+	if (isnan(sum))
+		return NAN;
+	return x_tok - (double)mx - log(sum);
+}
+
+double hi3_logprob(const float *logits, int V, int64_t tok)
+{
+	hi3i_fsum s = {0};
+	float mx = hi3i_vmax(logits, V);
+
+	hi3i_expsum(&s, logits, V, mx);
+	return hi3i_logprob_of(logits[tok], mx, &s);
+}
+
+
+int hi3i_cand_cmp(const void *a, const void *b)
+{
+	const struct hi3i_cand *x = a, *y = b;
 
 	if (x->z != y->z)
 		return x->z > y->z ? -1 : 1;
@@ -92,49 +145,82 @@ static int cand_cmp(const void *a, const void *b)
 }
 
 /* Keep the k best candidates at the front of c (sorted); returns k. */
-static int top_k_select(struct cand *c, int V, int k)
+int hi3i_top_k_select(struct hi3i_cand *c, int V, int k)
 {
 	if (k <= 0 || k >= V) {
-		qsort(c, (size_t)V, sizeof(*c), cand_cmp);
+		qsort(c, (size_t)V, sizeof(*c), hi3i_cand_cmp);
 		return V;
 	}
 	/* A min-heap of the best k by (z desc, id asc), then sort it. */
 	for (int i = 0; i < k; i++) {
 		int j = i;
-		while (j > 0 && cand_cmp(&c[(j - 1) / 2], &c[j]) < 0) {   /* parent better than child: swap */
-			struct cand t = c[j];
+		while (j > 0 && hi3i_cand_cmp(&c[(j - 1) / 2], &c[j]) < 0) {   /* parent better than child: swap */
+			struct hi3i_cand t = c[j];
 			c[j] = c[(j - 1) / 2];
 			c[(j - 1) / 2] = t;
 			j = (j - 1) / 2;
 		}
 	}
 	for (int i = k; i < V; i++) {
-		if (cand_cmp(&c[i], &c[0]) >= 0)
+		if (hi3i_cand_cmp(&c[i], &c[0]) >= 0)
 			continue;                       /* not better than the worst kept */
 		c[0] = c[i];
 		for (int j = 0;;) {
 			int l = 2 * j + 1, r = l + 1, w = j;
-			if (l < k && cand_cmp(&c[l], &c[w]) > 0)
+			if (l < k && hi3i_cand_cmp(&c[l], &c[w]) > 0)
 				w = l;
-			if (r < k && cand_cmp(&c[r], &c[w]) > 0)
+			if (r < k && hi3i_cand_cmp(&c[r], &c[w]) > 0)
 				w = r;
 			if (w == j)
 				break;
-			struct cand t = c[j];
+			struct hi3i_cand t = c[j];
 			c[j] = c[w];
 			c[w] = t;
 			j = w;
 		}
 	}
-	qsort(c, (size_t)k, sizeof(*c), cand_cmp);
+	qsort(c, (size_t)k, sizeof(*c), hi3i_cand_cmp);
 	return k;
+}
+
+int64_t hi3i_sample_walk(const struct hi3i_cand *c, int avail, int n_all, double total, const hi3_sampler *s, double u)
+{
+	const double z0 = (double)c[0].z;
+	double acc, target;
+	int n = n_all;
+
+	if (s->top_p > 0.0 && s->top_p < 1.0) {
+		double mass = 0.0;
+		int keep = -1;
+		for (int i = 0; i < avail; i++) {
+			mass += exp((double)c[i].z - z0) / total;
+			if (mass >= s->top_p) {
+				keep = i + 1;
+				break;
+			}
+		}
+		if (keep < 0 && avail < n_all)
+			return -1;
+		n = keep < 0 ? n_all : keep;
+		total = 0.0;
+		for (int i = 0; i < n; i++)
+			total += exp((double)c[i].z - z0);
+	}
+	target = u * total;
+	acc = 0.0;
+	for (int i = 0; i < n && i < avail; i++) {
+		acc += exp((double)c[i].z - z0);
+		if (acc > target)
+			return c[i].id;
+	}
+	return n > avail ? -1 : c[n - 1].id;
 }
 
 int64_t hi3_sample(const float *logits, int V, const hi3_sampler *s, uint64_t seed, uint64_t step,
                    void *scratch)
 {
-	struct cand *c = scratch;
-	double *p, total = 0.0, acc, u;
+	struct hi3i_cand *c = scratch;
+	double total = 0.0;
 	int n;
 
 	if (s->greedy || s->temperature <= 0.0)
@@ -143,38 +229,22 @@ int64_t hi3_sample(const float *logits, int V, const hi3_sampler *s, uint64_t se
 		c[v].z = (float)((double)logits[v] / s->temperature);
 		c[v].id = v;
 	}
-	n = top_k_select(c, V, s->top_k);
-	p = (double *)(c + V);
-	for (int i = 0; i < n; i++) {
-		p[i] = exp((double)c[i].z - (double)c[0].z);
-		total += p[i];
-	}
-	if (s->top_p > 0.0 && s->top_p < 1.0) {
-		double mass = 0.0;
-		int keep = n;
-		for (int i = 0; i < n; i++) {
-			mass += p[i] / total;
-			if (mass >= s->top_p) {
-				keep = i + 1;
-				break;
-			}
-		}
-		n = keep;
-		total = 0.0;
+	n = hi3i_top_k_select(c, V, s->top_k);
+	if (n < V) {
 		for (int i = 0; i < n; i++)
-			total += p[i];
+			total += exp((double)c[i].z - (double)c[0].z);
+	} else {
+		/* the whole vocabulary: the exact sum, which ranks holding
+		 * slices of it reproduce (stage/vocab.c) */
+		hi3i_fsum fs = {0};
+		for (int i = 0; i < n; i++)
+			hi3i_fsum_add(&fs, exp((double)c[i].z - (double)c[0].z));
+		total = hi3i_fsum_value(&fs);
 	}
-	u = hi3_uniform(seed, step) * total;
-	acc = 0.0;
-	for (int i = 0; i < n; i++) {
-		acc += p[i];
-		if (acc > u)
-			return c[i].id;
-	}
-	return c[n - 1].id;
+	return hi3i_sample_walk(c, n, n, total, s, hi3_uniform(seed, step));
 }
 
 size_t hi3_sample_scratch_size(int V)
 {
-	return (size_t)V * (sizeof(struct cand) + sizeof(double));
+	return (size_t)V * (sizeof(struct hi3i_cand) + sizeof(double));
 }
