@@ -10,7 +10,7 @@ static const struct cli_help help = {
 	.usage = {"hi3 tokenize-concat [-m DIR] [--tokenizer FILE] [--template NAME] [--batch | --per-row] "
 	          "[--pad-positions continue|zero] [--max-length N] [--seed N] [--pad-id N] [--drop-think] "
 	          "[--exact-size | --strict-size] [--max-image-pixels N] [--safe-paths] [--vit-resize uint8|float] "
-	          "[--vae-sample] [--dump-images DIR] -o OUT REQUESTS",
+	          "[--vae-sample] [--encode] [--dump-images DIR] -o OUT REQUESTS",
 	          "hi3 tokenize-concat --concat [--pad-positions continue|zero] -o OUT COND..."},
 	.description =
 	"Encode JSONL requests (one JSON object per line; '-' reads standard input)\n"
@@ -84,11 +84,12 @@ static int dump_images(const hi3_cond *c, const char *dir, hi3_error *err)
 }
 
 static int tokenize(const char *input, const char *out, const hi3_template_opts *to, const hi3_cond_build_opts *bo,
-                    const struct cli_images *io, const char *dump)
+                    const struct cli_images *io, const char *dump, int encode)
 {
 	hi3_requests *rq = NULL;
 	hi3_template *t = NULL;
 	hi3_cond *c = NULL;
+	hi3_model *m = NULL;
 	hi3_template_opts o = *to;
 	hi3_error err = {0};
 	int rc = -1;
@@ -100,14 +101,26 @@ static int tokenize(const char *input, const char *out, const hi3_template_opts 
 		return HI3_ERR_USAGE;
 	}
 	o.load_tokenizer = o.tokenizer || hi3_requests_need_tokenizer(rq);
-	if (hi3_template_open(&t, &o, &err) != 0 || hi3_cond_build(&c, t, rq, bo, &err) != 0 ||
-	    hi3_cond_write(c, out, &err) != 0 || (dump && dump_images(c, dump, &err) != 0))
+	if (hi3_template_open(&t, &o, &err) != 0 || hi3_cond_build(&c, t, rq, bo, &err) != 0)
+		goto out;
+	if (encode && c->NI) {
+		/* the images' encoder outputs, so that the stages need not run them */
+		hi3_cond *e = NULL;
+		double t0 = cli_now();
+		if (cli_open_model(&m, &err) != 0 || hi3_cond_encode(&e, c, m, &err) != 0)
+			goto out;
+		hi3_cond_close(c);
+		c = e;
+		cli_info("encoded %d images in %.3f s", c->NI, cli_now() - t0);
+	}
+	if (hi3_cond_write(c, out, &err) != 0 || (dump && dump_images(c, dump, &err) != 0))
 		goto out;
 	cli_info("%d requests: %d rows, L = %d (%s, template %s, %s model) into %s", hi3_requests_count(rq), c->B,
 	         c->L, bo->per_row ? "per row" : "batch", c->template_name, hi3_variant_name(hi3_template_variant(t)),
 	         out);
 	rc = 0;
 out:
+	cli_close_model(m);
 	hi3_cond_close(c);
 	hi3_template_free(t);
 	hi3_requests_free(rq);
@@ -120,7 +133,7 @@ int cmd_tokenize_concat(int argc, char **argv)
 	hi3_cond_build_opts bo = {0};
 	struct cli_images images = {0};
 	const char *out = NULL, *dump = NULL;
-	int do_concat = 0, n_mode = 0, n_build = 0, n_size = 0;
+	int do_concat = 0, n_mode = 0, n_build = 0, n_size = 0, encode = 0;
 	struct cli_option options[] = {
 		OPT_STRING('m', "model", &cli.model_dir, "DIR", "config.json, tokenizer.json, tokenizer_config.json "
 		           "and generation_config.json; the weights give the fingerprint"),
@@ -147,6 +160,9 @@ int cmd_tokenize_concat(int argc, char **argv)
 		            "not one of the model's buckets (exit 3)", .given = &n_size),
 		OPT_FLAG(0, "concat", &do_concat, "merge the conditions files COND... instead"),
 		OPT_IMAGES(&images),
+		OPT_FLAG(0, "encode", &encode, "also store the images' encoder outputs (ViT and aligner, the VAE "
+		         "latents) made by the model of -m, so that the stages do not run the encoders",
+		         .given = &n_build),
 		OPT_STRING(0, "dump-images", &dump, "DIR", "also write each cond image's ViT and VAE views, as the "
 		           "encoders see them, to DIR/row<B>-image<K>-vit.png and -vae.png"),
 		OPT_OUTPUT(&out, "OUT", "the conditions file to write ('-': standard output)"),
@@ -173,10 +189,12 @@ int cmd_tokenize_concat(int argc, char **argv)
 	}
 	if (argc != 1)
 		return cli_usage_error("expected one REQUESTS file ('-' for standard input)");
+	if (encode && !cli.model_dir)
+		return cli_usage_error("--encode needs the model: -m DIR");
 	to.model_dir = cli.model_dir;
 	to.fingerprint = cli.model_dir != NULL;
 	bo.vit_kernel = images.vit_kernel;
 	bo.vae_sample = images.vae_sample;
 	bo.max_image_pixels = images.load.max_pixels;
-	return tokenize(argv[0], out, &to, &bo, &images, dump);
+	return tokenize(argv[0], out, &to, &bo, &images, dump, encode);
 }

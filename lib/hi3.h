@@ -1204,6 +1204,14 @@ typedef struct hi3_cond {
 	const uint8_t *vae_pixels;      /* (sum H W 3) each image's VAE view, (H, W, 3) after the other:
 	                                 * the cropped LANCZOS resize; the encoder's input is u / 255 2 - 1 */
 	int64_t NV;                     /* bytes of vae_pixels */
+	/* the images' encoder outputs when tokenize-concat --encode stored them
+	 * (NULL and 0 otherwise: the stages run the encoders) */
+	int VE;                         /* the aligner's width E */
+	const float *vit_embeds;        /* (NI, VP, VE) aligner(ViT(image)), pad slots included */
+	const int32_t *latent_shape;    /* (NI, 3) each image's latent (Z, h, w) */
+	const float *vae_latents;       /* (NZ) each image's latent (Z, h, w) as the stages feed patch_embed:
+	                                 * the posterior's mean or sample, shifted and scaled; one after the other */
+	int64_t NZ;
 	const char *mode;               /* "gen_text" or "gen_image" */
 	const char *bot_task;           /* auto, image, think, recaption, img_ratio, think_recaption, or mixed */
 	const char *template_name;      /* pretrain, instruct, or none (pre-tokenized) */
@@ -1233,6 +1241,11 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err);
 /* Cond image k's ViT view as the encoder saw it, re-assembled from its
  * patches: *rgb (h, w, 3) malloc'd, h = patch nph, w = patch npw. */
 int hi3_cond_vit_image(const hi3_cond *c, int k, uint8_t **rgb, int *w, int *h, hi3_error *err);
+/* *out = a copy of c (in memory) that also holds its images' encoder
+ * outputs, made by m's encoders as the stages would make them
+ * (vit_embeds, latent_shape, vae_latents), so that the stages need not run
+ * the encoders again; c without images is copied as it is. */
+int hi3_cond_encode(hi3_cond **out, const hi3_cond *c, hi3_model *m, hi3_error *err);
 /* Merge conditions of any B and L into one (row groups kept in order: all
  * cond rows, then all uncond rows). Inputs must agree on mode, template,
  * cfg_factor, pad id, tokenizer and model ("" agrees with anything); the

@@ -78,6 +78,31 @@ test_expect_success '--vit-resize float makes the float kernel view (and still r
 	test_must_fail 2 hi3 -q -m model tokenize-concat --vit-resize double pics/req.jsonl -o cf.st
 '
 
+test_expect_success '--encode stores the encoder outputs; prefill from them gives the same bits' '
+	hi3 -q -m model tokenize-concat --encode pics/req.jsonl -o ce.st &&
+	hi3 inspect ce.st >info &&
+	test_grep "vit_embeds *F32 *(3, 64, 64)" info && test_grep "latent_shape *I32 *(3, 3)" info &&
+	test_grep "vae_latents *F32" info &&
+	hi3 -q -m model prefill c.st -o k-own.st --max-new 2 &&
+	hi3 -q -m model prefill ce.st -o k-enc.st --max-new 2 &&
+	hi3 diff --atol 0 k-own.st k-enc.st >/dev/null &&
+	hi3 -q -m model tokenize-concat --encode --vae-sample pics/req.jsonl -o ces.st &&
+	hi3 -q -m model tokenize-concat --vae-sample pics/req.jsonl -o cs.st &&
+	hi3 -q -m model prefill ces.st -o ks-enc.st --max-new 2 &&
+	hi3 -q -m model prefill cs.st -o ks-own.st --max-new 2 &&
+	hi3 diff --atol 0 ks-own.st ks-enc.st >/dev/null &&
+	! hi3 diff --atol 0 --tensor next_logits k-own.st ks-own.st >/dev/null
+'
+
+test_expect_success '--encode: merged and selected rows keep their outputs; encoded and not are not merged' '
+	hi3 -q tokenize-concat --concat ce.st ce.st -o cc.st &&
+	hi3 inspect cc.st | grep -q "vit_embeds *F32 *(6, 64, 64)" &&
+	test_must_fail 3 hi3 tokenize-concat --concat ce.st c.st -o mixed.st 2>err &&
+	test_grep "with and without their encoder outputs" err && ! test -e mixed.st &&
+	test_must_fail 2 hi3 tokenize-concat --encode pics/req.jsonl -o x.st 2>err &&
+	test_grep "needs the model" err
+'
+
 # bad input: exit 3 naming the file, and c.st as it was
 bad_image() { # bad_image NAME EXPECTED-MESSAGE [tokenize-concat options]
 	name=$1 msg=$2; shift 2

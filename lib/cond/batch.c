@@ -37,6 +37,12 @@ struct rowview {
 	const int32_t *vae_shape;    /* (n_img, 2) */
 	const uint8_t *vae_pixels;   /* (nv) the images' VAE views, one after the other */
 	int64_t nv;
+	/* their encoder outputs, when stored (vit_emb NULL otherwise) */
+	int E;
+	const float *vit_emb;        /* (n_img, P, E) */
+	const int32_t *lat_shape;    /* (n_img, 3) */
+	const float *lat;            /* (nz) */
+	int64_t nz;
 };
 
 static int used_prefix(const int64_t *v, int n)
@@ -74,16 +80,27 @@ static void view_of_cond(const hi3_cond *c, int b, struct rowview *v)
 	v->seed = c->seeds[b];
 	v->n_img = 0;
 	v->nv = 0;
-	for (int64_t k = 0, off = 0; k < c->NI; off += (int64_t)c->vae_shape[2 * k] * c->vae_shape[2 * k + 1] * 3, k++)
+	v->nz = 0;
+	v->E = c->vit_embeds ? c->VE : 0;
+	for (int64_t k = 0, off = 0, zo = 0; k < c->NI; k++) {
+		const int64_t nz = c->vit_embeds ? (int64_t)c->latent_shape[3 * k] * c->latent_shape[3 * k + 1] *
+		                                   c->latent_shape[3 * k + 2] : 0;
 		if (c->image_row[k] == b) {
 			if (!v->n_img++) {
 				v->vit_grid = c->vit_grid + 2 * (size_t)k;
 				v->vit_pixels = c->vit_pixels + (size_t)k * c->VP * c->VD;
 				v->vae_shape = c->vae_shape + 2 * (size_t)k;
 				v->vae_pixels = c->vae_pixels + off;
+				v->vit_emb = c->vit_embeds ? c->vit_embeds + (size_t)k * c->VP * c->VE : NULL;
+				v->lat_shape = c->vit_embeds ? c->latent_shape + 3 * (size_t)k : NULL;
+				v->lat = c->vit_embeds ? c->vae_latents + zo : NULL;
 			}
 			v->nv += (int64_t)c->vae_shape[2 * k] * c->vae_shape[2 * k + 1] * 3;
+			v->nz += nz;
 		}
+		off += (int64_t)c->vae_shape[2 * k] * c->vae_shape[2 * k + 1] * 3;
+		zo += nz;
+	}
 	v->P = c->VP;
 	v->D = c->VD;
 }
@@ -117,8 +134,8 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
                       hi3_error *err)
 {
 	hi3_cond *c = &ci->c;
-	int S = 1, NS = 1, K = 0, NF = 0, NG = 0, NI = 0, P = 0, D = 0;
-	int64_t NV = 0;
+	int S = 1, NS = 1, K = 0, NF = 0, NG = 0, NI = 0, P = 0, D = 0, E = -1;
+	int64_t NV = 0, NZ = 0;
 
 	/* gen_image_hw when every row with generated image tokens knows its
 	 * grid (conditions written before the tensor existed do not) */
@@ -135,11 +152,18 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 		if (v[b].n_img && P && (v[b].P != P || v[b].D != D))
 			return hi3_error_set(err, HI3_ERR_INPUT, "cond images of %d x %d and %d x %d ViT features in one "
 			                     "conditions (made for different models?)", P, D, v[b].P, v[b].D);
+		if (v[b].n_img && E >= 0 && v[b].E != E)
+			return hi3_error_set(err, HI3_ERR_INPUT, "cond images %s in one conditions (merge files encoded "
+			                     "alike: all with tokenize-concat --encode by one model, or none)",
+			                     !E || !v[b].E ? "with and without their encoder outputs" :
+			                     "encoded to different widths");
 		if (v[b].n_img) {
 			P = v[b].P;
 			D = v[b].D;
+			E = v[b].E;
 			NI += v[b].n_img;
 			NV += v[b].nv;
+			NZ += v[b].nz;
 		}
 		L = (int)HI3_MAX(L, v[b].n);
 		S = HI3_MAX(S, v[b].n_blocks);
@@ -165,6 +189,8 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 			[T_GEN_HW] = has_mask[0] && has_hw && !lacks_hw ? (size_t)B * 8 : 0,
 			[T_IMG_ROW] = (size_t)NI * 8, [T_VIT_GRID] = (size_t)NI * 8, [T_VIT_PIX] = (size_t)NI * P * D,
 			[T_VAE_SHAPE] = (size_t)NI * 8, [T_VAE_PIX] = (size_t)NV,
+			[T_VIT_EMB] = E > 0 ? (size_t)NI * P * E * 4 : 0, [T_LAT_SHAPE] = E > 0 ? (size_t)NI * 12 : 0,
+			[T_VAE_LAT] = E > 0 ? (size_t)NZ * 4 : 0,
 		};
 		for (int i = 0; i < T_COUNT; i++)
 			if (sizes[i] && !(ci->buf[i] = hi3i_calloc(1, sizes[i], err)))
@@ -193,6 +219,11 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
 	c->vae_shape = ci->buf[T_VAE_SHAPE];
 	c->vae_pixels = ci->buf[T_VAE_PIX];
 	c->NV = NV;
+	c->VE = E > 0 ? E : 0;
+	c->vit_embeds = ci->buf[T_VIT_EMB];
+	c->latent_shape = ci->buf[T_LAT_SHAPE];
+	c->vae_latents = ci->buf[T_VAE_LAT];
+	c->NZ = E > 0 ? NZ : 0;
 	return 0;
 }
 
@@ -200,7 +231,7 @@ static int cond_alloc(struct hi3i_cond *ci, const struct rowview *v, int B, int 
  * pads (pad id, position t or 0, RoPE (t, t), masks 0); its images from
  * image img0 on, their VAE views from byte vae0 on. */
 static void put_row(struct hi3i_cond *ci, int b, const struct rowview *v, int64_t pad_id, int pad_zero, int img0,
-                    int64_t vae0)
+                    int64_t vae0, int64_t z0)
 {
 	hi3_cond *c = &ci->c;
 	size_t o = (size_t)b * c->L;
@@ -242,6 +273,12 @@ static void put_row(struct hi3i_cond *ci, int b, const struct rowview *v, int64_
 		memcpy((int32_t *)ci->buf[T_VAE_SHAPE] + 2 * (size_t)img0, v->vae_shape, sizeof(int32_t) * 2 * v->n_img);
 		memcpy((uint8_t *)ci->buf[T_VAE_PIX] + vae0, v->vae_pixels, (size_t)v->nv);
 	}
+	if (v->n_img && ci->buf[T_VIT_EMB]) {
+		memcpy((float *)ci->buf[T_VIT_EMB] + (size_t)img0 * c->VP * c->VE, v->vit_emb,
+		       sizeof(float) * (size_t)v->n_img * c->VP * c->VE);
+		memcpy((int32_t *)ci->buf[T_LAT_SHAPE] + 3 * (size_t)img0, v->lat_shape, sizeof(int32_t) * 3 * v->n_img);
+		memcpy((float *)ci->buf[T_VAE_LAT] + z0, v->lat, sizeof(float) * (size_t)v->nz);
+	}
 }
 
 /* A conditions of the given rows (all columns), L at least min_L. */
@@ -249,14 +286,15 @@ static int cond_from_views(struct hi3i_cond *ci, const struct rowview *v, int B,
                            int64_t pad_id, int pad_zero, hi3_error *err)
 {
 	int img = 0;
-	int64_t vae = 0;
+	int64_t vae = 0, z = 0;
 
 	if (cond_alloc(ci, v, B, min_L, has_mask, err) != 0)
 		return -1;
 	for (int b = 0; b < B; b++) {
-		put_row(ci, b, &v[b], pad_id, pad_zero, img, vae);
+		put_row(ci, b, &v[b], pad_id, pad_zero, img, vae, z);
 		img += v[b].n_img;
 		vae += v[b].nv;
+		z += v[b].nz;
 	}
 	ci->c.pad_id = pad_id;
 	return 0;

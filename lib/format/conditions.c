@@ -293,6 +293,21 @@ static int check_images(const struct hi3i_cond *ci, hi3_error *err)
 	if (nv != c->NV)
 		return vbad(ci, err, "tensor 'vae_pixels': %lld bytes, but the images of 'vae_shape' take %lld",
 		            (long long)c->NV, (long long)nv);
+	if (c->vit_embeds) {
+		int64_t nz = 0;
+		for (int i = 0; i < c->NI; i++) {
+			const int32_t *z = c->latent_shape + 3 * i, *vs = c->vae_shape + 2 * i;
+			/* (Z, h, w): the view's size h f x w f for one factor f */
+			if (z[0] < 1 || z[0] > 4096 || z[1] < 1 || z[2] < 1 || vs[0] % z[1] || vs[1] % z[2] ||
+			    vs[0] / z[1] != vs[1] / z[2])
+				return vbad(ci, err, "tensor 'latent_shape': image %d: (%d, %d, %d) is not a latent of its %d x "
+				            "%d VAE view", i, z[0], z[1], z[2], vs[0], vs[1]);
+			nz += (int64_t)z[0] * z[1] * z[2];
+		}
+		if (nz != c->NZ)
+			return vbad(ci, err, "tensor 'vae_latents': %lld values, but the latents of 'latent_shape' take %lld",
+			            (long long)c->NZ, (long long)nz);
+	}
 	for (int b = 0; b < c->B; b++) {
 		const uint8_t *m = c->cond_vit_mask + (size_t)b * c->L;
 		int n = 0, have = 0;
@@ -452,8 +467,34 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 			c->vae_shape = vs->data;
 			c->vae_pixels = vp->data;
 			c->NV = vp->shape[0];
+			/* the encoder outputs (tokenize-concat --encode): all three or none */
+			{
+				const int64_t s_n3[2] = {row->shape[0], 3}, s_emb[3] = {row->shape[0], pix->shape[1], -1};
+				const hi3_tensor *emb, *ls, *lat;
+				if (get(ci, "vit_embeds", HI3_F32, 3, s_emb, 1, &emb, err) ||
+				    get(ci, "latent_shape", HI3_I32, 2, s_n3, 1, &ls, err) ||
+				    get(ci, "vae_latents", HI3_F32, 1, any1, 1, &lat, err))
+					goto fail;
+				if ((emb != NULL) != (ls != NULL) || (emb != NULL) != (lat != NULL)) {
+					vbad(ci, err, "tensors 'vit_embeds', 'latent_shape' and 'vae_latents': give all three "
+					     "(the images' encoder outputs) or none");
+					goto fail;
+				}
+				if (emb && (emb->shape[2] < 1 || emb->shape[2] > (1 << 20))) {
+					vbad(ci, err, "tensor 'vit_embeds': a width of %lld", (long long)emb->shape[2]);
+					goto fail;
+				}
+				if (emb) {
+					c->VE = (int)emb->shape[2];
+					c->vit_embeds = emb->data;
+					c->latent_shape = ls->data;
+					c->vae_latents = lat->data;
+					c->NZ = lat->shape[0];
+				}
+			}
 		} else if (hi3_st_find(c->st, "vit_grid") || hi3_st_find(c->st, "vit_pixels") ||
-		           hi3_st_find(c->st, "vae_shape") || hi3_st_find(c->st, "vae_pixels")) {
+		           hi3_st_find(c->st, "vae_shape") || hi3_st_find(c->st, "vae_pixels") ||
+		           hi3_st_find(c->st, "vit_embeds") || hi3_st_find(c->st, "vae_latents")) {
 			vbad(ci, err, "tensor 'image_row' is missing (the file has cond image pixels)");
 			goto fail;
 		}
@@ -568,6 +609,12 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
 		bad |= hi3_stw_add(w, "vit_pixels", HI3_U8, 3, s_npd, c->vit_pixels);
 		bad |= hi3_stw_add(w, "vae_shape", HI3_I32, 2, s_n2, c->vae_shape);
 		bad |= hi3_stw_add(w, "vae_pixels", HI3_U8, 1, &c->NV, c->vae_pixels);
+		if (c->vit_embeds) {
+			const int64_t s_emb[3] = {c->NI, c->VP, c->VE}, s_n3[2] = {c->NI, 3};
+			bad |= hi3_stw_add(w, "vit_embeds", HI3_F32, 3, s_emb, c->vit_embeds);
+			bad |= hi3_stw_add(w, "latent_shape", HI3_I32, 2, s_n3, c->latent_shape);
+			bad |= hi3_stw_add(w, "vae_latents", HI3_F32, 1, &c->NZ, c->vae_latents);
+		}
 	}
 	for (int i = 0; meta_keys[i]; i++)
 		if ((v = hi3_cond_meta(c, meta_keys[i])))

@@ -10,7 +10,8 @@
 
 /* Owned tensors of a conditions, by slot. */
 enum { T_IDS, T_POS, T_REAL, T_ROPE, T_BLOCKS, T_SEEDS, T_STOPS, T_GMASK, T_VIT, T_VAE, T_TS, T_FORCED, T_GREEDY,
-       T_GEN_HW, T_IMG_ROW, T_VIT_GRID, T_VIT_PIX, T_VAE_SHAPE, T_VAE_PIX, T_COUNT };
+       T_GEN_HW, T_IMG_ROW, T_VIT_GRID, T_VIT_PIX, T_VAE_SHAPE, T_VAE_PIX,
+       T_VIT_EMB, T_LAT_SHAPE, T_VAE_LAT, T_COUNT };
 
 struct hi3i_cond {
 	hi3_cond c;                  /* first: hi3_cond_close casts back */

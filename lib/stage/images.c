@@ -79,6 +79,26 @@ static int check_vae(const struct hi3i_image_enc *enc, const hi3_cond *c, const 
 	return 0;
 }
 
+/* Stored encoder outputs that fit the model: the aligner's width, each
+ * latent's channels and grid. */
+static int check_stored(const struct hi3i_image_enc *enc, const hi3_cond *c, const char *name, hi3_error *err)
+{
+	if (!c->vit_embeds)
+		return 0;
+	if (c->VE != enc->H)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'vit_embeds': %d wide, but the model's hidden size is "
+		                     "%d (%s/config.json)", name, c->VE, enc->H, hi3_model_dir(enc->m));
+	for (int k = 0; k < c->NI; k++) {
+		const int32_t *z = c->latent_shape + 3 * k;
+		if (z[0] != enc->Z || (int64_t)z[1] * enc->f != c->vae_shape[2 * k] ||
+		    (int64_t)z[2] * enc->f != c->vae_shape[2 * k + 1])
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'latent_shape': image %d's latent (%d, %d, %d) is "
+			                     "not the model's (%d channels, factor %d) of a %d x %d view", name, k, z[0], z[1],
+			                     z[2], enc->Z, enc->f, c->vae_shape[2 * k], c->vae_shape[2 * k + 1]);
+	}
+	return 0;
+}
+
 int hi3i_image_enc_open(struct hi3i_image_enc **out, hi3_model *m, const hi3_cond *c, const char *cond_path,
                         hi3_error *err)
 {
@@ -99,13 +119,16 @@ int hi3i_image_enc_open(struct hi3i_image_enc **out, hi3_model *m, const hi3_con
 	enc->m = m;
 	enc->H = hi3_model_config(m)->hidden_size;
 	enc->sample = post && !strcmp(post, "sample");
-	if (hi3_vit_open(&enc->vit, m, err) || check_vit(enc->vit, m, c, name, err) ||
-	    hi3_vae_open(&enc->vae, m, HI3_VAE_ENCODER, err) ||
-	    hi3i_heads_open(&enc->hd, be, m->ck, hi3_model_config(m), hi3_model_dir(m), err))
+	/* the encoders whose outputs the conditions do not hold */
+	if (!c->vit_embeds && (hi3_vit_open(&enc->vit, m, err) || check_vit(enc->vit, m, c, name, err)))
 		goto fail;
-	enc->Z = hi3_vae_get_config(enc->vae)->latent_channels;
-	enc->f = hi3_vae_get_config(enc->vae)->ffactor_spatial;
-	if (check_vae(enc, c, name, err))
+	if (!c->vit_embeds && hi3_vae_open(&enc->vae, m, HI3_VAE_ENCODER, err))
+		goto fail;
+	if (hi3i_heads_open(&enc->hd, be, m->ck, hi3_model_config(m), hi3_model_dir(m), err))
+		goto fail;
+	enc->Z = hi3_model_config(m)->vae.latent_channels;
+	enc->f = hi3_model_config(m)->vae.ffactor_spatial;
+	if (check_vae(enc, c, name, err) || check_stored(enc, c, name, err))
 		goto fail;
 	if (!(enc->ts0 = hi3i_malloc(sizeof(float) * (size_t)enc->H, err)))
 		goto fail;
@@ -147,21 +170,19 @@ static int64_t run_of(const uint8_t *m, int L, int k, int64_t *stop)
 	return -1;
 }
 
-/* rows (N, H) host = patch_embed(z, time_embed(0)) of cond image k, the
- * row's kr-th image, z its latent from the VAE encoder. */
-static int vae_rows(struct hi3i_image_enc *enc, const hi3_cond *c, int k, int kr, int64_t seed, int64_t vae_off,
-                    float *rows, hi3_error *err)
+/* lat (Z, h, w) = the latent of cond image k, its row's kr-th: the VAE
+ * encoder's posterior mean, or a sample from seed, shifted and scaled. */
+static int image_latent(struct hi3i_image_enc *enc, const hi3_cond *c, int k, int kr, int64_t seed, int64_t vae_off,
+                        float *lat, hi3_error *err)
 {
-	hi3_backend *be = enc->m->be;
-	const int Hp = c->vae_shape[2 * k], Wp = c->vae_shape[2 * k + 1];
-	const int h = Hp / enc->f, w = Wp / enc->f, Z = enc->Z;
-	const size_t HW = (size_t)Hp * Wp, N = (size_t)h * w;
+	const int Hp = c->vae_shape[2 * k], Wp = c->vae_shape[2 * k + 1], Z = enc->Z;
+	const size_t HW = (size_t)Hp * Wp, N = HW / ((size_t)enc->f * enc->f);
 	const uint8_t *u = c->vae_pixels + vae_off;      /* (Hp, Wp, 3) */
-	float *x = NULL, *mean = NULL, *lv = NULL, *noise = NULL, *lat = NULL, *d_x = NULL, *d_out = NULL;
+	float *x = NULL, *mean = NULL, *lv = NULL, *noise = NULL;
 	int rc = -1;
 
 	if (!(x = hi3i_malloc(sizeof(float) * 3 * HW, err)) || !(mean = hi3i_malloc(sizeof(float) * Z * N, err)) ||
-	    !(lv = hi3i_malloc(sizeof(float) * Z * N, err)) || !(lat = hi3i_malloc(sizeof(float) * Z * N, err)) ||
+	    !(lv = hi3i_malloc(sizeof(float) * Z * N, err)) ||
 	    (enc->sample && !(noise = hi3i_malloc(sizeof(float) * Z * N, err))))
 		goto out;
 	/* (3, Hp, Wp) planar in [-1, 1] as ToTensor then Normalize(0.5, 0.5) */
@@ -173,7 +194,27 @@ static int vae_rows(struct hi3i_image_enc *enc, const hi3_cond *c, int k, int kr
 	if (noise)
 		hi3i_normals((uint64_t)seed, HI3I_STREAM_VAE(kr), (size_t)Z * N, noise);
 	hi3_vae_latent(enc->vae, mean, lv, noise, (size_t)Z * N, lat);
-	/* channels-last (h, w, Z): x is free again */
+	rc = 0;
+out:
+	free(x);
+	free(mean);
+	free(lv);
+	free(noise);
+	return rc;
+}
+
+/* rows (N, H) host = patch_embed(lat, time_embed(0)), lat (Z, h, w). */
+static int vae_rows(struct hi3i_image_enc *enc, const float *lat, int h, int w, float *rows, hi3_error *err)
+{
+	hi3_backend *be = enc->m->be;
+	const int Z = enc->Z;
+	const size_t N = (size_t)h * w;
+	float *x = NULL, *d_x = NULL, *d_out = NULL;
+	int rc = -1;
+
+	if (!(x = hi3i_malloc(sizeof(float) * N * Z, err)))
+		return -1;
+	/* channels-last (h, w, Z) */
 	for (size_t p = 0; p < N; p++)
 		for (int ch = 0; ch < Z; ch++)
 			x[p * Z + ch] = lat[(size_t)ch * N + p];
@@ -199,10 +240,6 @@ out:
 	if (d_out)
 		be->ops->free(be, d_out);
 	free(x);
-	free(mean);
-	free(lv);
-	free(noise);
-	free(lat);
 	return rc;
 }
 
@@ -266,13 +303,16 @@ static void memo_free(void *p)
 }
 
 /* The key of image k, its row's kr-th, of seed: (shapes, the sampling,
- * place and seed when sampled, then the ViT and VAE pixels); malloc'd. */
+ * place and seed when sampled, whether the conditions hold the encoder
+ * outputs, then the ViT and VAE pixels); malloc'd. Stored outputs come
+ * with the pixels they were made of (the conditions' model fingerprint). */
 static unsigned char *memo_key(const struct hi3i_image_enc *enc, const hi3_cond *c, int k, int kr, int64_t seed,
                                int64_t vae_off, size_t *len)
 {
 	const size_t pd = (size_t)c->VP * c->VD, nv = (size_t)c->vae_shape[2 * k] * c->vae_shape[2 * k + 1] * 3;
-	const int64_t head[8] = {c->vae_shape[2 * k], c->vae_shape[2 * k + 1], c->vit_grid[2 * k], c->vit_grid[2 * k + 1],
-	                         c->VP, enc->sample, enc->sample ? kr : 0, enc->sample ? seed : 0};
+	const int64_t head[9] = {c->vae_shape[2 * k], c->vae_shape[2 * k + 1], c->vit_grid[2 * k], c->vit_grid[2 * k + 1],
+	                         c->VP, enc->sample, enc->sample ? kr : 0, enc->sample ? seed : 0,
+	                         c->vit_embeds != NULL};
 	unsigned char *key;
 
 	*len = sizeof(head) + pd + nv;
@@ -349,9 +389,26 @@ static int image_rows(struct hi3i_image_enc *enc, const hi3_cond *c, int k, int 
 		free(key);
 		return 0;
 	}
-	if (vae_rows(enc, c, k, kr, seed, vae_off, rows, err) || vit_rows(enc, c, k, rows + (N + 1) * H, err)) {
-		free(key);
-		return -1;
+	if (c->vit_embeds) {
+		/* the outputs tokenize-concat --encode stored */
+		int64_t zo = 0;
+		for (int q = 0; q < k; q++)
+			zo += (int64_t)c->latent_shape[3 * q] * c->latent_shape[3 * q + 1] * c->latent_shape[3 * q + 2];
+		if (vae_rows(enc, c->vae_latents + zo, c->latent_shape[3 * k + 1], c->latent_shape[3 * k + 2], rows, err)) {
+			free(key);
+			return -1;
+		}
+		memcpy(rows + (N + 1) * H, c->vit_embeds + (size_t)k * c->VP * c->VE, sizeof(float) * (size_t)c->VP * H);
+	} else {
+		const int h = c->vae_shape[2 * k] / enc->f, w = c->vae_shape[2 * k + 1] / enc->f;
+		float *lat = hi3i_malloc(sizeof(float) * (size_t)enc->Z * N, err);
+		if (!lat || image_latent(enc, c, k, kr, seed, vae_off, lat, err) || vae_rows(enc, lat, h, w, rows, err) ||
+		    vit_rows(enc, c, k, rows + (N + 1) * H, err)) {
+			free(lat);
+			free(key);
+			return -1;
+		}
+		free(lat);
 	}
 	memcpy(rows + N * H, enc->ts0, sizeof(float) * H);
 	if (key)
@@ -444,5 +501,76 @@ out:
 	if (rc)
 		hi3i_image_embeds_release(e);
 	free(vae_off);
+	return rc;
+}
+
+int hi3_cond_encode(hi3_cond **out, const hi3_cond *c, hi3_model *m, hi3_error *err)
+{
+	const char *name = HI3I_COND(c)->name;
+	struct hi3i_image_enc *enc = NULL;
+	hi3_cond *cp = NULL;
+	struct hi3i_cond *ci;
+	int *rows = NULL, *place = NULL, rc = -1;
+	float *emb = NULL, *lat = NULL;
+	int32_t *ls = NULL;
+	int64_t NZ = 0;
+
+	*out = NULL;
+	if (!(rows = hi3i_malloc(sizeof(int) * (size_t)c->B, err)))
+		return -1;
+	for (int r = 0; r < c->B; r++)
+		rows[r] = r;
+	if (hi3_cond_select(&cp, c, rows, c->B, c->L, err))
+		goto out;
+	if (!c->NI || c->vit_embeds) {
+		rc = 0;
+		goto out;
+	}
+	if (hi3_cond_check_model(c, m, err) || hi3i_image_enc_open(&enc, m, c, name, err))
+		goto out;
+	for (int k = 0; k < c->NI; k++)
+		NZ += (int64_t)enc->Z * (c->vae_shape[2 * k] / enc->f) * (c->vae_shape[2 * k + 1] / enc->f);
+	if (!(emb = hi3i_malloc(sizeof(float) * (size_t)c->NI * c->VP * enc->H, err)) ||
+	    !(lat = hi3i_malloc(sizeof(float) * (size_t)NZ, err)) ||
+	    !(ls = hi3i_malloc(sizeof(int32_t) * 3 * (size_t)c->NI, err)) ||
+	    !(place = hi3i_malloc(sizeof(int) * (size_t)c->NI, err)))
+		goto out;
+	for (int64_t k = 0, zo = 0, vo = 0; k < c->NI; k++) {
+		const int r = (int)c->image_row[k];
+		const int h = c->vae_shape[2 * k] / enc->f, w = c->vae_shape[2 * k + 1] / enc->f;
+		place[k] = k && c->image_row[k - 1] == r ? place[k - 1] + 1 : 0;
+		ls[3 * k] = enc->Z;
+		ls[3 * k + 1] = h;
+		ls[3 * k + 2] = w;
+		if (vit_rows(enc, c, (int)k, emb + (size_t)k * c->VP * enc->H, err) ||
+		    image_latent(enc, c, (int)k, place[k], c->seeds[r], vo, lat + zo, err))
+			goto out;
+		zo += (int64_t)enc->Z * h * w;
+		vo += (int64_t)c->vae_shape[2 * k] * c->vae_shape[2 * k + 1] * 3;
+	}
+	ci = HI3I_COND(cp);
+	ci->buf[T_VIT_EMB] = emb;
+	ci->buf[T_LAT_SHAPE] = ls;
+	ci->buf[T_VAE_LAT] = lat;
+	cp->VE = enc->H;
+	cp->vit_embeds = emb;
+	cp->latent_shape = ls;
+	cp->vae_latents = lat;
+	cp->NZ = NZ;
+	emb = lat = NULL;
+	ls = NULL;
+	rc = 0;
+out:
+	if (rc) {
+		hi3_cond_close(cp);
+		cp = NULL;
+	}
+	*out = cp;
+	hi3i_image_enc_close(enc);
+	free(rows);
+	free(place);
+	free(emb);
+	free(lat);
+	free(ls);
 	return rc;
 }
