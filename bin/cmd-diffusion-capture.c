@@ -140,14 +140,18 @@ int cmd_diffusion_capture(int argc, char **argv)
 	if (rc == 0)
 		rc = cli_trace_write(&trace, o.trace, &err);
 	if (rc == 0) {
+		if (st.cond_images)
+			cli_info("%d cond images encoded in %.3f s", st.cond_images, st.encode_seconds);
 		cli_info("%d requests (%d rows, L %d), %d x %d latent tokens, %d steps (%d SDE) in %.3f s: step 0 %.3f s, "
 		         "later steps %.3f s each (%s) into %s", st.B, st.R, (int)st.L, st.h, st.w, st.T, st.K, st.seconds,
 		         st.step0_seconds, st.step_seconds, o.no_kv_reuse ? "whole sequence" : "KV reuse", out);
 		if (json)
 			printf("{\"requests\": %d, \"rows\": %d, \"L\": %lld, \"image_tokens\": %lld, \"steps\": %d, "
-			       "\"sde_steps\": %d, \"kv_reuse\": %s, \"seconds\": %.6f, \"step0_s\": %.6f, \"step_s\": %.6f}\n",
+			       "\"sde_steps\": %d, \"kv_reuse\": %s, \"seconds\": %.6f, \"step0_s\": %.6f, \"step_s\": %.6f, "
+			       "\"cond_images\": %d, \"encode_s\": %.6f}\n",
 			       st.B, st.R, (long long)st.L, (long long)st.image_tokens, st.T, st.K,
-			       o.no_kv_reuse ? "false" : "true", st.seconds, st.step0_seconds, st.step_seconds);
+			       o.no_kv_reuse ? "false" : "true", st.seconds, st.step0_seconds, st.step_seconds, st.cond_images,
+			       st.encode_seconds);
 	}
 	hi3_cond_close(c);
 	c = NULL;

@@ -990,6 +990,8 @@ typedef struct hi3_diffusion_stats {
 	int B, R, T, K, h, w;
 	int64_t L, image_tokens;      /* columns of the conditions, image tokens per row */
 	double seconds, step0_seconds, step_seconds;  /* total, the first step, the mean of the others */
+	int cond_images;              /* the conditions' cond images (image editing) */
+	double encode_seconds;        /* making their rows (the encoders), before the first step */
 } hi3_diffusion_stats;
 
 /* Denoise the gen_image rows of c from noise (the rows' seeds, or

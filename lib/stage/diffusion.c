@@ -476,8 +476,15 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 		return hi3_error_set(err, HI3_ERR_USAGE, "guidance dtype: expected f32, bf16 or f16");
 	if (!(o->eta >= 0.0) || !isfinite(o->eta))
 		return hi3_error_set(err, HI3_ERR_USAGE, "eta %g: expected a finite number >= 0", o->eta);
-	if (resolve(m, o, &s, err) || hi3i_denoiser_open(&dn, m, c, &dno, err))
+	if (resolve(m, o, &s, err))
 		goto out;
+	{
+		double te = hi3i_now();
+		if (hi3i_denoiser_open(&dn, m, c, &dno, err))
+			goto out;
+		st->cond_images = c->NI;
+		st->encode_seconds = c->NI ? hi3i_now() - te : 0.0;
+	}
 	hi3i_denoiser_geometry(dn, &g);
 	n = (size_t)g.Z * g.h * g.w;
 	es = hi3_dtype_size(o->latent_dtype);
