@@ -94,13 +94,16 @@ test_expect_success '--encode stores the encoder outputs; prefill from them give
 	! hi3 diff --atol 0 --tensor next_logits k-own.st ks-own.st >/dev/null
 '
 
-test_expect_success '--encode: merged and selected rows keep their outputs; encoded and not are not merged' '
+test_expect_success '--encode: merged rows keep their outputs; encoded and not are not merged; a part of them is refused' '
 	hi3 -q tokenize-concat --concat ce.st ce.st -o cc.st &&
 	hi3 inspect cc.st | grep -q "vit_embeds *F32 *(6, 64, 64)" &&
 	test_must_fail 3 hi3 tokenize-concat --concat ce.st c.st -o mixed.st 2>err &&
 	test_grep "with and without their encoder outputs" err && ! test -e mixed.st &&
 	test_must_fail 2 hi3 tokenize-concat --encode pics/req.jsonl -o x.st 2>err &&
-	test_grep "needs the model" err
+	test_grep "needs the model" err &&
+	cp ce.st part.st && "$BUILDDIR/tests/test-tools" strip part.st vae_latents &&
+	test_must_fail 3 hi3 -m model prefill part.st -o x.st 2>err &&
+	test_grep "part.st.*give all three" err && ! test -e x.st
 '
 
 # bad input: exit 3 naming the file, and c.st as it was
