@@ -154,6 +154,30 @@ fail:
 	return -1;
 }
 
+/* Where cond image k's parts lie in the conditions, and what it makes. */
+struct image_at {
+	int row, place;               /* its row, and its index among the row's images */
+	int h, w;                     /* its latent grid: the VAE view over the factor */
+	int64_t vae_off;              /* its view's first byte in vae_pixels */
+	int64_t lat_off;              /* its latent's first value among all the latents (Z h w each) */
+};
+
+/* (NI) the images' places, in one pass; NULL when out of memory. */
+static struct image_at *image_layout(const struct hi3i_image_enc *enc, const hi3_cond *c, hi3_error *err)
+{
+	struct image_at *a = hi3i_malloc(sizeof(*a) * (size_t)c->NI, err);
+
+	for (int k = 0; a && k < c->NI; k++) {
+		a[k].row = (int)c->image_row[k];
+		a[k].place = k && c->image_row[k - 1] == c->image_row[k] ? a[k - 1].place + 1 : 0;
+		a[k].h = c->vae_shape[2 * k] / enc->f;
+		a[k].w = c->vae_shape[2 * k + 1] / enc->f;
+		a[k].vae_off = k ? a[k - 1].vae_off + (int64_t)c->vae_shape[2 * k - 2] * c->vae_shape[2 * k - 1] * 3 : 0;
+		a[k].lat_off = k ? a[k - 1].lat_off + (int64_t)enc->Z * a[k - 1].h * a[k - 1].w : 0;
+	}
+	return a;
+}
+
 /* The [start, stop) of run k of mask m (L columns); -1 when it has fewer. */
 static int64_t run_of(const uint8_t *m, int L, int k, int64_t *stop)
 {
@@ -170,14 +194,14 @@ static int64_t run_of(const uint8_t *m, int L, int k, int64_t *stop)
 	return -1;
 }
 
-/* lat (Z, h, w) = the latent of cond image k, its row's kr-th: the VAE
- * encoder's posterior mean, or a sample from seed, shifted and scaled. */
-static int image_latent(struct hi3i_image_enc *enc, const hi3_cond *c, int k, int kr, int64_t seed, int64_t vae_off,
-                        float *lat, hi3_error *err)
+/* lat (Z, h, w) = the latent of cond image k at a: the VAE encoder's
+ * posterior mean, or a sample from its row's seed, shifted and scaled. */
+static int image_latent(struct hi3i_image_enc *enc, const hi3_cond *c, int k, const struct image_at *a, float *lat,
+                        hi3_error *err)
 {
 	const int Hp = c->vae_shape[2 * k], Wp = c->vae_shape[2 * k + 1], Z = enc->Z;
-	const size_t HW = (size_t)Hp * Wp, N = HW / ((size_t)enc->f * enc->f);
-	const uint8_t *u = c->vae_pixels + vae_off;      /* (Hp, Wp, 3) */
+	const size_t HW = (size_t)Hp * Wp, N = (size_t)a->h * a->w;
+	const uint8_t *u = c->vae_pixels + a->vae_off;   /* (Hp, Wp, 3) */
 	float *x = NULL, *mean = NULL, *lv = NULL, *noise = NULL;
 	int rc = -1;
 
@@ -192,7 +216,7 @@ static int image_latent(struct hi3i_image_enc *enc, const hi3_cond *c, int k, in
 	if (hi3_vae_encode(enc->vae, x, 1, Hp, Wp, mean, lv, err))
 		goto out;
 	if (noise)
-		hi3i_normals((uint64_t)seed, HI3I_STREAM_VAE(kr), (size_t)Z * N, noise);
+		hi3i_normals((uint64_t)c->seeds[a->row], HI3I_STREAM_VAE(a->place), (size_t)Z * N, noise);
 	hi3_vae_latent(enc->vae, mean, lv, noise, (size_t)Z * N, lat);
 	rc = 0;
 out:
@@ -302,16 +326,16 @@ static void memo_free(void *p)
 	free(im);
 }
 
-/* The key of image k, its row's kr-th, of seed: (shapes, the sampling,
- * place and seed when sampled, whether the conditions hold the encoder
- * outputs, then the ViT and VAE pixels); malloc'd. Stored outputs come
- * with the pixels they were made of (the conditions' model fingerprint). */
-static unsigned char *memo_key(const struct hi3i_image_enc *enc, const hi3_cond *c, int k, int kr, int64_t seed,
-                               int64_t vae_off, size_t *len)
+/* The key of image k at a: (shapes, the sampling, place and seed when
+ * sampled, whether the conditions hold the encoder outputs, then the ViT
+ * and VAE pixels); malloc'd. Stored outputs come with the pixels they were
+ * made of (the conditions' model fingerprint). */
+static unsigned char *memo_key(const struct hi3i_image_enc *enc, const hi3_cond *c, int k, const struct image_at *a,
+                               size_t *len)
 {
 	const size_t pd = (size_t)c->VP * c->VD, nv = (size_t)c->vae_shape[2 * k] * c->vae_shape[2 * k + 1] * 3;
 	const int64_t head[9] = {c->vae_shape[2 * k], c->vae_shape[2 * k + 1], c->vit_grid[2 * k], c->vit_grid[2 * k + 1],
-	                         c->VP, enc->sample, enc->sample ? kr : 0, enc->sample ? seed : 0,
+	                         c->VP, enc->sample, enc->sample ? a->place : 0, enc->sample ? c->seeds[a->row] : 0,
 	                         c->vit_embeds != NULL};
 	unsigned char *key;
 
@@ -320,7 +344,7 @@ static unsigned char *memo_key(const struct hi3i_image_enc *enc, const hi3_cond 
 		return NULL;
 	memcpy(key, head, sizeof(head));
 	memcpy(key + sizeof(head), c->vit_pixels + (size_t)k * pd, pd);
-	memcpy(key + sizeof(head) + pd, c->vae_pixels + vae_off, nv);
+	memcpy(key + sizeof(head) + pd, c->vae_pixels + a->vae_off, nv);
 	return key;
 }
 
@@ -374,14 +398,14 @@ static const struct memo *memo_get(const struct hi3i_image_enc *enc, const unsig
 	return NULL;
 }
 
-/* rows (N + 1 + P, H) host: image k's VAE rows, timestep_emb(0), its ViT
- * rows; from the memo when the model has them. */
-static int image_rows(struct hi3i_image_enc *enc, const hi3_cond *c, int k, int kr, int64_t seed, int64_t vae_off,
-                      size_t N, float *rows, hi3_error *err)
+/* rows (N + 1 + P, H) host, N = h w: image k's VAE rows, timestep_emb(0),
+ * its ViT rows; from the memo when the model has them. */
+static int image_rows(struct hi3i_image_enc *enc, const hi3_cond *c, int k, const struct image_at *a, float *rows,
+                      hi3_error *err)
 {
-	const size_t n = N + 1 + (size_t)c->VP, H = (size_t)enc->H;
+	const size_t N = (size_t)a->h * a->w, n = N + 1 + (size_t)c->VP, H = (size_t)enc->H;
 	size_t len = 0;
-	unsigned char *key = memo_key(enc, c, k, kr, seed, vae_off, &len);
+	unsigned char *key = memo_key(enc, c, k, a, &len);
 	const struct memo *e = key ? memo_get(enc, key, len) : NULL;
 
 	if (e && e->n == n) {
@@ -390,19 +414,16 @@ static int image_rows(struct hi3i_image_enc *enc, const hi3_cond *c, int k, int 
 		return 0;
 	}
 	if (c->vit_embeds) {
-		/* the outputs tokenize-concat --encode stored */
-		int64_t zo = 0;
-		for (int q = 0; q < k; q++)
-			zo += (int64_t)c->latent_shape[3 * q] * c->latent_shape[3 * q + 1] * c->latent_shape[3 * q + 2];
-		if (vae_rows(enc, c->vae_latents + zo, c->latent_shape[3 * k + 1], c->latent_shape[3 * k + 2], rows, err)) {
+		/* the outputs tokenize-concat --encode stored (check_stored: the
+		 * latents are the model's, Z x h x w each) */
+		if (vae_rows(enc, c->vae_latents + a->lat_off, a->h, a->w, rows, err)) {
 			free(key);
 			return -1;
 		}
 		memcpy(rows + (N + 1) * H, c->vit_embeds + (size_t)k * c->VP * c->VE, sizeof(float) * (size_t)c->VP * H);
 	} else {
-		const int h = c->vae_shape[2 * k] / enc->f, w = c->vae_shape[2 * k + 1] / enc->f;
 		float *lat = hi3i_malloc(sizeof(float) * (size_t)enc->Z * N, err);
-		if (!lat || image_latent(enc, c, k, kr, seed, vae_off, lat, err) || vae_rows(enc, lat, h, w, rows, err) ||
+		if (!lat || image_latent(enc, c, k, a, lat, err) || vae_rows(enc, lat, a->h, a->w, rows, err) ||
 		    vit_rows(enc, c, k, rows + (N + 1) * H, err)) {
 			free(lat);
 			free(key);
@@ -429,22 +450,21 @@ int hi3i_image_embeds(struct hi3i_image_enc *enc, const hi3_cond *c, const int *
 {
 	const char *name = c->st ? hi3_st_path(c->st) : "the conditions";
 	const int P = c->VP, H = enc ? enc->H : 0;
-	int64_t *vae_off = NULL;
+	struct image_at *at = NULL;
 	size_t n = 0;
 	int rc = -1;
 
 	memset(e, 0, sizeof(*e));
 	if (!c->NI || !enc)
 		return 0;
-	/* each image's offset into vae_pixels, and the rows it takes */
-	if (!(vae_off = hi3i_malloc(sizeof(int64_t) * (size_t)c->NI, err)))
+	/* each image's place, and the rows it takes */
+	if (!(at = image_layout(enc, c, err)))
 		goto out;
 	for (int k = 0, j = 0; k < c->NI; k++) {
-		vae_off[k] = k ? vae_off[k - 1] + (int64_t)c->vae_shape[2 * k - 2] * c->vae_shape[2 * k - 1] * 3 : 0;
-		for (j = 0; j < nb && rows[j] != c->image_row[k]; j++)
+		for (j = 0; j < nb && rows[j] != at[k].row; j++)
 			;
 		if (j < nb)
-			n += (size_t)(c->vae_shape[2 * k] / enc->f) * (c->vae_shape[2 * k + 1] / enc->f) + 1 + (size_t)P;
+			n += (size_t)at[k].h * at[k].w + 1 + (size_t)P;
 	}
 	if (!n) {
 		rc = 0;
@@ -456,12 +476,13 @@ int hi3i_image_embeds(struct hi3i_image_enc *enc, const hi3_cond *c, const int *
 		const int r = rows[j];
 		const uint8_t *vae_m = c->cond_vae_mask ? c->cond_vae_mask + (size_t)r * c->L : NULL;
 		const uint8_t *vit_m = c->cond_vit_mask ? c->cond_vit_mask + (size_t)r * c->L : NULL;
-		for (int k = 0, kr = 0; k < c->NI; k++) {
+		for (int k = 0; k < c->NI; k++) {
+			const int kr = at[k].place;
 			int64_t v0, v1 = 0, t0, t1 = 0;
 			size_t N;
-			if (c->image_row[k] != r)
+			if (at[k].row != r)
 				continue;
-			N = (size_t)(c->vae_shape[2 * k] / enc->f) * (c->vae_shape[2 * k + 1] / enc->f);
+			N = (size_t)at[k].h * at[k].w;
 			v0 = vae_m ? run_of(vae_m, c->L, kr, &v1) : -1;
 			t0 = vit_m ? run_of(vit_m, c->L, kr, &t1) : -1;
 			if (v0 < 0 || (size_t)(v1 - v0) != N || t0 < 0 || t1 - t0 != P) {
@@ -478,8 +499,7 @@ int hi3i_image_embeds(struct hi3i_image_enc *enc, const hi3_cond *c, const int *
 				goto out;
 			}
 			/* the VAE rows, then the <timestep>'s, then the ViT rows */
-			if (image_rows(enc, c, k, kr, c->seeds ? c->seeds[r] : 0, vae_off[k], N, e->rows + (size_t)e->n * H,
-			               err))
+			if (image_rows(enc, c, k, &at[k], e->rows + (size_t)e->n * H, err))
 				goto out;
 			for (size_t i = 0; i < N; i++, e->n++) {
 				e->at[2 * e->n] = j;
@@ -492,7 +512,6 @@ int hi3i_image_embeds(struct hi3i_image_enc *enc, const hi3_cond *c, const int *
 				e->at[2 * e->n] = j;
 				e->at[2 * e->n + 1] = (int32_t)(t0 + s);
 			}
-			kr++;
 		}
 	}
 	HI3_ASSERT((size_t)e->n == n);
@@ -500,7 +519,7 @@ int hi3i_image_embeds(struct hi3i_image_enc *enc, const hi3_cond *c, const int *
 out:
 	if (rc)
 		hi3i_image_embeds_release(e);
-	free(vae_off);
+	free(at);
 	return rc;
 }
 
@@ -510,7 +529,8 @@ int hi3_cond_encode(hi3_cond **out, const hi3_cond *c, hi3_model *m, hi3_error *
 	struct hi3i_image_enc *enc = NULL;
 	hi3_cond *cp = NULL;
 	struct hi3i_cond *ci;
-	int *rows = NULL, *place = NULL, rc = -1;
+	int *rows = NULL, rc = -1;
+	struct image_at *at = NULL;
 	float *emb = NULL, *lat = NULL;
 	int32_t *ls = NULL;
 	int64_t NZ = 0;
@@ -526,27 +546,21 @@ int hi3_cond_encode(hi3_cond **out, const hi3_cond *c, hi3_model *m, hi3_error *
 		rc = 0;
 		goto out;
 	}
-	if (hi3_cond_check_model(c, m, err) || hi3i_image_enc_open(&enc, m, c, name, err))
+	if (hi3_cond_check_model(c, m, err) || hi3i_image_enc_open(&enc, m, c, name, err) ||
+	    !(at = image_layout(enc, c, err)))
 		goto out;
-	for (int k = 0; k < c->NI; k++)
-		NZ += (int64_t)enc->Z * (c->vae_shape[2 * k] / enc->f) * (c->vae_shape[2 * k + 1] / enc->f);
+	NZ = at[c->NI - 1].lat_off + (int64_t)enc->Z * at[c->NI - 1].h * at[c->NI - 1].w;
 	if (!(emb = hi3i_malloc(sizeof(float) * (size_t)c->NI * c->VP * enc->H, err)) ||
 	    !(lat = hi3i_malloc(sizeof(float) * (size_t)NZ, err)) ||
-	    !(ls = hi3i_malloc(sizeof(int32_t) * 3 * (size_t)c->NI, err)) ||
-	    !(place = hi3i_malloc(sizeof(int) * (size_t)c->NI, err)))
+	    !(ls = hi3i_malloc(sizeof(int32_t) * 3 * (size_t)c->NI, err)))
 		goto out;
-	for (int64_t k = 0, zo = 0, vo = 0; k < c->NI; k++) {
-		const int r = (int)c->image_row[k];
-		const int h = c->vae_shape[2 * k] / enc->f, w = c->vae_shape[2 * k + 1] / enc->f;
-		place[k] = k && c->image_row[k - 1] == r ? place[k - 1] + 1 : 0;
+	for (int k = 0; k < c->NI; k++) {
 		ls[3 * k] = enc->Z;
-		ls[3 * k + 1] = h;
-		ls[3 * k + 2] = w;
-		if (vit_rows(enc, c, (int)k, emb + (size_t)k * c->VP * enc->H, err) ||
-		    image_latent(enc, c, (int)k, place[k], c->seeds[r], vo, lat + zo, err))
+		ls[3 * k + 1] = at[k].h;
+		ls[3 * k + 2] = at[k].w;
+		if (vit_rows(enc, c, k, emb + (size_t)k * c->VP * enc->H, err) ||
+		    image_latent(enc, c, k, &at[k], lat + at[k].lat_off, err))
 			goto out;
-		zo += (int64_t)enc->Z * h * w;
-		vo += (int64_t)c->vae_shape[2 * k] * c->vae_shape[2 * k + 1] * 3;
 	}
 	ci = HI3I_COND(cp);
 	ci->buf[T_VIT_EMB] = emb;
@@ -568,7 +582,7 @@ out:
 	*out = cp;
 	hi3i_image_enc_close(enc);
 	free(rows);
-	free(place);
+	free(at);
 	free(emb);
 	free(lat);
 	free(ls);
