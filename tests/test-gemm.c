@@ -52,11 +52,16 @@ static void check_shape(int N, int K, int M, hi3_dtype dt)
 	   M, N, K, hi3_dtype_name(dt), maxd);
 	ok(same, "M=%d N=%d K=%d %s: kernel equals the reference loop order bit for bit", M, N, K,
 	   hi3_dtype_name(dt));
-	hi3i_gemm_portable(1);
-	hi3i_gemm(y1, x, &p, HI3_MIN(M, 1));
-	hi3i_gemm_portable(0);
-	ok(!memcmp(y1, yr, sizeof(float) * (size_t)N), "M=%d N=%d K=%d %s: the portable kernel too", M, N, K,
-	   hi3_dtype_name(dt));
+	/* every kernel the CPU has (portable, AVX2, AVX-512) on the whole batch */
+	for (int level = 0; level < hi3i_gemm_isa(-1); level++) {
+		float *yl = malloc(sizeof(float) * (size_t)M * N);
+		hi3i_gemm_isa(level);
+		hi3i_gemm(yl, x, &p, M);
+		ok(!memcmp(yl, yr, sizeof(float) * (size_t)M * N), "M=%d N=%d K=%d %s: the %s kernel too", M, N, K,
+		   hi3_dtype_name(dt), level ? "AVX2" : "portable");
+		free(yl);
+	}
+	hi3i_gemm_isa(-1);
 	for (int m = 0; m < M; m++) {
 		hi3i_gemm(y1, x + (size_t)m * K, &p, 1);
 		if (memcmp(y1, y + (size_t)m * N, sizeof(float) * (size_t)N))
@@ -126,8 +131,12 @@ int main(void)
 {
 	check_group();
 	/* K = 2100 and 2051 take several k slices (lanes carried between them) */
+	/* (N, K, M): with AVX-512, M >= 8 takes the packed kernel: rows past a
+	 * tile of 8, N past a tile of 6, K % 8, and K = 4700 (several k slices,
+	 * lanes carried) are its edges */
 	static const int shapes[][3] = {{16, 8, 1}, {17, 33, 7}, {128, 128, 13}, {200, 300, 100},
-	                                {384, 256, 6}, {5, 1, 3}, {96, 520, 97}, {40, 2100, 9}, {7, 2051, 4}, {50, 2100, 40}};
+	                                {384, 256, 6}, {5, 1, 3}, {96, 520, 97}, {40, 2100, 9}, {7, 2051, 4}, {50, 2100, 40},
+	                                {6, 8, 8}, {37, 589, 19}, {13, 4700, 9}, {3, 5, 16}};
 
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
 		check_shape(shapes[i][0], shapes[i][1], shapes[i][2], HI3_F32);

@@ -12,8 +12,9 @@
  *     lane 0       += x[k] w[k] for k = K8 .. K - 1, in order (fused)
  *     y            = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
  *
- * So a row gives the same bits alone or in any batch, and the AVX2 and the
- * portable kernels agree.
+ * So a row gives the same bits alone or in any batch, and the AVX-512, the
+ * AVX2 and the portable kernels agree (the AVX-512 one, chosen at run time
+ * for 8 rows or more, holds two elements' eight lanes in a register).
  */
 #ifndef HI3_GEMM_H
 #define HI3_GEMM_H
@@ -35,8 +36,10 @@ int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M);
  * region (their column tiles split across threads): the same bits as n
  * calls of hi3i_gemm, with one fork and join. 0, or -1 as hi3i_gemm. */
 int hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_wmat *const *w, const int *M);
-/* For tests: 1 runs the portable kernel even where AVX2 is there (0: back). */
-void hi3i_gemm_portable(int on);
+/* For tests and benchmarks: use no kernel above max (0 the portable one,
+ * 1 AVX2, 2 AVX-512; -1: the best the CPU has); returns the level now in
+ * use. Every level gives the same bits. */
+int hi3i_gemm_isa(int max);
 /* Plain loops in the order above: for tests. */
 void hi3i_gemm_ref(float *y, const float *x, const hi3_wmat *w, int M);
 
