@@ -86,6 +86,14 @@ extern const struct cli_choice cli_decode_mask_choices[], cli_placement_choices[
 	           "--decode-mask=none, --token-placement=tail; pos-pad: tokenize-concat's --pad-positions=zero; " \
 	           "gen_image requests: pos-pad, rope-pad, rope-1d, eoi); every case must then break", __VA_ARGS__)
 
+/* The bounds of every command that reads picture files (docs/IMAGES.md):
+ * both int64_t, 0 for the defaults. */
+#define OPT_PICTURE_LIMITS(pixels, bytes) \
+	OPT_INT(0, "max-image-pixels", pixels, 1, INT64_MAX, "N", \
+	        "refuse a picture whose header declares more than N pixels, before decoding it (default " \
+	        "89478485, PIL's decompression-bomb limit)"), \
+	OPT_INT(0, "max-image-bytes", bytes, 1, INT64_MAX, "N", \
+	        "refuse a picture file of more than N bytes, before reading it (default 268435456, 256 MiB)")
 /* Requests with "images" (tokenize-concat, parity): how they are read and
  * which ViT resize kernel makes their ViT view. */
 struct cli_images {
@@ -96,8 +104,7 @@ struct cli_images {
 extern const struct cli_choice cli_vit_resize_choices[];
 #define OPT_IMAGES(io) \
 	OPT_GROUP("requests with \"images\":"), \
-	OPT_INT(0, "max-image-pixels", &(io)->load.max_pixels, 1, INT64_MAX, "N", \
-	        "refuse an image of more than N pixels (default 89478485, PIL's decompression-bomb limit)"), \
+	OPT_PICTURE_LIMITS(&(io)->load.max_pixels, &(io)->load.max_bytes), \
 	OPT_FLAG(0, "safe-paths", &(io)->load.safe_paths, \
 	         "refuse an image whose real path is outside the requests file's directory"), \
 	OPT_CHOICE(0, "vit-resize", &(io)->vit_kernel, cli_vit_resize_choices, \

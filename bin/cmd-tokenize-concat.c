@@ -9,7 +9,8 @@
 static const struct cli_help help = {
 	.usage = {"hi3 tokenize-concat [-m DIR] [--tokenizer FILE] [--template NAME] [--batch | --per-row] "
 	          "[--pad-positions continue|zero] [--max-length N] [--seed N] [--pad-id N] [--drop-think] "
-	          "[--exact-size | --strict-size] [--max-image-pixels N] [--safe-paths] [--vit-resize uint8|float] "
+	          "[--exact-size | --strict-size] [--max-image-pixels N] [--max-image-bytes N] [--safe-paths] "
+	          "[--vit-resize uint8|float] "
 	          "[--vae-sample] [--encode] [--dump-images DIR] -o OUT REQUESTS",
 	          "hi3 tokenize-concat --concat [--pad-positions continue|zero] -o OUT COND..."},
 	.description =

@@ -1280,6 +1280,7 @@ int hi3_requests_need_tokenizer(const hi3_requests *r);
  * error naming FILE:LINE and the image. hi3_cond_build needs them read. */
 typedef struct hi3_request_image_opts {
 	int64_t max_pixels;             /* as hi3_image_opts: 0 HI3_IMAGE_MAX_PIXELS, < 0 no limit */
+	int64_t max_bytes;              /* as hi3_image_opts: 0 HI3_IMAGE_MAX_BYTES, < 0 no limit */
 	int safe_paths;                 /* refuse images outside the requests' directory */
 } hi3_request_image_opts;
 int hi3_requests_load_images(hi3_requests *r, const hi3_request_image_opts *o, hi3_error *err);
@@ -1380,6 +1381,7 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
  * is released by its own free function. */
 
 #define HI3_IMAGE_MAX_PIXELS 89478485  /* PIL's Image.MAX_IMAGE_PIXELS, 1024 * 1024 * 1024 // 4 // 3 */
+#define HI3_IMAGE_MAX_BYTES (256LL << 20) /* the largest picture file read (256 MiB) */
 
 /* A decoded image as upstream's load_image gives it: EXIF orientation
  * applied (ImageOps.exif_transpose), then convert("RGB"). */
@@ -1387,21 +1389,33 @@ typedef struct hi3_image {
 	int width, height;            /* W, H, after the orientation */
 	uint8_t *rgb;                 /* (H, W, 3) */
 	char *name;                   /* the path or name given, for messages */
-	const char *format;           /* "PNG", "JPEG", "GIF", "BMP", "PSD", "TGA", "HDR", "PIC", "PNM" */
+	const char *format;           /* Pillow's Image.format: "JPEG", "PNG", "WEBP", "GIF", "BMP" */
+	const char *mode;             /* Pillow 12's Image.mode on opening: "1", "L", "P", "LA", "RGB", "RGBA",
+	                               * "CMYK", "I;16" */
 	int file_width, file_height;  /* as stored, before the orientation */
-	int channels;                 /* in the file: 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA */
-	int bits;                     /* per channel in the file: 8, 16 (32 for HDR) */
+	int channels;                 /* samples a pixel in the file: 1 gray or palette, 2 gray+alpha, 3, 4 */
+	int bits;                     /* bits a sample in the file: 1, 2, 4, 8, 16 (BMP: bits a pixel) */
 	int orientation;              /* the EXIF orientation applied, 2..8; 1 when none */
 } hi3_image;
 
 typedef struct hi3_image_opts {
-	int64_t max_pixels;           /* refuse larger images; 0: HI3_IMAGE_MAX_PIXELS, < 0: no limit */
+	int64_t max_pixels;           /* refuse larger images (the header's size, before any pixel buffer);
+	                               * 0: HI3_IMAGE_MAX_PIXELS, < 0: no limit */
+	int64_t max_bytes;            /* hi3_image_load: refuse a larger file before reading it;
+	                               * 0: HI3_IMAGE_MAX_BYTES, < 0: no limit */
 } hi3_image_opts;
 
-/* Read an image file ("-" reads standard input), or decode one in memory
- * (name is used in messages). A missing, empty, truncated, non-image or
- * too large file is an input error (status 3) naming the file. */
+/* Read a picture file ("-" reads standard input), or decode one in memory
+ * (name is used in messages): JPEG, PNG, WebP, GIF or BMP, bit for bit as
+ * Pillow decodes it. A missing, empty, truncated, non-image, unaccepted or
+ * too large file, or one that is not a regular file (a FIFO, a device, a
+ * directory: refused before anything is read), is an input error (status
+ * 3) naming the file. */
 int hi3_image_load(hi3_image **out, const char *path, const hi3_image_opts *o, hi3_error *err);
+/* The picture format of data by its first bytes: Pillow's name of one hi3
+ * reads ("JPEG", "PNG", "WEBP", "GIF", "BMP"), the name of one it
+ * recognises only to refuse ("TIFF", "PSD", "HEIC", ...), or NULL. */
+const char *hi3_image_sniff(const void *data, size_t len);
 int hi3_image_decode(hi3_image **out, const void *data, size_t len, const char *name, const hi3_image_opts *o,
                      hi3_error *err);
 void hi3_image_free(hi3_image *im);

@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential autoconf automake libtool pkg-config
-          libopenblas-dev libjansson-dev libpcre2-dev libpng-dev libutf8proc-dev libstb-dev
+          libopenblas-dev libjansson-dev libpcre2-dev libpng-dev libutf8proc-dev
+          libjpeg62-turbo-dev libwebp-dev zlib1g-dev
           groff-base libopenmpi-dev openmpi-bin)
 
 if [ "${1:-}" != "--no-apt" ]; then

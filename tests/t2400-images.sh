@@ -125,6 +125,14 @@ test_expect_success 'a truncated PNG and a file that is no image: exit 3 naming 
 	echo "not a picture" >pics/text.png && bad_image text.png "text.png.*not an image"
 '
 
+test_expect_success 'a directory, a FIFO, /dev/zero, an over-size file: exit 3 at once, the reason named' '
+	mkdir pics/dir.png && bad_image dir.png "dir.png: not a regular file (a directory)" &&
+	mkfifo pics/fifo.png && bad_image fifo.png "fifo.png: not a regular file (a FIFO)" &&
+	bad_image /dev/zero "/dev/zero: not a regular file (a character device)" &&
+	bad_image rgb.png "rgb.png: [0-9]* bytes, more than the limit of 100 (--max-image-bytes)" --max-image-bytes 100 &&
+	printf "MM\0*\0\0\0\010" >pics/scan.tif && bad_image scan.tif "scan.tif: a TIFF file; hi3 reads JPEG, PNG, WebP"
+'
+
 test_expect_success 'a 1x100000 image: its VAE view would be a 128x12800000 resize (base 256), refused' '
 	cp "$IMG/tall-1x100000.png" pics/ && bad_image tall-1x100000.png "tall-1x100000.png.*128x12800000"
 '

@@ -8,6 +8,39 @@
 
 #include "core/internal.h"
 
+/* ------------------------------------------------- the picture decoders */
+
+/* A picture as Pillow's Image.open gives it, converted as convert("RGB")
+ * converts it, before any EXIF orientation: what each format's decoder
+ * (image-jpeg.c, image-webp.c, image-png.c, image-gif.c, image-bmp.c)
+ * fills. */
+struct hi3i_picture {
+	int width, height;
+	uint8_t *rgb;               /* (height, width, 3), malloc'd */
+	const char *mode;           /* Pillow 12's mode: "1", "L", "P", "LA", "RGB", "RGBA", "CMYK", "I;16" */
+	int channels, bits;         /* samples per pixel and bits per sample in the file */
+};
+
+/* The checks every decoder makes on the size it read from the header,
+ * before it allocates pixels: at least one pixel, at most max_pixels (> 0;
+ * <= 0: no limit). 0, or an input error naming `name` and the format. */
+int hi3i_picture_size(const char *name, const char *format, int64_t w, int64_t h, int64_t max_pixels,
+                      hi3_error *err);
+
+/* Decode the picture in [d, d + n) into *p. Each refuses what Pillow
+ * refuses (an input error naming `name`), and checks the declared size
+ * with hi3i_picture_size before any pixel buffer exists. */
+int hi3i_jpeg_decode(const uint8_t *d, size_t n, const char *name, int64_t max_pixels, struct hi3i_picture *p,
+                     hi3_error *err);
+int hi3i_webp_decode(const uint8_t *d, size_t n, const char *name, int64_t max_pixels, struct hi3i_picture *p,
+                     hi3_error *err);
+int hi3i_png_decode(const uint8_t *d, size_t n, const char *name, int64_t max_pixels, struct hi3i_picture *p,
+                    hi3_error *err);
+int hi3i_gif_decode(const uint8_t *d, size_t n, const char *name, int64_t max_pixels, struct hi3i_picture *p,
+                    hi3_error *err);
+int hi3i_bmp_decode(const uint8_t *d, size_t n, const char *name, int64_t max_pixels, struct hi3i_picture *p,
+                    hi3_error *err);
+
 /* The EXIF orientation (tag 0x0112 of IFD0, 1..8) of a JPEG (first APP1
  * "Exif" segment), PNG (last eXIf chunk) or either's XMP packet
  * (tiff:Orientation, used when the EXIF block has none), as Pillow's

@@ -1,36 +1,52 @@
 /*
- * image-load.c -- reading an image file as upstream's loader does:
- * transformers' load_image (PIL.Image.open, ImageOps.exif_transpose, then
- * convert("RGB")), with stb_image (Debian's libstb) as the decoder.
+ * image-load.c -- reading a picture as upstream's loader does: transformers'
+ * load_image (PIL.Image.open, ImageOps.exif_transpose, convert("RGB")),
+ * bit for bit as Pillow decodes it (docs/IMAGES.md). The formats and their
+ * decoders: JPEG (image-jpeg.c, libjpeg-turbo), WebP (image-webp.c,
+ * libwebp), PNG (image-png.c, libpng), GIF (image-gif.c) and BMP
+ * (image-bmp.c); anything else is refused with the list of these.
  *
- * Before decoding: the container is walked (PNG chunks, JPEG segments,
- * GIF blocks, BMP sizes) to refuse a truncated file, to find the EXIF
- * orientation, and stbi_info gives the size, checked against the pixel
- * limit. Decoding keeps what PIL's convert("RGB") keeps: alpha dropped
- * (not composited), palettes expanded, gray replicated, 16-bit RGB(A) and
- * gray+alpha PNGs by their high byte; a 16-bit gray PNG is clipped to 255
- * as PIL's I;16 -> RGB conversion does (stb would take the high byte).
- * Known differences from PIL: JPEG decoding (stb_image's IDCT, chroma
- * upsampling and YCbCr conversion are not libjpeg-turbo's: within 2
- * levels on the test pictures), CMYK/YCCK JPEGs (stb's rounding of C*K/255), PNM files with
- * a maxval other than 255 or 16 bits per sample (stb neither rescales
- * nor clips). docs/IMAGES.md has the list.
+ * Here: reading the file with bounds (a regular file, at most max_bytes,
+ * refused before it is read), recognising the format, walking the
+ * container for what Pillow's plugins check or keep besides the pixels (a
+ * JPEG's end-of-image marker, a PNG's chunk CRCs before the first IDAT, the
+ * EXIF and XMP blocks that getexif() reads), the size check every decoder
+ * makes before it allocates pixels, and the EXIF orientation.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <string.h>
-#include <stb_image.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <webp/demux.h>
+#include <zlib.h>
 #include "cond/image-internal.h"
 
-enum fmt { F_UNKNOWN, F_PNG, F_JPEG, F_GIF, F_BMP, F_PSD, F_HDR, F_PNM, F_PIC, F_TGA };
-static const char *const fmt_names[] = {"image", "PNG", "JPEG", "GIF", "BMP", "PSD", "HDR", "PNM", "PIC", "TGA"};
+enum fmt { F_UNKNOWN, F_PNG, F_JPEG, F_GIF, F_BMP, F_WEBP, F_OTHER };
+/* Pillow's Image.format of each */
+static const char *const fmt_names[] = {"image", "PNG", "JPEG", "GIF", "BMP", "WEBP"};
+#define ACCEPTED "JPEG, PNG, WebP, GIF or BMP"
 
 static uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
 static uint32_t be16(const uint8_t *p) { return (uint32_t)p[0] << 8 | p[1]; }
 static uint32_t le32(const uint8_t *p) { return (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0]; }
 static uint32_t le16(const uint8_t *p) { return (uint32_t)p[1] << 8 | p[0]; }
 
-static int sniff(const uint8_t *d, size_t n)
+/* The format, from the first bytes; F_OTHER with *other set for formats
+ * that are recognised only to be refused by name. */
+static int sniff(const uint8_t *d, size_t n, const char **other)
 {
+	static const struct { const char *magic; size_t len, at; const char *name; } refused[] = {
+		{"II*\0", 4, 0, "TIFF"}, {"MM\0*", 4, 0, "TIFF"}, {"8BPS", 4, 0, "PSD"}, {"#?RADIANCE", 10, 0, "HDR"},
+		{"#?RGBE", 6, 0, "HDR"}, {"\x53\x80\xF6\x34", 4, 0, "PIC"}, {"ftypheic", 8, 4, "HEIC"},
+		{"ftypheix", 8, 4, "HEIC"}, {"ftypmif1", 8, 4, "HEIF"}, {"ftypavif", 8, 4, "AVIF"},
+		{"\0\0\0\x0CjP  ", 8, 0, "JPEG 2000"}, {"\xFF\x4F\xFF\x51", 4, 0, "JPEG 2000"},
+		{"\0\0\1\0", 4, 0, "ICO"}, {"qoif", 4, 0, "QOI"}, {"\xFF\x0A", 2, 0, "JPEG XL"},
+		{"\0\0\0\x0CJXL ", 8, 0, "JPEG XL"}, {"%PDF", 4, 0, "PDF"},
+	};
+
+	*other = NULL;
 	if (n >= 8 && !memcmp(d, "\x89PNG\r\n\x1a\n", 8))
 		return F_PNG;
 	if (n >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF)
@@ -39,15 +55,18 @@ static int sniff(const uint8_t *d, size_t n)
 		return F_GIF;
 	if (n >= 2 && d[0] == 'B' && d[1] == 'M')
 		return F_BMP;
-	if (n >= 4 && !memcmp(d, "8BPS", 4))
-		return F_PSD;
-	if (n >= 6 && (!memcmp(d, "#?RADIANCE", HI3_MIN(n, 10)) || !memcmp(d, "#?RGBE", 6)))
-		return F_HDR;
-	if (n >= 2 && d[0] == 'P' && (d[1] == '5' || d[1] == '6'))
-		return F_PNM;
-	if (n >= 4 && !memcmp(d, "\x53\x80\xF6\x34", 4))
-		return F_PIC;
-	return F_UNKNOWN;  /* TGA has no signature: stb tries it last */
+	if (n >= 15 && !memcmp(d, "RIFF", 4) && !memcmp(d + 8, "WEBPVP8", 7))
+		return F_WEBP;
+	for (size_t i = 0; i < HI3_ARRAY_SIZE(refused); i++)
+		if (n >= refused[i].at + refused[i].len && !memcmp(d + refused[i].at, refused[i].magic, refused[i].len)) {
+			*other = refused[i].name;
+			return F_OTHER;
+		}
+	if (n >= 3 && d[0] == 'P' && d[1] >= '1' && d[1] <= '7' && (d[2] == '\n' || d[2] == ' ' || d[2] == '\r')) {
+		*other = "PNM";
+		return F_OTHER;
+	}
+	return F_UNKNOWN;
 }
 
 /* --------------------------------------------------- orientation */
@@ -140,17 +159,15 @@ static int xmp_orientation(const uint8_t *d, size_t n)
 
 /* What the container walk finds. */
 struct meta {
-	int complete;        /* PNG: IEND; JPEG: EOI; GIF: the first image; BMP: the pixel array */
+	int complete;        /* JPEG: an end-of-image marker after the scans (Pillow: "truncated" without) */
+	char broken[5];      /* PNG: the chunk before the first IDAT whose CRC is wrong (Pillow raises) */
 	uint8_t *exif;       /* the EXIF (TIFF) block, owned; NULL when none */
 	size_t exif_len;
 	uint8_t *xmp;        /* the XMP packet Pillow would search, owned */
 	size_t xmp_len;
 	int bad_meta;        /* 1: a block Pillow could not read (it raises; hi3 ignores it) */
 	int oom;             /* 1: out of memory keeping a block */
-	int png_gray16;      /* a 16-bit gray PNG (PIL mode I;16) */
 	int64_t png_w, png_h; /* the PNG's IHDR size; -1 when not a PNG */
-	int gif_trans;       /* the first GIF image has a transparent colour index ... */
-	uint8_t gif_rgb[3];  /* ... whose palette entry is this */
 };
 
 static void meta_release(struct meta *m)
@@ -178,19 +195,29 @@ static void keep(struct meta *m, uint8_t **dst, size_t *dlen, const uint8_t *src
  * _safe_zlib_decompress allows; NULL when it does not inflate. */
 static uint8_t *inflate_text(const uint8_t *z, size_t zn, size_t *out)
 {
-	const int cap = 1 << 20;
-	char *buf;
-	int got;
+	const size_t cap = (size_t)1 << 20;
+	z_stream s = {0};
+	uint8_t *buf;
+	int rc;
 
-	if (zn > INT_MAX || !(buf = malloc((size_t)cap + 1)))
+	if (zn > UINT_MAX || !(buf = malloc(cap + 1)))
 		return NULL;
-	got = stbi_zlib_decode_buffer(buf, cap + 1, (const char *)z, (int)zn);
-	if (got < 0 || got > cap) {
+	if (inflateInit(&s) != Z_OK) {
 		free(buf);
 		return NULL;
 	}
-	*out = (size_t)got;
-	return (uint8_t *)buf;
+	s.next_in = (Bytef *)z;
+	s.avail_in = (uInt)zn;
+	s.next_out = buf;
+	s.avail_out = (uInt)cap + 1;
+	rc = inflate(&s, Z_FINISH);
+	*out = s.total_out;
+	inflateEnd(&s);
+	if (rc != Z_STREAM_END || *out > cap) {
+		free(buf);
+		return NULL;
+	}
+	return buf;
 }
 
 /* bytes.fromhex("".join(text.split("\n")[3:])): ImageMagick's
@@ -286,11 +313,19 @@ static void png_text(struct meta *m, const uint8_t *type, const uint8_t *d, size
 	free(inflated);
 }
 
+/* Pillow checks the CRC of every chunk up to the first IDAT. */
+static int crc_ok(const uint8_t *chunk, uint32_t len)
+{
+	uint32_t want = be32(chunk + 8 + len);
+
+	return (uint32_t)crc32(0, chunk + 4, len + 4) == want;
+}
+
 static void walk_png(const uint8_t *d, size_t n, struct meta *m)
 {
 	size_t pos = 8, raw_len = 0;
 	uint8_t *raw = NULL;
-	int first = 1;
+	int first = 1, idat = 0;
 
 	while (pos <= n && n - pos >= 12) {
 		uint32_t len = be32(d + pos);
@@ -299,15 +334,16 @@ static void walk_png(const uint8_t *d, size_t n, struct meta *m)
 		if (len > 0x7fffffffu || n - pos - 12 < len)
 			break;
 		if (first && !memcmp(type, "IHDR", 4) && len >= 13) {
-			m->png_gray16 = data[8] == 16 && data[9] == 0;
 			m->png_w = be32(data);
 			m->png_h = be32(data + 4);
 		}
 		first = 0;
-		if (!memcmp(type, "IEND", 4)) {
-			m->complete = 1;
+		if (!memcmp(type, "IEND", 4))
 			break;
-		}
+		idat |= !memcmp(type, "IDAT", 4);
+		if (!idat && !m->broken[0] && !crc_ok(d + pos, len))
+			for (int k = 0; k < 4; k++)
+				m->broken[k] = type[k] > 32 && type[k] < 127 ? (char)type[k] : '?';
 		if (!memcmp(type, "eXIf", 4))
 			keep(m, &m->exif, &m->exif_len, data, len);
 		else if (!memcmp(type, "tEXt", 4) || !memcmp(type, "zTXt", 4) || !memcmp(type, "iTXt", 4))
@@ -395,100 +431,40 @@ static void walk_jpeg(const uint8_t *d, size_t n, struct meta *m)
 	}
 }
 
-/* GIF: header, screen descriptor and colour table, then extensions up to
- * the first image, whose LZW sub-blocks must all be present. Also the
- * first image's transparent colour (its graphic control extension) and
- * that index's palette entry: PIL's convert("RGB") of mode P shows it,
- * stb_image leaves those pixels transparent black. */
-static void walk_gif(const uint8_t *d, size_t n, struct meta *m)
+/* A WebP's first EXIF and XMP chunks, as Pillow's WebPAnimDecoder's
+ * get_chunk finds them (WebPDemuxGetChunk). */
+static void webp_chunk(struct meta *m, const WebPDemuxer *dmx, const char *fourcc, uint8_t **dst, size_t *len)
 {
-	size_t pos = 13, table = 0, ntable = 0;
-	int trans = -1;
+	WebPChunkIterator it;
 
-	if (n < 13)
+	if (!WebPDemuxGetChunk(dmx, fourcc, 1, &it))
 		return;
-	if (d[10] & 0x80) {
-		table = 13;
-		ntable = (size_t)1 << ((d[10] & 7) + 1);
-		pos += 3 * ntable;
-	}
-	while (pos < n) {
-		int image = d[pos] == 0x2C;
-
-		if (d[pos] == 0x21) {           /* extension: introducer, label */
-			if (n - pos >= 7 && d[pos + 1] == 0xF9 && d[pos + 2] == 4)
-				trans = d[pos + 3] & 1 ? d[pos + 6] : -1;   /* graphic control */
-			pos += 2;
-		} else if (image) {             /* descriptor, local table, LZW code size */
-			if (n - pos < 10)
-				return;
-			if (d[pos + 9] & 0x80) {
-				table = pos + 10;
-				ntable = (size_t)1 << ((d[pos + 9] & 7) + 1);
-				pos += 3 * ntable;
-			}
-			pos += 11;
-		} else {
-			return;                     /* the trailer, or garbage, before any image */
-		}
-		while (pos < n && d[pos])       /* sub-blocks up to the terminator */
-			pos += (size_t)d[pos] + 1;
-		if (pos >= n)
-			return;
-		pos++;
-		if (image) {
-			m->complete = 1;
-			if (trans >= 0 && (size_t)trans < ntable) {
-				m->gif_trans = 1;
-				memcpy(m->gif_rgb, d + table + 3 * (size_t)trans, 3);
-			}
-			return;
-		}
-	}
+	keep(m, dst, len, it.chunk.bytes, it.chunk.size);
+	WebPDemuxReleaseChunkIterator(&it);
 }
 
-static void walk_bmp(const uint8_t *d, size_t n, struct meta *m)
+static void walk_webp(const uint8_t *d, size_t n, struct meta *m)
 {
-	uint32_t off, hsize, comp = 0;
-	int64_t w, h;
-	int bpp;
+	WebPData data = {d, n};
+	WebPDemuxer *dmx = WebPDemux(&data);
 
-	m->complete = 1;
-	if (n < 26)
-		return;
-	off = le32(d + 10);
-	hsize = le32(d + 14);
-	if (hsize == 12) {
-		w = le16(d + 18);
-		h = le16(d + 20);
-		bpp = (int)le16(d + 24);
-	} else if (hsize >= 40 && n >= 34) {
-		w = (int32_t)le32(d + 18);
-		h = (int32_t)le32(d + 22);
-		bpp = (int)le16(d + 28);
-		comp = le32(d + 30);
-	} else {
-		return;
-	}
-	if (h < 0)
-		h = -h;
-	if (w > 0 && bpp > 0 && bpp <= 32 && (comp == 0 || comp == 3)) {
-		uint64_t row = (((uint64_t)w * (uint64_t)bpp + 31) / 32) * 4;
-		if ((uint64_t)off + row * (uint64_t)h > n)
-			m->complete = 0;
-	}
+	if (!dmx)
+		return;                     /* the decoder says why */
+	webp_chunk(m, dmx, "EXIF", &m->exif, &m->exif_len);
+	webp_chunk(m, dmx, "XMP ", &m->xmp, &m->xmp_len);
+	WebPDemuxDelete(dmx);
 }
 
 static void walk(const uint8_t *d, size_t n, int fmt, struct meta *m)
 {
 	memset(m, 0, sizeof(*m));
 	m->png_w = m->png_h = -1;
+	m->complete = 1;
 	switch (fmt) {
 	case F_PNG: walk_png(d, n, m); break;
-	case F_JPEG: walk_jpeg(d, n, m); break;
-	case F_GIF: walk_gif(d, n, m); break;
-	case F_BMP: walk_bmp(d, n, m); break;
-	default: m->complete = 1; break;  /* stb_image is the only judge */
+	case F_JPEG: m->complete = 0; walk_jpeg(d, n, m); break;
+	case F_WEBP: walk_webp(d, n, m); break;
+	default: break;                 /* GIF and BMP: no metadata Pillow's getexif reads */
 	}
 }
 
@@ -517,7 +493,9 @@ int hi3i_image_orientation(const uint8_t *data, size_t len)
 	struct meta m;
 	int o;
 
-	walk(data, len, sniff(data, len), &m);
+	const char *other;
+
+	walk(data, len, sniff(data, len, &other), &m);
 	o = orientation_of(&m);
 	meta_release(&m);
 	return o;
@@ -546,23 +524,33 @@ void hi3i_image_transpose(uint8_t *dst, const uint8_t *src, int w, int h, int c,
 
 /* ------------------------------------------------------------ loading */
 
-struct image {                  /* a hi3_image and what backs its pixels */
-	hi3_image pub;
-	int stb_owned;              /* pub.rgb came from stbi_load */
-};
+const char *hi3_image_sniff(const void *data, size_t len)
+{
+	const char *other;
+	int fmt = sniff(data, len, &other);
+
+	return fmt == F_OTHER ? other : fmt == F_UNKNOWN ? NULL : fmt_names[fmt];
+}
+
+int hi3i_picture_size(const char *name, const char *format, int64_t w, int64_t h, int64_t max_pixels, hi3_error *err)
+{
+	if (w <= 0 || h <= 0)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: a %lldx%lld %s image has no pixels", name, (long long)w,
+		                     (long long)h, format);
+	if (w > INT_MAX / 4 || h > INT_MAX / 4 || (max_pixels > 0 && w * h > max_pixels))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: the %s header declares %lldx%lld, %lld pixels, more than "
+		                     "the limit of %lld (--max-image-pixels)", name, format, (long long)w, (long long)h,
+		                     (long long)(w * h), (long long)(max_pixels > 0 ? max_pixels : INT_MAX / 4));
+	return 0;
+}
 
 void hi3_image_free(hi3_image *im)
 {
-	struct image *p = (struct image *)im;
-
-	if (!p)
+	if (!im)
 		return;
-	if (p->stb_owned)
-		stbi_image_free(p->pub.rgb);
-	else
-		free(p->pub.rgb);
-	free(p->pub.name);
-	free(p);
+	free(im->rgb);
+	free(im->name);
+	free(im);
 }
 
 int hi3_image_decode(hi3_image **out, const void *data, size_t len, const char *name, const hi3_image_opts *o,
@@ -570,149 +558,181 @@ int hi3_image_decode(hi3_image **out, const void *data, size_t len, const char *
 {
 	const uint8_t *d = data;
 	int64_t max = o && o->max_pixels ? o->max_pixels : HI3_IMAGE_MAX_PIXELS;
-	struct image *im = NULL;
+	struct hi3i_picture pic = {0};
+	hi3_image *im = NULL;
 	struct meta m = {0};
-	int fmt, w, h, comp, orient, rc = -1;
-	uint8_t *px = NULL;
+	const char *other;
+	int fmt, orient, rc = -1;
 
 	*out = NULL;
 	name = name ? name : "image";
 	if (len == 0)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: empty file, not an image", name);
-	if (len > INT_MAX)
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: %zu bytes: too large a file to decode", name, len);
-	fmt = sniff(d, len);
+	fmt = sniff(d, len, &other);
+	if (fmt == F_OTHER)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: a %s file; hi3 reads " ACCEPTED " pictures", name, other);
+	if (fmt == F_UNKNOWN)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: not an image (hi3 reads " ACCEPTED ")", name);
 	walk(d, len, fmt, &m);
 	if (m.oom) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory reading the metadata", name);
 		goto out;
 	}
 	if (!m.complete) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: truncated %s file (%s)", name, fmt_names[fmt],
-		              fmt == F_PNG ? "no IEND chunk" : fmt == F_JPEG ? "no end-of-image marker" :
-		              fmt == F_GIF ? "the first image's data is cut short" : "the pixel data is cut short");
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: truncated JPEG file (no end-of-image marker)", name);
 		goto out;
 	}
-	if (m.png_w == 0 || m.png_h == 0) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: a %lldx%lld image has no pixels", name, (long long)m.png_w,
-		              (long long)m.png_h);
+	if (m.broken[0]) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: broken PNG file (bad checksum in its %s chunk)", name, m.broken);
 		goto out;
 	}
-	stbi_set_flip_vertically_on_load_thread(0);
-	if (!stbi_info_from_memory(d, (int)len, &w, &h, &comp)) {
-		if (fmt == F_UNKNOWN)
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: not an image (PNG, JPEG, GIF, BMP, PSD, TGA, HDR, PIC or PNM): %s",
-			              name, stbi_failure_reason());
-		else
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot read the %s header: %s", name, fmt_names[fmt],
-			              stbi_failure_reason());
+	if (m.png_w >= 0 && hi3i_picture_size(name, "PNG", m.png_w, m.png_h, max, err))
+		goto out;                   /* the IHDR's size, before libpng reads further */
+	switch (fmt) {
+	case F_JPEG: rc = hi3i_jpeg_decode(d, len, name, max, &pic, err); break;
+	case F_WEBP: rc = hi3i_webp_decode(d, len, name, max, &pic, err); break;
+	case F_PNG: rc = hi3i_png_decode(d, len, name, max, &pic, err); break;
+	case F_GIF: rc = hi3i_gif_decode(d, len, name, max, &pic, err); break;
+	default: rc = hi3i_bmp_decode(d, len, name, max, &pic, err); break;
+	}
+	if (rc)
+		goto out;
+	rc = -1;
+	if (!(im = hi3i_calloc(1, sizeof(*im), err)) || !(im->name = hi3i_strdup(name))) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
 	}
-	if (fmt == F_UNKNOWN)
-		fmt = F_TGA;
-	if (w <= 0 || h <= 0) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: a %dx%d image has no pixels", name, w, h);
-		goto out;
-	}
-	if (max > 0 && (int64_t)w * h > max) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: %dx%d is %lld pixels, more than the limit of %lld", name, w, h,
-		              (long long)w * h, (long long)max);
-		goto out;
-	}
-	if (!(im = hi3i_calloc(1, sizeof(*im), err)) || !(im->pub.name = hi3i_strdup(name)))
-		goto oom;
-	if (fmt == F_PNG && m.png_gray16) {
-		/* PIL opens it as I;16, and I;16 -> RGB clips at 255 */
-		int gw, gh, gn;
-		uint16_t *g = stbi_load_16_from_memory(d, (int)len, &gw, &gh, &gn, 1);
-		if (!g) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot decode the PNG image: %s", name, stbi_failure_reason());
-			goto out;
-		}
-		if (!(px = malloc((size_t)w * h * 3))) {
-			stbi_image_free(g);
-			goto oom;
-		}
-		for (size_t i = 0; i < (size_t)w * h; i++)
-			px[3 * i] = px[3 * i + 1] = px[3 * i + 2] = g[i] > 255 ? 255 : (uint8_t)g[i];
-		stbi_image_free(g);
-	} else if (fmt == F_GIF && m.gif_trans) {
-		/* the transparent pixels get their palette colour, as in PIL */
-		int gw, gh, gn;
-		uint8_t *rgba = stbi_load_from_memory(d, (int)len, &gw, &gh, &gn, 4);
-		if (!rgba) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot decode the GIF image: %s", name, stbi_failure_reason());
-			goto out;
-		}
-		if (!(px = malloc((size_t)w * h * 3))) {
-			stbi_image_free(rgba);
-			goto oom;
-		}
-		for (size_t i = 0; i < (size_t)w * h; i++)
-			memcpy(px + 3 * i, rgba[4 * i + 3] ? rgba + 4 * i : m.gif_rgb, 3);
-		stbi_image_free(rgba);
-	} else {
-		int gw, gh, gn;
-		if (!(px = stbi_load_from_memory(d, (int)len, &gw, &gh, &gn, 3))) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot decode the %s image: %s", name, fmt_names[fmt],
-			              stbi_failure_reason());
-			goto out;
-		}
-		im->stb_owned = 1;
-	}
-	im->pub.rgb = px;
-	px = NULL;
 	orient = orientation_of(&m);
 	if (m.bad_meta)
 		hi3_log(HI3_LOG_WARN, "%s: unreadable EXIF or XMP metadata ignored", name);
-	im->pub.width = w;
-	im->pub.height = h;
+	im->rgb = pic.rgb;
+	pic.rgb = NULL;
+	im->width = pic.width;
+	im->height = pic.height;
 	if (orient != 1) {
-		uint8_t *t = malloc((size_t)w * h * 3);
-		if (!t)
-			goto oom;
-		hi3i_image_transpose(t, im->pub.rgb, w, h, 3, orient);
-		if (im->stb_owned)
-			stbi_image_free(im->pub.rgb);
-		else
-			free(im->pub.rgb);
-		im->pub.rgb = t;
-		im->stb_owned = 0;
+		uint8_t *t = malloc((size_t)pic.width * pic.height * 3);
+		if (!t) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory for a %dx%d image", name, pic.width, pic.height);
+			goto out;
+		}
+		hi3i_image_transpose(t, im->rgb, pic.width, pic.height, 3, orient);
+		free(im->rgb);
+		im->rgb = t;
 		if (orient >= 5) {
-			im->pub.width = h;
-			im->pub.height = w;
+			im->width = pic.height;
+			im->height = pic.width;
 		}
 	}
-	im->pub.format = fmt_names[fmt];
-	im->pub.file_width = w;
-	im->pub.file_height = h;
-	im->pub.channels = comp;
-	im->pub.bits = fmt == F_HDR ? 32 : stbi_is_16_bit_from_memory(d, (int)len) ? 16 : 8;
-	im->pub.orientation = orient;
-	*out = &im->pub;
+	im->format = fmt_names[fmt];
+	im->mode = pic.mode;
+	im->file_width = pic.width;
+	im->file_height = pic.height;
+	im->channels = pic.channels;
+	im->bits = pic.bits;
+	im->orientation = orient;
+	*out = im;
 	im = NULL;
 	rc = 0;
-	goto out;
-oom:
-	hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory for a %dx%d image", name, w, h);
 out:
-	if (px)
-		stbi_image_free(px);
-	hi3_image_free(im ? &im->pub : NULL);
+	free(pic.rgb);
+	hi3_image_free(im);
 	meta_release(&m);
 	return rc;
 }
 
+/* The whole of an open file, at most max bytes (<= 0: no limit): a
+ * regular file's size is checked before anything is read, a pipe's as it
+ * is read. */
+static int read_bounded(int fd, const char *name, int regular, off_t size, int64_t max, char **out, size_t *len,
+                        hi3_error *err)
+{
+	size_t cap = regular ? (size_t)size + 1 : (size_t)1 << 16, n = 0;
+	char *buf = malloc(cap);
+
+	for (;;) {
+		size_t want;
+		ssize_t got;
+
+		if (buf && n == cap) {
+			char *nb = realloc(buf, cap * 2);
+			if (!nb)
+				free(buf);
+			buf = nb;
+			cap *= 2;
+		}
+		if (!buf)
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory reading the file", name);
+		want = cap - n;
+		if (max > 0 && want > (size_t)max + 1 - n)
+			want = (size_t)max + 1 - n;     /* never more than one byte past the limit */
+		got = read(fd, buf + n, want);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			int e = errno;
+			free(buf);
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot read: %s", name, strerror(e));
+		}
+		n += (size_t)got;
+		if (got == 0 || (max > 0 && (int64_t)n > max))
+			break;
+	}
+	if (max > 0 && (int64_t)n > max) {
+		free(buf);
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: more than %lld bytes, the limit (--max-image-bytes)", name,
+		                     (long long)max);
+	}
+	*out = buf;
+	*len = n;
+	return 0;
+}
+
 int hi3_image_load(hi3_image **out, const char *path, const hi3_image_opts *o, hi3_error *err)
 {
-	char *buf;
-	size_t len;
-	int rc;
+	int64_t max = o && o->max_bytes ? o->max_bytes : HI3_IMAGE_MAX_BYTES;
+	const char *name = strcmp(path, "-") ? path : "standard input";
+	struct stat st;
+	char *buf = NULL;
+	size_t len = 0;
+	int fd, rc;
 
 	*out = NULL;
-	if (hi3i_read_file(path, &buf, &len, err))
-		return -1;
-	rc = hi3_image_decode(out, buf, len, strcmp(path, "-") ? path : "standard input", o, err);
+	if (strcmp(path, "-")) {
+		/* O_NONBLOCK: opening a FIFO must not wait for a writer */
+		if ((fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) < 0)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
+	} else {
+		fd = STDIN_FILENO;
+	}
+	if (fstat(fd, &st)) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot stat: %s", name, strerror(errno));
+		goto fail;
+	}
+	if (fd != STDIN_FILENO && !S_ISREG(st.st_mode)) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: not a regular file (%s): a picture must be a file", name,
+		              S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" :
+		              S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device" :
+		              S_ISSOCK(st.st_mode) ? "a socket" : "not a file");
+		goto fail;
+	}
+	if (S_ISREG(st.st_mode) && max > 0 && st.st_size > max) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: %lld bytes, more than the limit of %lld (--max-image-bytes)", name,
+		              (long long)st.st_size, (long long)max);
+		goto fail;
+	}
+	if (fd != STDIN_FILENO && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: cannot read: %s", name, strerror(errno));
+		goto fail;
+	}
+	if (read_bounded(fd, name, S_ISREG(st.st_mode), st.st_size, max, &buf, &len, err))
+		goto fail;
+	if (fd != STDIN_FILENO)
+		close(fd);
+	rc = hi3_image_decode(out, buf, len, name, o, err);
 	free(buf);
 	return rc;
+fail:
+	if (fd != STDIN_FILENO)
+		close(fd);
+	return -1;
 }

@@ -418,7 +418,7 @@ static int inside(const char *root, const char *file)
 
 int hi3_requests_load_images(hi3_requests *rq, const hi3_request_image_opts *o, hi3_error *err)
 {
-	const hi3_image_opts io = {.max_pixels = o ? o->max_pixels : 0};
+	const hi3_image_opts io = {.max_pixels = o ? o->max_pixels : 0, .max_bytes = o ? o->max_bytes : 0};
 
 	for (int i = 0; i < rq->n; i++) {
 		struct hi3i_request *r = &rq->r[i];

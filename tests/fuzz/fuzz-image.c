@@ -1,10 +1,12 @@
-/* fuzz-image.c -- hi3_image_decode on any bytes (lib/cond/image-load.c:
- * stb_image, the EXIF and XMP orientation readers, the GIF transparency
- * and 16-bit gray paths), then both views of a small image that decodes
- * (lib/cond/image-prep.c, image-resize.c). A refusal is an input error
- * naming the file; an accepted image is what the header promised: at most
- * max_pixels, every byte readable, its orientation 1..8, and its views of
- * the sizes the geometry gives. */
+/* fuzz-image.c -- hi3_image_decode on any bytes: the container walk and
+ * the EXIF and XMP orientation readers (lib/cond/image-load.c), the
+ * decoders of every accepted format (image-jpeg.c: libjpeg-turbo,
+ * image-webp.c: libwebp, image-png.c: libpng, image-gif.c, image-bmp.c),
+ * then both views of a small image that decodes (lib/cond/image-prep.c,
+ * image-resize.c). A refusal is an input error naming the file; an
+ * accepted image is what the header promised: at most max_pixels, one of
+ * the five formats with a mode, every byte readable, its orientation 1..8,
+ * and its views of the sizes the geometry gives. */
 #include <string.h>
 #include "cond/image-internal.h"
 #include "fuzz/fuzz.h"
@@ -27,9 +29,12 @@ static void one(const uint8_t *data, size_t size)
 		return;
 	}
 	FUZZ_CHECK(im->width >= 1 && im->height >= 1 && (int64_t)im->width * im->height <= MAX_PIXELS && im->rgb &&
-	           im->format && im->orientation >= 1 && im->orientation <= 8 && im->channels >= 1 &&
+	           im->format && im->mode && im->orientation >= 1 && im->orientation <= 8 && im->channels >= 1 &&
 	           im->channels <= 4, "image %dx%d, orientation %d, %d channels", im->width, im->height,
 	           im->orientation, im->channels);
+	FUZZ_CHECK(hi3_image_sniff(data, size) && !strcmp(hi3_image_sniff(data, size), im->format) &&
+	           strstr("JPEG PNG WEBP GIF BMP", im->format), "decoded as %s, sniffed as %s", im->format,
+	           hi3_image_sniff(data, size) ? hi3_image_sniff(data, size) : "nothing");
 	FUZZ_CHECK(im->orientation < 5 ? im->width == im->file_width && im->height == im->file_height
 	                               : im->width == im->file_height && im->height == im->file_width,
 	           "orientation %d turned %dx%d into %dx%d", im->orientation, im->file_width, im->file_height,
