@@ -1618,10 +1618,14 @@ typedef struct hi3_inspect_opts {
 	int64_t row;             /* conditions file: the row whose mask png renders; -1: none */
 	int scale;               /* png pixels per element; 0: automatic */
 	int threads;             /* 0: the OpenMP default */
+	int64_t max_image_pixels, max_image_bytes;  /* a picture FILE: as hi3_image_opts */
 } hi3_inspect_opts;
 /* Run inspect; the report (text or JSON, possibly empty) is returned in
  * *report (malloc'd, NUL-terminated; free it). A bad selection is a usage
- * error (status 2), an unreadable file an input error (status 3). */
+ * error (status 2), an unreadable file an input error (status 3). A FILE
+ * that starts as a picture (hi3_image_sniff) is decoded as the stages
+ * would (hi3_image_load): its format, Pillow's mode, stored size, EXIF
+ * orientation and size after it; png writes its RGB after the orientation. */
 int hi3_inspect(const char *path, const hi3_inspect_opts *o, char **report, size_t *len,
                 hi3_error *err);
 

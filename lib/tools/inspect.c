@@ -639,6 +639,27 @@ out:
 
 /* ----------------------------------------------------------------- main */
 
+/* A file (not a directory, a FIFO or a device: those go to the picture
+ * reader only when they are not safetensors either, which it refuses by
+ * name) whose first bytes are a picture's. */
+static int is_picture(const char *path)
+{
+	uint8_t head[16];
+	struct stat st;
+	size_t n;
+	FILE *f;
+
+	if (stat(path, &st) || S_ISDIR(st.st_mode))
+		return 0;
+	if (!S_ISREG(st.st_mode))
+		return 1;                       /* never opened for reading here: the picture reader refuses it */
+	if (!(f = fopen(path, "rb")))
+		return 0;
+	n = fread(head, 1, sizeof(head), f);
+	fclose(f);
+	return hi3_image_sniff(head, n) != NULL;
+}
+
 int hi3_inspect(const char *path, const hi3_inspect_opts *o, char **report, size_t *len, hi3_error *err)
 {
 	struct src src;
@@ -652,6 +673,21 @@ int hi3_inspect(const char *path, const hi3_inspect_opts *o, char **report, size
 	*report = NULL;
 	if (len)
 		*len = 0;
+	if (is_picture(path)) {
+		if (!(f = open_memstream(&buf, &blen)))
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		rc = hi3i_inspect_picture(path, o, f, err);
+		if (fclose(f) != 0 && rc == 0)
+			rc = hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		if (rc == 0) {
+			*report = buf;
+			if (len)
+				*len = blen;
+		} else {
+			free(buf);
+		}
+		return rc;
+	}
 	if (o->slice && !o->tensor)
 		return hi3_error_set(err, HI3_ERR_USAGE, "--slice needs --tensor NAME");
 	if (o->row >= 0 && (!o->png || o->tensor))

@@ -42,6 +42,10 @@ json_t *hi3i_json_num(double v, int as_int);
  * flags (JSON_PRESERVE_ORDER added). */
 int hi3i_json_emit(FILE *f, json_t *root, size_t flags, hi3_error *err);
 
+/* hi3 inspect of a picture file (inspect-picture.c): the report to f, and
+ * o->png the RGB after the orientation. */
+int hi3i_inspect_picture(const char *path, const hi3_inspect_opts *o, FILE *f, hi3_error *err);
+
 /* Colour maps for PNG rendering: n values to RGB (3 bytes each). With
  * diverging, [-m, m] (m = max(|lo|, |hi|)) maps blue - white - red; else
  * [lo, hi] maps a dark-to-bright ramp. NaN is magenta; +-Inf take the ends. */
