@@ -6,9 +6,12 @@
 # tiny model at seed 1. Tolerance: max |d| <= 1e-5 on latents of magnitude
 # about 1 to 5 (fp32 sums in another order: PyTorch's), and on the SDE
 # log-probs; bitwise for bf16 latents (the rounding absorbs the fp32 noise).
-# Image editing: the release-shaped preset (with the image tests' quick VAE),
-# the reference running upstream's VAE encoder, patch_embed, timestep_emb,
-# SigLIP2 and aligner on the views the conditions store.
+# Image editing: the release-shaped preset (with the image tests' quick VAE)
+# on JPEG pictures (EXIF orientation 6, CMYK, progressive), the reference
+# making both views from the files with upstream's own image processor
+# (Pillow's decoding, resize_and_crop, the SigLIP2 processor) and running
+# upstream's VAE encoder, patch_embed, timestep_emb, SigLIP2 and aligner:
+# hi3's own decoding of the JPEGs is in the comparison.
 . "$SRCDIR/tests/lib.sh"
 FX=$FIXTURES/diffusion
 
@@ -54,7 +57,7 @@ test_expect_success 'image editing: the cond images through upstream encoders; -
 '
 
 test_expect_success 'image editing: the check can fail (the cond images changed: other latents)' '
-	sed "s/rgb.png\"\]/gray.png\"]/" ref/x/ref-edit.jsonl >ref/x/other.jsonl &&
+	sed "s/exif6.jpg\"\]/photo.jpg\"]/" ref/x/ref-edit.jsonl >ref/x/other.jsonl &&
 	! cmp -s ref/x/ref-edit.jsonl ref/x/other.jsonl &&
 	hi3 -q -m edit tokenize-concat ref/x/other.jsonl -o co.st &&
 	hi3 -q -m edit diffusion-capture --steps 3 --guidance 4.5 --sampler sde --sde-steps 1 --eta 0.9 \

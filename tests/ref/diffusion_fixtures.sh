@@ -6,7 +6,12 @@
 # sde_noise), and what the PyTorch reference (diffusion_ref.py trajectory:
 # upstream's heads and scheduler, UniRL's SDE step, hi3ref's backbone, the
 # whole sequence every step) makes of that noise.
-# Needs HI3 (the hi3 binary) and PYTHON_REF (the Python of /work/venv).
+# Needs HI3 (the hi3 binary) and PYTHON_REF (the Python of /work/venv), with
+# the mirrors of upstream and UniRL; upstream's modules import torchvision and
+# transformers 4 (transformers.modeling_attn_mask_utils; upstream pins 4.57.1)
+# and diffusers: where the venv's are newer, name older ones in PYTHONPATH
+# (made last with torch 2.15, torchvision 0.29.2, transformers 4.57.1,
+# tokenizers 0.22.1, diffusers 0.35.2, Pillow 13.0.0).
 set -euo pipefail
 out=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,15 +33,20 @@ trap 'rm -rf "$tmp"' EXIT
 "$py" "$here/diffusion_ref.py" trajectory --model "$tmp/tiny" --cond "$tmp/c.st" \
 	--noise "$out/ref-noise-bf16.safetensors" --out "$out/ref-trajectory-bf16.safetensors" \
 	--steps 3 --guidance 1 --latent-dtype bf16
-# case: image editing (requests with images) on the release-shaped preset
+# case: image editing (requests with images: JPEGs, one with EXIF
+# orientation 6, one CMYK, one progressive) on the release-shaped preset
 # with the quick VAE of the image tests: CFG (g 4.5), 3 steps, SDE at 1; the
-# reference runs upstream's VAE encoder, patch_embed, ViT and aligner on the
-# views the conditions store
+# reference makes both views from the picture files with upstream's own
+# processor (load_image: Pillow's decoding; resize_and_crop; the SigLIP2
+# processor under ATEN_CPU_CAPABILITY=avx2, torchvision's uint8 kernel,
+# hi3's default) and runs upstream's VAE encoder, patch_embed, ViT and
+# aligner on them; it says how many values of each view differ from the
+# conditions' (0 when made)
 "$HI3" -q init-model --preset tiny-release --seed 1 --set "vae=$(cat "$here/../fixtures/quick-vae.json")" \
 	-o "$tmp/edit"
 "$HI3" -q -m "$tmp/edit" tokenize-concat "$out/ref-edit.jsonl" -o "$tmp/ce.st"
 "$HI3" -q -m "$tmp/edit" diffusion-capture --steps 3 --guidance 4.5 --sampler sde --sde-steps 1 --eta 0.9 \
 	"$tmp/ce.st" -o "$out/ref-edit-noise.safetensors"
-"$py" "$here/diffusion_ref.py" trajectory --model "$tmp/edit" --cond "$tmp/ce.st" \
+ATEN_CPU_CAPABILITY=avx2 "$py" "$here/diffusion_ref.py" trajectory --model "$tmp/edit" --cond "$tmp/ce.st" \
 	--noise "$out/ref-edit-noise.safetensors" --out "$out/ref-edit-trajectory.safetensors" \
-	--steps 3 --guidance 4.5 --sampler sde --sde-steps 1 --eta 0.9
+	--steps 3 --guidance 4.5 --sampler sde --sde-steps 1 --eta 0.9 --images "$out/ref-edit.jsonl"

@@ -190,12 +190,14 @@ class CondImages:
     AutoencoderKLConv3D encoder (autoencoder_kl_3d.py; the posterior mean,
     times the scaling factor), UNetDown with time_embed(0), timestep_emb(0),
     Siglip2VisionTransformer and LightProjector (siglip2.py), all fp32, on
-    the views the conditions file stores. Row r's k-th image feeds its k-th
+    the views the conditions file stores, or (files: each request's picture
+    paths) on the views upstream's processor makes from the files, with how
+    many values differ from the stored ones. Row r's k-th image feeds its k-th
     run of cond_vae_mask (raster order), the <timestep> just before it and
     its k-th run of cond_vit_mask (all P slots). rows[r] maps a column to its
     row."""
 
-    def __init__(self, model_dir, c, meta, hd):
+    def __init__(self, model_dir, c, meta, hd, files=None):
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)
         if meta.get("vae_posterior", "mean") != "mean":
@@ -218,6 +220,17 @@ class CondImages:
             H, W = (int(v) for v in c["vae_shape"][k])
             u = c["vae_pixels"][off:off + H * W * 3].reshape(H, W, 3)
             off += H * W * 3
+            if files is not None:
+                # the VAE view from the picture file as upstream makes it:
+                # transformers' load_image (Pillow: open, exif_transpose,
+                # convert RGB), then image_processor.resize_and_crop to the
+                # bucket the conditions chose
+                path = files[r % len(files)][kr]
+                mine = u
+                u = upstream_vae_view(path, W, H)
+                differ = int(np.count_nonzero(u != mine))
+                print(f"diffusion_ref: image {k} ({os.path.basename(path)}): the VAE view from the file, "
+                      f"{W}x{H}: {differ} of {u.size} values differ from the conditions'", file=sys.stderr)
             x = (torch.from_numpy(u.copy()).float().div(255.0) - 0.5) / 0.5
             with torch.no_grad():
                 mean = vae.encode(x.permute(2, 0, 1)[None].contiguous()).latent_dist.mean[:, :, 0]
@@ -231,6 +244,16 @@ class CondImages:
             gh, gw = (int(v) for v in c["vit_grid"][k])
             pv = torch.zeros(P, c["vit_pixels"].shape[2])
             pv[:gh * gw] = (torch.from_numpy(c["vit_pixels"][k][:gh * gw].astype(np.float32)) - 127.5) / 127.5
+            if files is not None:
+                # the ViT view from the file as upstream makes it (torchvision's
+                # uint8 kernel under ATEN_CPU_CAPABILITY=avx2, hi3's default)
+                mine = pv
+                pv, grid = upstream_vit_view(files[r % len(files)][kr], cfg)
+                differ = int((pv != mine).sum()) if grid == (gh, gw) and pv.shape == mine.shape else -1
+                print(f"diffusion_ref: image {k}: the ViT view from the file, grid {grid[0]}x{grid[1]} "
+                      f"({torch.backends.cpu.get_cpu_capability()}): {differ} of {pv.numel()} values differ "
+                      f"from the conditions'", file=sys.stderr)
+                assert grid == (gh, gw), (grid, gh, gw)
             # upstream casts the input to the patch weight's dtype (bf16 in the
             # release presets) before the fp32 modules here see it
             pv = pv.to(w["vision_model.embeddings.patch_embedding.weight"].dtype).float()
@@ -246,10 +269,67 @@ class CondImages:
                 self.rows[r][t0 + s_] = emb[s_]
 
 
+def upstream_ip():
+    """Upstream's image_processor.py at 1201fe8, from the mirror."""
+    global _ip
+    if _ip is None:
+        tmp = tempfile.mkdtemp(prefix="hi3-upstream-ip.")
+        pkg = os.path.join(tmp, "hunyuan_image_3")
+        os.makedirs(pkg)
+        open(os.path.join(pkg, "__init__.py"), "w").close()
+        for f in ("image_processor.py", "tokenization_hunyuan_image_3.py"):
+            src = subprocess.run(["git", "-C", vae_ref.UPSTREAM_GIT, "show",
+                                  f"{vae_ref.UPSTREAM_REV}:hunyuan_image_3/{f}"], check=True, capture_output=True).stdout
+            with open(os.path.join(pkg, f), "wb") as fh:
+                fh.write(src)
+        sys.path.insert(0, tmp)
+        import hunyuan_image_3.image_processor as ip
+        _ip = ip
+    return _ip
+
+
+def upstream_vae_view(path, W, H):
+    """Upstream's VAE view of a picture file: load_image (Pillow: open,
+    exif_transpose, convert RGB), then resize_and_crop(image, (W, H)), centre
+    crop, LANCZOS; (H, W, 3) uint8."""
+    ip = upstream_ip()
+    return np.asarray(ip.resize_and_crop(ip.load_image(path), (W, H), crop_type="center"), dtype=np.uint8)
+
+
+def upstream_vit_view(path, cfg):
+    """Upstream's ViT view of a picture file: load_image, then
+    HunyuanImage3ImageProcessor.vit_process_image (transformers'
+    Siglip2ImageProcessorFast with the model's vit_processor: torchvision's
+    antialiased resize, the fused normalisation): (pixel_values (P, 768) f32,
+    (grid h, grid w))."""
+    ip = upstream_ip()
+    conf = types.SimpleNamespace(image_base_size=cfg["image_base_size"], vae_type=cfg["vae_type"],
+                                 vae_downsample_factor=cfg["vae_downsample_factor"], patch_size=1,
+                                 vit_type=cfg["vit_type"], vit_processor=cfg["vit_processor"],
+                                 cond_token_attn_type=cfg.get("cond_token_attn_type", "joint_full"),
+                                 cond_image_type=cfg.get("cond_image_type", "vae_vit"))
+    t = ip.HunyuanImage3ImageProcessor(conf).vit_process_image(ip.load_image(path))
+    return t.float(), tuple(int(v) for v in t.vision_encoder_kwargs["spatial_shapes"])
+
+
+_ip = None
+
+
+def request_files(path):
+    """Each request's "images", as paths (relative to the requests file)."""
+    base = os.path.dirname(os.path.abspath(path))
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                out.append([os.path.join(base, p) for p in json.loads(line).get("images", [])])
+    return out
+
+
 class Denoiser:
     """Velocity predictions for the gen_image rows of a conditions file."""
 
-    def __init__(self, M, model_dir, cond_path):
+    def __init__(self, M, model_dir, cond_path, requests=None):
         self.m = hi3ref.Model(model_dir)
         self.hd = Heads(M, model_dir)
         c, meta = read_st(cond_path)
@@ -268,7 +348,8 @@ class Denoiser:
         ts = c["timestep_index"]
         self.ts = [int(ts[r][ts[r] >= 0][-1]) for r in range(self.R)]
         mc = self.m.cfg.raw
-        self.cond = CondImages(model_dir, c, meta, self.hd) if "image_row" in c else None
+        self.cond = (CondImages(model_dir, c, meta, self.hd, request_files(requests) if requests else None)
+                     if "image_row" in c else None)
         self.guidance = bool(mc.get("cfg_distilled", False))
         self.meanflow = bool(mc.get("use_meanflow", False))
 
@@ -331,7 +412,7 @@ def parse_list(s):
 def cmd_trajectory(a):
     M, P = load_upstream()
     K = load_unirl_sde()
-    dn = Denoiser(M, a.model, a.cond)
+    dn = Denoiser(M, a.model, a.cond, a.images)
     noise, _ = read_st(a.noise)
     x_T = torch.from_numpy(noise["x_T"])
     B = dn.B
@@ -433,6 +514,10 @@ def main():
     t.add_argument("--sde-steps", default="")
     t.add_argument("--latent-dtype", choices=list(DTYPES), default="f32")
     t.add_argument("--cfg-dtype", choices=list(DTYPES), default="f32")
+    t.add_argument("--images", metavar="REQUESTS",
+                   help="the requests file the conditions were made from: the cond images' VAE views are then "
+                        "made from its picture files by upstream's image processor (load_image: Pillow; "
+                        "resize_and_crop; the SigLIP2 processor), not taken from the conditions")
     b = sub.add_parser("bench")
     b.add_argument("--model", required=True)
     b.add_argument("--cond", required=True)
