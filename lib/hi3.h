@@ -430,7 +430,7 @@ typedef struct hi3_par {
 int hi3_par_parse(hi3_par *p, const char *spec, hi3_error *err);
 
 /*
- * Planning a layout from config.json alone (lib/tools/plan.c, hi3-plan(1)):
+ * Planning a layout from config.json alone (lib/model/plan.c, hi3-plan(1)):
  * the bytes one rank holds, the largest over the ranks of the layout.
  * Weights are the transformer's (what hi3_model_open maps and uses);
  * activations are the forward's scratch for a prefill chunk of tokens

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "cond/image-internal.h"
+#include "core/resize.h"
 #include "tap.h"
 
 static const char *fixdir;

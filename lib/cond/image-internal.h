@@ -1,5 +1,5 @@
 /*
- * image-internal.h -- what image-load.c, image-resize.c and image-prep.c
+ * image-internal.h -- what image-load.c and image-prep.c
  * share, and the pieces their unit tests (tests/test-image.c) call
  * directly. Not installed.
  */
@@ -57,12 +57,6 @@ int hi3i_exif_orientation(const uint8_t *tiff, size_t len);
 /* dst (w', h', c) = src (w, h, c) turned as ImageOps.exif_transpose does
  * for orientation o (w' = h, h' = w for 5..8). dst must not alias src. */
 void hi3i_image_transpose(uint8_t *dst, const uint8_t *src, int w, int h, int c, int o);
-
-/* The window (x0, y0, cw, ch) of hi3_resize_pil(src, ..., rw, rh): the
- * same bytes as resizing to rw x rh and cropping, without computing the
- * rest (Image.resize then Image.crop). */
-int hi3i_resize_pil_crop(const uint8_t *src, int sw, int sh, int c, uint8_t *dst, int rw, int rh, int x0, int y0,
-                         int cw, int ch, int filter, hi3_error *err);
 
 /* One fp32 value of each normalisation, for a u8 value u:
  * VAE: ToTensor then Normalize([0.5], [0.5]): (fp32(u) / 255 - 0.5) / 0.5;

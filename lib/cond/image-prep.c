@@ -18,6 +18,7 @@
 #include <string.h>
 #include "cond/cond-internal.h"
 #include "cond/image-internal.h"
+#include "core/resize.h"
 
 /* ------------------------------------------------------------ buckets */
 

@@ -61,6 +61,9 @@ int hi3i_json_text(struct json_t *root, size_t flags, char **text, size_t *len, 
 char *hi3i_mkdtemp(const char *name, hi3_error *err);
 int hi3i_rmtree(const char *path);
 
+/* out (n) = hi3_normal(seed, stream, 0 .. n - 1) (philox.c). */
+void hi3i_normals(uint64_t seed, uint64_t stream, size_t n, float *out);
+
 /* Monotonic seconds. */
 double hi3i_now(void);
 
@@ -106,12 +109,6 @@ int hi3i_config_load_partial(hi3_config *cfg, const char *path, hi3_error *err);
  * hi3_config_load reads it (b->present 0 when absent). config.c. */
 struct json_t;
 int hi3i_config_vae_block(hi3_vae_config *b, struct json_t *root, const char *name, hi3_error *err);
-/* dst (dh, dw, C) = src (sh, sw, C) channels-last, float32, resized as
- * torch's F.interpolate(mode="bilinear", align_corners=False,
- * antialias=True) does on the CPU (_upsample_bilinear2d_aa's float kernel
- * as the plain x86-64 build computes it: taps in float, width pass then
- * height pass, each axis only where its size changes). cond/image-resize.c. */
-int hi3i_resize_aa_f32(const float *src, int sw, int sh, int C, float *dst, int dw, int dh, hi3_error *err);
 /* The model's backend ops table (lib/backend.h). */
 struct hi3_backend;
 

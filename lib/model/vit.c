@@ -32,6 +32,7 @@
  * M = (images of a chunk) P rows.
  */
 #include <string.h>
+#include "core/resize.h"
 #include "model/conv.h"
 #include "model/model.h"
 #include "model/vit.h"

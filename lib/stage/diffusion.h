@@ -13,9 +13,7 @@
 
 #include "core/internal.h"
 
-/* counter word 3 of the noise draws, "norm": apart from the sampler's */
-#define HI3I_NORMAL_TAG 0x6e6f726du
-/* the noise streams of a row: x_T, then one per step */
+/* the noise streams of a row (hi3_normal, core/philox.c): x_T, then one per step */
 #define HI3I_STREAM_XT 0
 #define HI3I_STREAM_STEP(i) ((uint64_t)(i) + 1)
 /* and the posterior sample of the row's k-th cond image (stage/images.c) */
@@ -25,8 +23,6 @@
 
 /* sigmas (T + 1): linspace(1, 0, T + 1) shifted, fp32 as upstream. */
 void hi3i_flow_sigmas(int T, double shift, float *sigmas);
-/* out (n) = hi3_normal(seed, stream, 0 .. n - 1). */
-void hi3i_normals(uint64_t seed, uint64_t stream, size_t n, float *out);
 /* x stored as dt and read back (f32: x). */
 float hi3i_round_to(float x, hi3_dtype dt);
 /* out (n) = v_u + g (v_c - v_u), each operation rounded to dt. */

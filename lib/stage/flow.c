@@ -1,8 +1,8 @@
 /*
  * flow.c -- the flow-matching sampler's arithmetic (hi3-batching(7),
- * DIFFUSION): the shifted sigma schedule, the per-row Gaussian noise from
- * the counter-based generator, classifier-free guidance, the Euler step,
- * and the SDE step with the log-prob of its transition.
+ * DIFFUSION): the shifted sigma schedule, classifier-free guidance, the
+ * Euler step, and the SDE step with the log-prob of its transition (the
+ * per-row Gaussian noise is core/philox.c's).
  *
  * Everything is fp32 element by element, as upstream's scheduler
  * (hunyuan_image_3_pipeline.py, FlowMatchDiscreteScheduler) and the
@@ -28,26 +28,6 @@ void hi3i_flow_sigmas(int T, double shift, float *sigmas)
 		float t = i < half ? fmaf(step, (float)i, 1.0f) : fmaf(-step, (float)(T - i), 0.0f);
 		sigmas[i] = shift != 1.0 ? (s * t) / (1.0f + s1 * t) : t;
 	}
-}
-
-float hi3_normal(uint64_t seed, uint64_t stream, uint64_t i)
-{
-	uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-	uint32_t c[4] = {(uint32_t)i, (uint32_t)(i >> 32), (uint32_t)stream, HI3I_NORMAL_TAG};
-	double u1, u2;
-
-	hi3_philox4x32(c, key);
-	/* two 53-bit uniforms: u1 in (0, 1], u2 in [0, 1); Box-Muller */
-	u1 = ((double)((((uint64_t)c[0] << 32) | c[1]) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-	u2 = (double)((((uint64_t)c[2] << 32) | c[3]) >> 11) * (1.0 / 9007199254740992.0);
-	return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
-void hi3i_normals(uint64_t seed, uint64_t stream, size_t n, float *out)
-{
-#pragma omp parallel for schedule(static) if (n > 65536)
-	for (size_t i = 0; i < n; i++)
-		out[i] = hi3_normal(seed, stream, i);
 }
 
 float hi3i_round_to(float x, hi3_dtype dt)

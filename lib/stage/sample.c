@@ -1,10 +1,9 @@
 /*
  * sample.c -- batch-invariant sampling (hi3-batching(7), SAMPLING).
  *
- * The random draw for a row at step s depends only on (seed, s): it is the
- * first output word pair of Philox-4x32-10 with key = seed and counter =
- * (s, 0), so a row samples the same token alone or in any batch, on any
- * backend. The recorded log-prob of a token is log-softmax of the
+ * The random draw for a row at step s depends only on (seed, s): it is
+ * hi3_uniform(seed, s) (core/philox.c), so a row samples the same token
+ * alone or in any batch, on any backend. The recorded log-prob of a token is log-softmax of the
  * unmodified logits at temperature 1 (hi3_logprob), the quantity a
  * teacher-forced replay recomputes.
  *
@@ -26,40 +25,6 @@
 #include <string.h>
 #include "core/internal.h"
 #include "stage/vocab.h"
-
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-
-void hi3_philox4x32(uint32_t ctr[4], const uint32_t key_in[2])
-{
-	uint32_t k0 = key_in[0], k1 = key_in[1];
-
-	for (int r = 0; r < 10; r++) {
-		uint64_t p0 = (uint64_t)PHILOX_M0 * ctr[0], p1 = (uint64_t)PHILOX_M1 * ctr[2];
-		uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-		uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-		uint32_t n0 = hi1 ^ ctr[1] ^ k0, n2 = hi0 ^ ctr[3] ^ k1;
-
-		ctr[0] = n0;
-		ctr[1] = lo1;
-		ctr[2] = n2;
-		ctr[3] = lo0;
-		k0 += PHILOX_W0;
-		k1 += PHILOX_W1;
-	}
-}
-
-double hi3_uniform(uint64_t seed, uint64_t step)
-{
-	uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-	uint32_t c[4] = {(uint32_t)step, (uint32_t)(step >> 32), 0, 0};
-
-	hi3_philox4x32(c, key);
-	/* 53 random bits: u in [0, 1) */
-	return (double)(((uint64_t)c[0] << 21) ^ (c[1] >> 11)) * (1.0 / 9007199254740992.0);
-}
 
 int64_t hi3_argmax(const float *logits, int V)
 {

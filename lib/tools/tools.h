@@ -1,6 +1,6 @@
 /*
  * tools.h -- internal pieces shared by the inspection tools (inspect.c,
- * diff.c, png.c); not installed.
+ * diff.c, colormap.c, plot.c); not installed.
  */
 #ifndef HI3_TOOLS_H
 #define HI3_TOOLS_H
@@ -46,7 +46,7 @@ int hi3i_json_emit(FILE *f, json_t *root, size_t flags, hi3_error *err);
  * o->png the RGB after the orientation. */
 int hi3i_inspect_picture(const char *path, const hi3_inspect_opts *o, FILE *f, hi3_error *err);
 
-/* Colour maps for PNG rendering: n values to RGB (3 bytes each). With
+/* Colour maps for PNG rendering (colormap.c): n values to RGB (3 bytes each). With
  * diverging, [-m, m] (m = max(|lo|, |hi|)) maps blue - white - red; else
  * [lo, hi] maps a dark-to-bright ramp. NaN is magenta; +-Inf take the ends. */
 void hi3i_colormap(const double *v, int64_t n, double lo, double hi, int diverging, uint8_t *rgb);

@@ -3,7 +3,7 @@
  * decoders of every accepted format (image-jpeg.c: libjpeg-turbo,
  * image-webp.c: libwebp, image-png.c: libpng, image-gif.c, image-bmp.c),
  * then both views of a small image that decodes (lib/cond/image-prep.c,
- * image-resize.c). A refusal is an input error naming the file; an
+ * lib/core/resize.c). A refusal is an input error naming the file; an
  * accepted image is what the header promised: at most max_pixels, one of
  * the five formats with a mode, every byte readable, its orientation 1..8,
  * and its views of the sizes the geometry gives. */

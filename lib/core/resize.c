@@ -1,5 +1,5 @@
 /*
- * image-resize.c -- the two resamplers upstream's image preprocessing runs,
+ * resize.c -- the two resamplers upstream's image preprocessing runs,
  * ported bit for bit:
  *
  *  - Pillow's Image.resize (libImaging/Resample.c, Pillow 12): separable,
@@ -28,7 +28,7 @@
  */
 #include <math.h>
 #include <string.h>
-#include "cond/image-internal.h"
+#include "core/resize.h"
 
 /* ------------------------------------------------------------ filters */
 
