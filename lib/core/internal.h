@@ -89,14 +89,6 @@ int hi3i_shape_bytes(int ndim, const int64_t *shape, int64_t elem, int64_t *nbyt
  * hi3_config_parse accepts never does). config.c. */
 int hi3i_config_shared_width(const hi3_config *cfg, int layer);
 
-/* Take an exclusive lock on an open file (released when it is closed);
- * fails at once when another process holds it. */
-int hi3i_st_lock(hi3_st *st, hi3_error *err);
-/* A writer for a stage file of this format: "format", "format_version" and
- * the n (key, value) pairs of meta whose value is not NULL; NULL when out
- * of memory. */
-hi3_st_writer *hi3i_stw_format(const char *format, const char *const (*meta)[2], size_t n);
-
 /* How many elements of a float array are NaN or infinite (0 for integer dtypes). */
 int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n);
 

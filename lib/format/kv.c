@@ -1,8 +1,10 @@
 /* kv.c -- the KV file: create, open and check, commit (see kv.h). */
 #include <stdatomic.h>
 #include <string.h>
+#include "format/format.h"
 #include "format/kv.h"
 #include "format/provenance.h"
+#include "model/model.h"
 #include "stage/vocab.h"
 
 int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, const char *cond_path, int max_new,

@@ -13,7 +13,7 @@
  */
 #include <string.h>
 #include "core/internal.h"
-#include "stage/diffusion.h"
+#include "format/format.h"
 
 int hi3_replay_file_open(hi3_replay_file **out, const char *path, hi3_error *err)
 {

@@ -21,7 +21,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "core/internal.h"
+#include "format/format.h"
 
 #define MAX_HEADER (256u << 20)   /* refuse headers above 256 MiB */
 

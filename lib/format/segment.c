@@ -12,7 +12,7 @@
  * engine did not report them).
  */
 #include <string.h>
-#include "core/internal.h"
+#include "format/format.h"
 
 /* The checks a segment passes before it is used or written. */
 static int check(const hi3_segment *s, const char *path, hi3_error *err)

@@ -104,6 +104,13 @@ void hi3i_model_work_free(hi3_model *m);
 /* shard.c: check and set up m->sh for opts->par (at open, before weights). */
 int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err);
 void hi3i_shard_release(hi3_model *m);
+/* Scale-out (model/shard.c, hi3-parallel(7)): the communicator of a model
+ * opened as one rank of several, else NULL. */
+hi3_comm *hi3i_model_comm(const hi3_model *m);
+/* Every rank was given the same conditions (their hash), or an
+ * HI3_ERR_INPUT error naming the rank that differs; 0 in one process. */
+int hi3i_par_check_cond(const hi3_model *m, const hi3_cond *c, hi3_error *err);
+
 /* A view of rows [r0, r0 + n) of t (dimension 0), owned by the model. */
 const hi3_tensor *hi3i_shard_rows(hi3_model *m, const hi3_tensor *t, int64_t r0, int64_t n, hi3_error *err);
 /* Device scratch of n floats (m->sh.dev), grown on demand; NULL when out of memory. */

@@ -16,7 +16,6 @@
 #include <string.h>
 #include "model/model.h"
 #include "format/provenance.h"
-#include "stage/vocab.h"
 
 int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err)
 {
@@ -294,27 +293,9 @@ int hi3i_shard_matmul_host(hi3_model *m, float *y, int ldy, const float *x, cons
 	return 0;
 }
 
-void hi3i_model_vocab(const hi3_model *m, hi3i_vocab *vs)
-{
-	const struct hi3_shard *s = &m->sh;
-
-	memset(vs, 0, sizeof(*vs));
-	vs->V = m->cfg.vocab_size;
-	vs->tp = s->tp;
-	hi3i_split(vs->V, s->tp, s->t, &vs->v0, &vs->nv);
-	if (s->tp > 1)
-		vs->comm = s->par->comm;
-}
-
 hi3_comm *hi3i_model_comm(const hi3_model *m)
 {
 	return m->sh.par && m->sh.size > 1 ? m->sh.par->comm : NULL;
-}
-
-void hi3i_model_kv_heads(const hi3_model *m, int *kv0, int *n)
-{
-	*kv0 = m->sh.kv0;
-	*n = m->sh.n_kv;
 }
 
 int hi3i_par_check_cond(const hi3_model *m, const hi3_cond *c, hi3_error *err)

@@ -21,6 +21,7 @@
 #include "format/conditions.h"
 #include "format/kv.h"
 #include "format/trace.h"
+#include "model/model.h"
 #include "stage/vocab.h"
 
 /*

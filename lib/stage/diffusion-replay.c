@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include "format/format.h"
 #include "format/provenance.h"
 #include "stage/diffusion.h"
 
@@ -56,7 +57,7 @@ int hi3_diffusion_replay(hi3_model *m, const hi3_cond *c, const hi3_trajectory *
 		                     "'%s'", path, t->cfg_dtype);
 	if (t->K && !(t->eta > 0.0))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: %d SDE steps with eta %g", path, t->K, t->eta);
-	if (hi3i_denoiser_open(&dn, m, c, &dno, err))
+	if (hi3i_diffusion_denoiser(&dn, m, c, &dno, err))
 		return -1;
 	hi3i_denoiser_geometry(dn, &g);
 	if (g.B != t->B || g.R != t->R || g.Z != t->C || g.h != t->h || g.w != t->w) {

@@ -18,6 +18,7 @@
 #include "format/kv.h"
 #include "stage/images.h"
 #include "format/trace.h"
+#include "model/model.h"
 
 int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi3_prefill_opts *o,
                 const char *kv_path, hi3_error *err)

@@ -19,6 +19,7 @@
 #include "format/kv.h"
 #include "stage/images.h"
 #include "format/trace.h"
+#include "model/model.h"
 #include "stage/vocab.h"
 
 static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment *s, const hi3_replay_opts *o,

@@ -25,6 +25,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include "model/model.h"
 #include "stage/vocab.h"
 
 struct head {
@@ -294,4 +295,16 @@ int hi3i_vocab_pick(const hi3i_vocab *vs, const float *row, const int64_t *id, i
 		}
 	free(all);
 	return 0;
+}
+
+void hi3i_model_vocab(const hi3_model *m, hi3i_vocab *vs)
+{
+	const struct hi3_shard *s = &m->sh;
+
+	memset(vs, 0, sizeof(*vs));
+	vs->V = m->cfg.vocab_size;
+	vs->tp = s->tp;
+	hi3i_split(vs->V, s->tp, s->t, &vs->v0, &vs->nv);
+	if (s->tp > 1)
+		vs->comm = s->par->comm;
 }

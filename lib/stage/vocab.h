@@ -59,7 +59,7 @@ typedef struct hi3i_vocab {
 	int V, v0, nv;            /* this rank's columns [v0, v0 + nv) */
 	int tp;                   /* ranks 0 .. tp - 1 hold the slices, in order; the others copies */
 } hi3i_vocab;
-/* The model's (shard.c). */
+/* The model's: its tensor slot's columns (model/shard.c's split). */
 void hi3i_model_vocab(const hi3_model *m, hi3i_vocab *vs);
 
 /*

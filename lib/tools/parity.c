@@ -21,6 +21,7 @@
 #include <errno.h>
 #include "format/kv.h"
 #include "format/provenance.h"
+#include "model/model.h"
 
 static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad", "rope-pad",
                                              "rope-1d", "eoi"};
