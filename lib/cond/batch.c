@@ -10,7 +10,7 @@
  * pads included; only the pad_zero ablation writes 0 at pad columns.
  */
 #include <string.h>
-#include "format/conditions.h"
+#include "cond/cond-internal.h"
 
 /* ----------------------------------------------------- building by rows */
 

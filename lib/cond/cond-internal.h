@@ -6,16 +6,7 @@
 #define HI3_COND_INTERNAL_H
 
 #include <jansson.h>
-#include "core/internal.h"
-
-enum hi3i_mode { HI3I_GEN_TEXT, HI3I_GEN_IMAGE };
-
-/* The bot_task values upstream knows; think_recaption is the Instruct
- * code's (think, then a forced <recaption>). */
-enum hi3i_bot_task {
-	HI3I_BOT_AUTO, HI3I_BOT_IMAGE, HI3I_BOT_THINK, HI3I_BOT_RECAPTION, HI3I_BOT_IMG_RATIO,
-	HI3I_BOT_THINK_RECAPTION,
-};
+#include "format/conditions.h"
 
 /* One request line. Strings point into obj. */
 struct hi3i_request {
@@ -87,10 +78,5 @@ void hi3i_vit_grid(int64_t h, int64_t w, int p, int max, int *gh, int *gw);
  * (NULL: none); -1 for an unknown name. */
 extern const char *const hi3i_system_prompt_names[];
 int hi3i_system_prompt(const char *name, int bot_task, const char *custom, const char **text, int *strip_nl);
-
-extern const char *const hi3i_bot_task_names[];   /* by enum hi3i_bot_task */
-/* The index of s in a NULL-terminated list of names, or -1. */
-int hi3i_name_index(const char *const *names, const char *s);
-extern const char *const hi3i_mode_names[];       /* by enum hi3i_mode */
 
 #endif

@@ -20,10 +20,6 @@
 #include <unistd.h>
 #include "cond/cond-internal.h"
 
-const char *const hi3i_bot_task_names[] = {"auto", "image", "think", "recaption", "img_ratio", "think_recaption",
-                                           NULL};
-const char *const hi3i_mode_names[] = {"gen_text", "gen_image", NULL};
-
 static const char *const fields[] = {"prompt", "system", "cot",    "bot_task",   "mode",        "image_size",
                                      "cond_images", "images", "seed", "tokens", "stop_tokens", NULL};
 
@@ -41,14 +37,6 @@ static int bad(hi3_error *err, const struct hi3_requests *rq, int line, const ch
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: %s", rq->name, line, msg);
-}
-
-int hi3i_name_index(const char *const *names, const char *s)
-{
-	for (int i = 0; names[i]; i++)
-		if (!strcmp(names[i], s))
-			return i;
-	return -1;
 }
 
 static int get_string(const struct hi3_requests *rq, struct hi3i_request *r, const char *key, const char **out,

@@ -20,12 +20,16 @@ static const char *const meta_keys[] = {"format", "format_version", "mode", "bot
                                         "pad_positions", "requests", NULL};
 static const char *const templates[] = {"pretrain", "instruct", "none", NULL};
 
-static int in_list(const char *const *names, const char *s)
+const char *const hi3i_bot_task_names[] = {"auto", "image", "think", "recaption", "img_ratio", "think_recaption",
+                                           NULL};
+const char *const hi3i_mode_names[] = {"gen_text", "gen_image", NULL};
+
+int hi3i_name_index(const char *const *names, const char *s)
 {
 	for (int i = 0; names[i]; i++)
 		if (!strcmp(names[i], s))
-			return 1;
-	return 0;
+			return i;
+	return -1;
 }
 
 struct hi3i_cond *hi3i_cond_new(const char *name, hi3_error *err)
@@ -123,10 +127,10 @@ static int check_meta(struct hi3i_cond *ci, hi3_error *err)
 			return vbad(ci, err, "__metadata__ '%s' is missing", meta_keys[i]);
 	if (strcmp(c->mode, "gen_text") && strcmp(c->mode, "gen_image"))
 		return vbad(ci, err, "__metadata__ 'mode': expected gen_text or gen_image, found '%s'", c->mode);
-	if (!in_list(hi3i_bot_task_names, c->bot_task) && strcmp(c->bot_task, "mixed"))
+	if (hi3i_name_index(hi3i_bot_task_names, c->bot_task) < 0 && strcmp(c->bot_task, "mixed"))
 		return vbad(ci, err, "__metadata__ 'bot_task': expected auto, image, think, recaption, img_ratio, "
 		            "think_recaption or mixed, found '%s'", c->bot_task);
-	if (!in_list(templates, c->template_name))
+	if (hi3i_name_index(templates, c->template_name) < 0)
 		return vbad(ci, err, "__metadata__ 'template': expected pretrain, instruct or none, found '%s'",
 		            c->template_name);
 	v = hi3_cond_meta(c, "cfg_factor");
@@ -508,15 +512,15 @@ fail:
 	return -1;
 }
 
-int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err)
+int hi3i_cond_check_facts(const hi3_cond *c, const struct hi3i_model_facts *m, hi3_error *err)
 {
-	const char *fp = hi3_model_fingerprint(m);
-	int64_t V = hi3_model_config(m)->vocab_size;
+	const char *fp = m->fingerprint;
+	int64_t V = m->vocab;
 	const char *name = HI3I_COND(c)->name;
 
 	if (c->model_fingerprint[0] && strcmp(c->model_fingerprint, fp))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: made for model fingerprint %s, but the model %s has "
-		                     "fingerprint %s", name, c->model_fingerprint, hi3_model_dir(m), fp);
+		                     "fingerprint %s", name, c->model_fingerprint, m->dir, fp);
 	for (int b = 0; b < c->B; b++) {
 		for (int t = 0; t < c->L; t++)
 			if (c->input_ids[(size_t)b * c->L + t] >= V)
@@ -620,7 +624,7 @@ int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
 		if ((v = hi3_cond_meta(c, meta_keys[i])))
 			bad |= hi3_stw_meta(w, meta_keys[i], v);
 	json_object_foreach(ci->meta, k, jv) {
-		if (!in_list(meta_keys, k))
+		if (hi3i_name_index(meta_keys, k) < 0)
 			bad |= hi3_stw_meta(w, k, json_string_value(jv));
 	}
 	if (bad)

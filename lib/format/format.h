@@ -7,6 +7,18 @@
 
 #include "core/internal.h"
 
+/* What a stage file records of the model that made it, and the sizes of
+ * the model it is laid out by: plain values, which the model fills
+ * (hi3i_model_facts, model/model.h) and the stages hand down, so that a
+ * format module never needs the model itself. */
+struct hi3i_model_facts {
+	char fingerprint[17];     /* hi3_fingerprint: 16 hex digits */
+	const char *dir;          /* the model's directory, for messages */
+	int vocab;                /* V */
+	int n_layers, n_kv, d;    /* the KV cache: (B, n_kv, C, d) per layer */
+	int n_moe, k;             /* routing records: MoE layers, experts per token (0 0: none) */
+};
+
 /* ------------------------------------------------------- safetensors.c */
 
 /* Take an exclusive lock on an open file (released when it is closed);

@@ -1,18 +1,13 @@
 /* kv.c -- the KV file: create, open and check, commit (see kv.h). */
 #include <stdatomic.h>
 #include <string.h>
-#include "format/format.h"
 #include "format/kv.h"
-#include "format/provenance.h"
-#include "model/model.h"
-#include "stage/vocab.h"
 
-int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, const char *cond_path, int max_new,
-                   hi3_dtype dt, int prompt_routing, hi3_error *err)
+int hi3i_kv_create(const char *path, const struct hi3i_model_facts *m, const hi3_cond *c, const char *cond_path,
+                   int max_new, hi3_dtype dt, int prompt_routing, hi3_error *err)
 {
-	const hi3_config *cfg = hi3_model_config(m);
-	int64_t B = c->B, C = (int64_t)c->L + max_new, G = max_new, V = cfg->vocab_size;
-	int64_t n_moe = hi3_model_n_moe_layers(m), k = hi3_model_max_topk(m);
+	int64_t B = c->B, C = (int64_t)c->L + max_new, G = max_new, V = m->vocab;
+	int64_t n_moe = m->n_moe, k = m->k;
 	hi3_st_writer *w = hi3_stw_new();
 	char hash[17], buf[64], name[32];
 	int64_t *commit = NULL;
@@ -28,7 +23,7 @@ int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, cons
 	hi3i_cond_hash(c, hash);
 	hi3_stw_meta(w, "format", HI3_FORMAT_KV);
 	hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION);
-	hi3_stw_meta(w, "model_fingerprint", hi3_model_fingerprint(m));
+	hi3_stw_meta(w, "model_fingerprint", m->fingerprint);
 	hi3_stw_meta(w, "conditions_hash", hash);
 	hi3_stw_meta(w, "cond_file", cond_path ? cond_path : "");
 #define META_INT(key, v) (snprintf(buf, sizeof(buf), "%lld", (long long)(v)), hi3_stw_meta(w, key, buf))
@@ -38,8 +33,8 @@ int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, cons
 	META_INT("max_new", max_new);
 #undef META_INT
 	hi3_stw_meta(w, "kv_dtype", hi3_dtype_name(dt));
-	for (int l = 0; l < cfg->num_hidden_layers; l++) {
-		int64_t sh[4] = {B, cfg->num_key_value_heads, C, cfg->attention_head_dim};
+	for (int l = 0; l < m->n_layers; l++) {
+		int64_t sh[4] = {B, m->n_kv, C, m->d};
 		snprintf(name, sizeof(name), "k.%d", l);
 		if (hi3_stw_add(w, name, dt, 4, sh, NULL))
 			goto oom;
@@ -109,20 +104,17 @@ static void derive(hi3_kvfile *kv, int i)
 	kv->kv_len[i] = kv->prompt_len[i] + (fin && g > 0 ? g - 1 : g);
 }
 
-int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err)
+int hi3i_kv_open(hi3_kvfile *kv, const char *path, const struct hi3i_model_facts *m, const hi3_cond *c, int lock,
+                 hi3_error *err)
 {
-	const hi3_config *cfg = hi3_model_config(m);
-	int64_t B, L, C, C_want, G, V = cfg->vocab_size;
+	int64_t B, L, C, C_want, G, V = m->vocab;
 	char name[32];
-	int nl = cfg->num_hidden_layers;
-	hi3_comm *comm = hi3i_model_comm(m);
+	int nl = m->n_layers;
 
 	memset(kv, 0, sizeof(*kv));
 	if (hi3_st_open(&kv->st, path, HI3_ST_RDWR, err) != 0)
 		return -1;
-	/* the ranks of a layout share the file: rank 0 holds the lock for them all */
-	if (hi3_st_expect_format(kv->st, HI3_FORMAT_KV, err) != 0 ||
-	    ((!comm || comm->rank == 0) && hi3i_st_lock(kv->st, err) != 0))
+	if (hi3_st_expect_format(kv->st, HI3_FORMAT_KV, err) != 0 || (lock && hi3i_st_lock(kv->st, err) != 0))
 		goto fail;
 	if (hi3i_check_made_by(path, hi3_st_meta(kv->st, "model_fingerprint"), m, err) != 0)
 		goto fail;
@@ -153,9 +145,9 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 	kv->nv = (int)V;
 	kv->cache.n_layers = nl;
 	kv->cache.B = (int)B;
-	kv->cache.n_kv = cfg->num_key_value_heads;
+	kv->cache.n_kv = m->n_kv;
 	kv->cache.C = (int)C;
-	kv->cache.d = cfg->attention_head_dim;
+	kv->cache.d = m->d;
 	kv->cache.k = calloc((size_t)nl, sizeof(void *));
 	kv->cache.v = calloc((size_t)nl, sizeof(void *));
 	if (!kv->cache.k || !kv->cache.v) {
@@ -164,7 +156,7 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 	}
 	{
 		const hi3_tensor *t0 = hi3_st_find(kv->st, "k.0");
-		int64_t sh[4] = {B, cfg->num_key_value_heads, C, cfg->attention_head_dim};
+		int64_t sh[4] = {B, m->n_kv, C, m->d};
 		if (!t0) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'k.0' is missing", path);
 			goto fail;
@@ -197,8 +189,8 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3
 		    get(kv, "commit", HI3_I64, 1, sB, (void **)&kv->commit, err))
 			goto fail;
 	}
-	kv->n_moe = hi3_model_n_moe_layers(m);
-	kv->k_route = hi3_model_max_topk(m);
+	kv->n_moe = m->n_moe;
+	kv->k_route = m->k;
 	if (kv->n_moe > 0) {
 		int64_t sR[4] = {B, G, kv->n_moe, kv->k_route};
 		int64_t sP[4] = {B, L, kv->n_moe, kv->k_route};
@@ -280,17 +272,7 @@ void hi3i_kv_settle(hi3_kvfile *kv)
 			       sizeof(float) * (size_t)kv->nv);
 }
 
-/*
- * A rank other than 0 keeps its own copy of the decode record (everything
- * but k.* and v.*): it runs the same steps on the same numbers as rank 0,
- * which alone writes the record to the file, while each rank writes its kv
- * heads of k.* and v.* there. With lm_head split on the vocabulary (tp >
- * 1) the logits buffers are the exception: tensor slot t (ranks 0 .. tp-1)
- * writes and reads its own columns of next_logits and next_logits_alt in
- * the file, shared (mine = 1); their copies (ranks tp and up) keep them
- * private. No rank reads what another writes.
- */
-static int privatize(hi3_kvfile *kv, int logits_shared, hi3_error *err)
+int hi3i_kv_privatize(hi3_kvfile *kv, int logits_shared, hi3_error *err)
 {
 	const size_t B = (size_t)kv->B, G = (size_t)kv->G, V = (size_t)kv->V, R = (size_t)kv->n_moe * kv->k_route;
 	struct {
@@ -321,33 +303,5 @@ static int privatize(hi3_kvfile *kv, int logits_shared, hi3_error *err)
 		off += (f[i].n + 63) / 64 * 64;
 	}
 	kv->priv = mem;
-	return 0;
-}
-
-int hi3i_kv_open_ranks(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err)
-{
-	hi3_comm *comm = hi3i_model_comm(m);
-	hi3_error mine = {0};
-	hi3i_vocab vs;
-
-	if (!comm)
-		return hi3i_kv_open(kv, path, m, c, err);
-	hi3i_model_vocab(m, &vs);
-	/* rank 0 first (it takes the lock), then the others; each step agreed */
-	for (int turn = 0; turn < 2; turn++) {
-		if ((turn == 0) == (comm->rank == 0) &&
-		    (hi3i_kv_open(kv, path, m, c, &mine) != 0 ||
-		     (comm->rank && privatize(kv, vs.comm && comm->rank < vs.tp, &mine) != 0)))
-			if (kv->st)
-				hi3i_kv_close(kv);
-		if (hi3_comm_agree(comm, &mine, err) != 0) {
-			if (kv->st)
-				hi3i_kv_close(kv);
-			return -1;
-		}
-	}
-	/* the logits columns this rank computes, and writes */
-	kv->v0 = vs.v0;
-	kv->nv = vs.nv;
 	return 0;
 }

@@ -40,20 +40,31 @@ typedef struct hi3_kvfile {
 	float *gen_route_w;       /* (B, G, n_moe, k) or NULL */
 	int16_t *prompt_route_ids;/* (B, L, n_moe, k) with prefill --record-routing, or NULL */
 	float *prompt_route_w;    /* (B, L, n_moe, k) */
-	void *priv;               /* a rank's own copy of the record (hi3i_kv_open_ranks), or NULL */
+	void *priv;               /* a rank's own copy of the record (hi3i_kv_privatize), or NULL */
 } hi3_kvfile;
 
 /* Create a zeroed KV file for (model, conditions) at path, atomically. */
-int hi3i_kv_create(const char *path, const hi3_model *m, const hi3_cond *c, const char *cond_path, int max_new,
-                   hi3_dtype dt, int prompt_routing, hi3_error *err);
-/* Open writable; check the model fingerprint and the conditions it belongs
- * to (c may be NULL to skip that); repair derived fields from commit. */
-int hi3i_kv_open(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err);
+int hi3i_kv_create(const char *path, const struct hi3i_model_facts *m, const hi3_cond *c, const char *cond_path,
+                   int max_new, hi3_dtype dt, int prompt_routing, hi3_error *err);
+/* Open writable, with an exclusive lock when lock (the ranks of a layout
+ * share the file: rank 0 holds the lock for them all); check the model
+ * fingerprint and the conditions it belongs to (c may be NULL to skip
+ * that); repair derived fields from commit. The stages open it on every
+ * rank with hi3i_kv_open_ranks (stage/files.h). */
+int hi3i_kv_open(hi3_kvfile *kv, const char *path, const struct hi3i_model_facts *m, const hi3_cond *c, int lock,
+                 hi3_error *err);
 void hi3i_kv_close(hi3_kvfile *kv);
-/* hi3i_kv_open on every rank of the model's layout, rank 0 first (it locks
- * the file for all), failing on every rank when one fails; in one process
- * hi3i_kv_open itself. */
-int hi3i_kv_open_ranks(hi3_kvfile *kv, const char *path, const hi3_model *m, const hi3_cond *c, hi3_error *err);
+/*
+ * A rank other than 0 keeps its own copy of the decode record (everything
+ * but k.* and v.*): it runs the same steps on the same numbers as rank 0,
+ * which alone writes the record to the file, while each rank writes its kv
+ * heads of k.* and v.* there. With lm_head split on the vocabulary (tp >
+ * 1) the logits buffers are the exception: tensor slot t (ranks 0 .. tp-1)
+ * writes and reads its own columns of next_logits and next_logits_alt in
+ * the file, shared (logits_shared = 1); their copies (ranks tp and up)
+ * keep them private. No rank reads what another writes.
+ */
+int hi3i_kv_privatize(hi3_kvfile *kv, int logits_shared, hi3_error *err);
 /* The logits buffer holding row i's current logits. */
 float *hi3i_kv_logits(hi3_kvfile *kv, int row);
 float *hi3i_kv_logits_next(hi3_kvfile *kv, int row);

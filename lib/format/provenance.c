@@ -20,11 +20,11 @@ void hi3i_cond_hash(const hi3_cond *c, char out[17])
 	snprintf(out, 17, "%016llx", (unsigned long long)h);
 }
 
-int hi3i_check_made_by(const char *path, const char *fp, const hi3_model *m, hi3_error *err)
+int hi3i_check_made_by(const char *path, const char *fp, const struct hi3i_model_facts *m, hi3_error *err)
 {
-	if (!fp || strcmp(fp, hi3_model_fingerprint(m)))
+	if (!fp || strcmp(fp, m->fingerprint))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: made by model fingerprint %s, but the model %s has %s", path,
-		                     fp ? fp : "(none)", hi3_model_dir(m), hi3_model_fingerprint(m));
+		                     fp ? fp : "(none)", m->dir, m->fingerprint);
 	return 0;
 }
 

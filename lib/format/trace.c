@@ -288,18 +288,3 @@ oom:
 	hi3_stw_free(w);
 	return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 }
-
-int hi3i_trace_stage_meta(hi3_trace *t, const char *stage, const hi3_cond *c, hi3_error *err)
-{
-	char hash[17], rows[16], L[16];
-	const char *pad = hi3_cond_meta(c, "pad_positions");
-
-	hi3i_cond_hash(c, hash);
-	snprintf(rows, sizeof(rows), "%d", c->B);
-	snprintf(L, sizeof(L), "%d", c->L);
-	if (hi3_trace_set_meta(t, "stage", stage, err) || hi3_trace_set_meta(t, "conditions_hash", hash, err) ||
-	    hi3_trace_set_meta(t, "rows", rows, err) || hi3_trace_set_meta(t, "L", L, err) ||
-	    (pad && hi3_trace_set_meta(t, "pad_positions", pad, err)))
-		return -1;
-	return 0;
-}

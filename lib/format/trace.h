@@ -19,8 +19,4 @@ hi3_dtype hi3i_trace_point_dtype(int kind, int sub);
 int hi3i_trace_point_ndim(int kind, int sub);
 /* qsort order of hi3_trace_point: forward order. */
 int hi3i_trace_point_cmp(const void *a, const void *b);
-/* The metadata of a stage's trace: stage, conditions_hash, rows, L,
- * pad_positions (from c). */
-int hi3i_trace_stage_meta(hi3_trace *t, const char *stage, const hi3_cond *c, hi3_error *err);
-
 #endif

@@ -5,6 +5,7 @@
 #define HI3_MODEL_H
 
 #include "backend/backend.h"
+#include "format/format.h"
 
 struct hi3_mlp_w {
 	hi3_wt *gate_up;          /* (2I, H) */
@@ -80,6 +81,7 @@ struct hi3_model {
 	hi3_config cfg;
 	hi3_ckpt *ck;
 	char fingerprint[17];
+	struct hi3i_model_facts facts; /* what the stage files check and are shaped by */
 	hi3_gen_defaults gen;       /* generation_config.json */
 	hi3_backend *be;
 	hi3_wt *wte, *lm_head, *ln_f;
@@ -99,6 +101,9 @@ struct hi3_model {
 	void (*image_memo_free)(void *memo);
 };
 
+/* The model's facts for the format modules (weights.c): fingerprint,
+ * directory, vocabulary, cache and routing shapes. */
+const struct hi3i_model_facts *hi3i_model_facts(const hi3_model *m);
 /* Free the scratch buffers (forward.c); they grow again on demand. */
 void hi3i_model_work_free(hi3_model *m);
 /* shard.c: check and set up m->sh for opts->par (at open, before weights). */

@@ -270,6 +270,14 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 			goto out;
 		}
 	}
+	memcpy(m->facts.fingerprint, m->fingerprint, sizeof(m->facts.fingerprint));
+	m->facts.dir = m->dir;
+	m->facts.vocab = m->cfg.vocab_size;
+	m->facts.n_layers = m->cfg.num_hidden_layers;
+	m->facts.n_kv = m->cfg.num_key_value_heads;
+	m->facts.d = m->cfg.attention_head_dim;
+	m->facts.n_moe = m->n_moe;
+	m->facts.k = m->max_k;
 	m->mapped = hi3_ckpt_file_bytes(m->ck, &n_files);
 	m->open_s = hi3i_now() - m->t_open;
 	hi3_log(HI3_LOG_DEBUG, "%s: opened in %.3f s on %s: %d tensors in %d file%s, %.1f MB mapped, %.1f MB read",
@@ -328,6 +336,7 @@ const char *hi3_model_dir(const hi3_model *m) { return m->dir; }
 const char *hi3_model_backend(const hi3_model *m) { return m->be->name; }
 int hi3_model_n_moe_layers(const hi3_model *m) { return m->n_moe; }
 int hi3_model_max_topk(const hi3_model *m) { return m->max_k; }
+const struct hi3i_model_facts *hi3i_model_facts(const hi3_model *m) { return &m->facts; }
 
 int hi3_model_batch_invariant(const hi3_model *m)
 {

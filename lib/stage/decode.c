@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "format/conditions.h"
-#include "format/kv.h"
+#include "stage/files.h"
 #include "format/trace.h"
 #include "model/model.h"
 #include "stage/vocab.h"

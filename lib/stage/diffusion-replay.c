@@ -13,6 +13,7 @@
 #include <string.h>
 #include "format/format.h"
 #include "format/provenance.h"
+#include "model/model.h"
 #include "stage/diffusion.h"
 
 static int dtype_of(const char *s, hi3_dtype *dt)
@@ -49,7 +50,7 @@ int hi3_diffusion_replay(hi3_model *m, const hi3_cond *c, const hi3_trajectory *
 	int rows, rc = -1;
 
 	memset(rep, 0, sizeof(*rep));
-	if (hi3i_check_made_by(path, t->model_fingerprint, m, err) ||
+	if (hi3i_check_made_by(path, t->model_fingerprint, hi3i_model_facts(m), err) ||
 	    hi3i_check_made_from(path, t->conditions_hash, c, err))
 		return -1;
 	if (dtype_of(t->cfg_dtype, &cfg_dt))

@@ -21,6 +21,7 @@
 #include "format/format.h"
 #include "format/provenance.h"
 #include "format/trace.h"
+#include "stage/files.h"
 #include "model/model.h"
 #include "stage/diffusion.h"
 #include "stage/images.h"

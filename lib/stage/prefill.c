@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "format/conditions.h"
-#include "format/kv.h"
+#include "stage/files.h"
 #include "stage/images.h"
 #include "format/trace.h"
 #include "model/model.h"
@@ -87,7 +87,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 			goto out;
 	}
 	if (lead) {
-		if (hi3i_kv_create(tmp, m, c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0) {
+		if (hi3i_kv_create(tmp, hi3i_model_facts(m), c, cond_path, o->max_new, o->kv_dtype, o->record_routing, err) != 0) {
 			if (!comm)
 				goto out;
 			lost = *err;

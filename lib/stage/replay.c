@@ -16,7 +16,7 @@
 #include <math.h>
 #include <string.h>
 #include "format/conditions.h"
-#include "format/kv.h"
+#include "stage/files.h"
 #include "stage/images.h"
 #include "format/trace.h"
 #include "model/model.h"
@@ -31,7 +31,7 @@ static int check_inputs(const hi3_model *m, const hi3_cond *c, const hi3_segment
 
 	if (hi3_cond_check_model(c, m, err) != 0)
 		return -1;
-	if (hi3i_check_made_by(path, s->model_fingerprint, m, err) != 0)
+	if (hi3i_check_made_by(path, s->model_fingerprint, hi3i_model_facts(m), err) != 0)
 		return -1;
 	if (s->B != c->B)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: has %d rows, the conditions file %s has %d", path, s->B,

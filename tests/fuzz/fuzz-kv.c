@@ -6,6 +6,7 @@
 #include <string.h>
 #include "core/internal.h"
 #include "format/kv.h"
+#include "model/model.h"
 #include "fuzz/fuzz.h"
 
 static int init(void)
@@ -37,7 +38,7 @@ static void one(const uint8_t *data, size_t size)
 	hi3_kvfile kv, again;
 	hi3_error err = {0};
 	int64_t *len;
-	int rc = hi3i_kv_open(&kv, path, fuzz_model(), NULL, &err);
+	int rc = hi3i_kv_open(&kv, path, hi3i_model_facts(fuzz_model()), NULL, 1, &err);
 
 	fuzz_check_status(rc, &err, "hi3i_kv_open");
 	if (rc != 0)
@@ -47,7 +48,7 @@ static void one(const uint8_t *data, size_t size)
 	FUZZ_CHECK(len, "out of memory");
 	memcpy(len, kv.kv_len, sizeof(int64_t) * (size_t)kv.B);
 	hi3i_kv_close(&kv);
-	rc = hi3i_kv_open(&again, path, fuzz_model(), NULL, &err);
+	rc = hi3i_kv_open(&again, path, hi3i_model_facts(fuzz_model()), NULL, 1, &err);
 	FUZZ_CHECK(rc == 0, "a KV file that opened (and was repaired) does not open again: %s", err.msg);
 	FUZZ_CHECK(!memcmp(len, again.kv_len, sizeof(int64_t) * (size_t)again.B), "kv_len changed on reopening");
 	free(len);
