@@ -25,6 +25,7 @@
  * --reps prefills, and the mean over the timed decode steps (after two
  * untimed ones); every call ends with the logits copied to the host.
  */
+#include "hi3.h"
 #include "config.h"
 #include <getopt.h>
 #include <stdio.h>

@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
+#include "hi3.h"
 #include "cond/cond-internal.h"
 #include "tap.h"
 #include "testdir.h"

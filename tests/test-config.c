@@ -6,6 +6,7 @@
  * the field; generation_config.json's defaults; the variants. */
 #include <jansson.h>
 #include <string.h>
+#include "hi3.h"
 #include "core/internal.h"
 #include "tap.h"
 #include "testdir.h"

@@ -7,6 +7,7 @@
  * made: it is not in the process before, and hi3i_cublas_load finds every
  * entry the backend calls in the toolkit's libcublas.
  */
+#include "hi3.h"
 #include "config.h"
 #include <stdio.h>
 #include <string.h>

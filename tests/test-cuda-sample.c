@@ -7,6 +7,7 @@
  *
  * Built against the GPU (make check-cuda) and the CPU emulation (make check).
  */
+#include "hi3.h"
 #include "config.h"
 #include <math.h>
 #include <string.h>

@@ -9,6 +9,7 @@
  * decode as before. */
 #include <math.h>
 #include <string.h>
+#include "hi3.h"
 #include "format/conditions.h"
 #include "tap.h"
 #include "testdir.h"

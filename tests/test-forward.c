@@ -28,6 +28,7 @@
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
+#include "hi3.h"
 #include "core/internal.h"
 #include "tap.h"
 #include "testdir.h"

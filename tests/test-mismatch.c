@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include "hi3.h"
 #include "tap.h"
 #include "core/internal.h"
 

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "hi3.h"
 #include "core/internal.h"
 #include "tap.h"
 #include "testdir.h"

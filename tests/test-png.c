@@ -8,6 +8,7 @@
 #include <png.h>
 #include <string.h>
 #include <unistd.h>
+#include "hi3.h"
 #include "core/internal.h"
 #include "tap.h"
 #include "cuda-test.h"

@@ -2,6 +2,7 @@
  * malformed file the reader must refuse with a message naming file and tensor. */
 #include <string.h>
 #include <unistd.h>
+#include "hi3.h"
 #include "core/internal.h"
 #include "tap.h"
 #include "testdir.h"

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
+#include "hi3.h"
 #include "core/internal.h"
 #include "tok/tok.h"
 #include "tap.h"

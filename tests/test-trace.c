@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include "hi3.h"
 #include "tap.h"
 #include "testdir.h"
 #include "core/internal.h"

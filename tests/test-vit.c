@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include "core/internal.h"
 #include "cond/image-internal.h"
+#include "model/config-internal.h"
 #include "model/vit.h"
 #include "tap.h"
 #include "cuda-test.h"

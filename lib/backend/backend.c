@@ -70,16 +70,3 @@ int hi3i_backend_check_image(const hi3_backend *be, hi3_error *err)
 	return check_ops(be, image, HI3_ARRAY_SIZE(image), "the image modules need", err);
 }
 #undef OP
-
-int hi3i_backend_open(hi3_backend **out, const hi3_model_opts *opts, hi3_error *err)
-{
-	const char *name = opts && opts->backend ? opts->backend : "cpu";
-	const int threads = opts ? opts->threads : 0, inv = opts ? opts->batch_invariant : 1;
-
-	*out = NULL;
-	if (!strcmp(name, "cpu"))
-		return hi3i_backend_cpu(out, threads, inv, err);
-	if (!strcmp(name, "cuda"))
-		return hi3i_backend_cuda(out, threads, inv, err);
-	return hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", name);
-}

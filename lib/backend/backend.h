@@ -253,9 +253,6 @@ int hi3i_backend_check(const hi3_backend *be, hi3_error *err);
 int hi3i_backend_check_image(const hi3_backend *be, hi3_error *err);
 
 int hi3i_backend_cpu(hi3_backend **out, int threads, int batch_invariant, hi3_error *err);
-/* The backend opts names ("cpu", NULL or opts NULL: the CPU; "cuda"), with
- * its threads and batch_invariant; an unknown name is a usage error. */
-int hi3i_backend_open(hi3_backend **out, const hi3_model_opts *opts, hi3_error *err);
 int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_error *err);
 /* Load cuBLAS, which libhi3 does not link (cuda.c); 0, or -1 with err set.
  * A no-op in a build without CUDA or on the emulator. */

@@ -6,6 +6,7 @@
 #define HI3_COND_INTERNAL_H
 
 #include <jansson.h>
+#include "cond/hi3-cond.h"
 #include "format/conditions.h"
 
 /* One request line. Strings point into obj. */

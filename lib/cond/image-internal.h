@@ -6,6 +6,7 @@
 #ifndef HI3_IMAGE_INTERNAL_H
 #define HI3_IMAGE_INTERNAL_H
 
+#include "cond/hi3-cond.h"
 #include "core/internal.h"
 
 /* ------------------------------------------------- the picture decoders */

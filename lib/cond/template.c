@@ -30,6 +30,7 @@
 #include <math.h>
 #include <string.h>
 #include "cond/cond-internal.h"
+#include "model/config-internal.h"
 
 #define MAX_RESO 128
 

@@ -1,13 +1,14 @@
 /*
- * internal.h -- helpers shared inside libhi3; not installed, not exported
- * (internal names start with hi3i_; the library exports only hi3_).
+ * internal.h -- helpers shared inside libhi3, the internal side of
+ * core/hi3-core.h; not installed, not exported (internal names start with
+ * hi3i_; the library exports only hi3_).
  */
 #ifndef HI3_INTERNAL_H
 #define HI3_INTERNAL_H
 
 #include <stdio.h>
 #include <stdlib.h>
-#include "hi3.h"
+#include "core/hi3-core.h"
 
 /* Always-on invariant check: prints file and line and aborts. Use for
  * programming errors only; bad input is reported through hi3_error. */
@@ -82,27 +83,7 @@ int hi3i_add_size(int64_t a, int64_t b, int64_t limit, int64_t *out);
  * elem exceed INT64_MAX. */
 int hi3i_shape_bytes(int ndim, const int64_t *shape, int64_t elem, int64_t *nbytes);
 
-/* The widest MLP hi3 accepts (intermediate_size, per-layer widths). */
-#define HI3_MAX_WIDTH (1 << 24)
-/* Layer l's shared-expert MLP width, moe_intermediate_size x
- * num_shared_expert, or -1 when it exceeds HI3_MAX_WIDTH (a config that
- * hi3_config_parse accepts never does). config.c. */
-int hi3i_config_shared_width(const hi3_config *cfg, int layer);
-
 /* How many elements of a float array are NaN or infinite (0 for integer dtypes). */
 int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n);
-
-/* config.json as the sequence template reads it: the token ids, the
- * position bound, the image geometry and the variant, without requiring the
- * text model's dimensions; every field present is checked as by
- * hi3_config_load. */
-int hi3i_config_load_partial(hi3_config *cfg, const char *path, hi3_error *err);
-/* The "vae" block of a parsed config.json object root, typed as
- * hi3_config_load reads it (b->present 0 when absent). config.c. */
-struct json_t;
-int hi3i_config_vae_block(hi3_vae_config *b, struct json_t *root, const char *name, hi3_error *err);
-/* The model's backend ops table (lib/backend.h). */
-struct hi3_backend;
-
 
 #endif

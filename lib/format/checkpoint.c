@@ -6,7 +6,7 @@
 #include <jansson.h>
 #include <string.h>
 #include <unistd.h>
-#include "core/internal.h"
+#include "format/format.h"
 
 struct ck_entry {
 	const hi3_tensor *t;

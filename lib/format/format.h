@@ -6,6 +6,7 @@
 #define HI3_FORMAT_H
 
 #include "core/internal.h"
+#include "format/hi3-format.h"
 
 /* What a stage file records of the model that made it, and the sizes of
  * the model it is laid out by: plain values, which the model fills

@@ -6,7 +6,7 @@
 #include <png.h>
 #include <setjmp.h>
 #include <string.h>
-#include "core/internal.h"
+#include "format/format.h"
 
 struct membuf {
 	unsigned char *p;

@@ -12,7 +12,6 @@
  * segment_file, mode (per-row | batched), routing (free | recorded | recorded+weights).
  */
 #include <string.h>
-#include "core/internal.h"
 #include "format/format.h"
 
 int hi3_replay_file_open(hi3_replay_file **out, const char *path, hi3_error *err)

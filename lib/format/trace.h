@@ -5,7 +5,7 @@
 #ifndef HI3_FORMAT_TRACE_H
 #define HI3_FORMAT_TRACE_H
 
-#include "core/internal.h"
+#include "format/format.h"
 
 /* Tensors of the logits point (hi3_trace_point.sub). */
 enum { HI3I_LOGITS_TOPK, HI3I_LOGITS_TOPK_IDS, HI3I_LOGITS_LSE, HI3I_LOGITS_SUBS };

@@ -22,7 +22,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include "core/internal.h"
 #include "format/format.h"
 
 static const char *const dtype_names[][2] = {{"f32", "F32"}, {"bf16", "BF16"}, {"f16", "F16"}};

@@ -15,7 +15,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
-#include "core/internal.h"
+#include "model/config-internal.h"
 
 /* ------------------------------------------------------------ the table */
 

@@ -11,6 +11,7 @@
 #define HI3_CONV_H
 
 #include "backend/backend.h"
+#include "model/hi3-model.h"
 
 struct hi3_conv_w {
 	hi3_wt *w;                /* (Cout, kt kh kw C): taps major (hi3i_conv_weight) */

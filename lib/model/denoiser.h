@@ -12,6 +12,7 @@
 #define HI3_MODEL_DENOISER_H
 
 #include "core/internal.h"
+#include "model/hi3-model.h"
 
 /* The upstream defects the denoiser can restore (parity --ablate). */
 enum {

@@ -959,6 +959,14 @@ out:
 	return rc;
 }
 
+hi3_kvcache *hi3_kvcache_for_model(const hi3_model *m, int B, int C, hi3_dtype dtype, hi3_error *err)
+{
+	const hi3_config *c = hi3_model_config(m);
+
+	return hi3_kvcache_alloc(c->num_hidden_layers, B, c->num_key_value_heads, C, c->attention_head_dim, dtype,
+	                         err);
+}
+
 void hi3_model_drop_cache(hi3_model *m, const hi3_kvcache *kv)
 {
 	if (m && kv && m->attached == kv) {

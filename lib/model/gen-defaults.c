@@ -7,7 +7,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
-#include "core/internal.h"
+#include "model/config-internal.h"
 
 static int bad(hi3_error *err, const char *path, const char *key, const char *want, const json_t *v)
 {
@@ -153,12 +153,4 @@ out:
 	json_decref(o);
 	free(path);
 	return rc;
-}
-
-void hi3_gen_defaults_sampler(const hi3_gen_defaults *g, hi3_sampler *s)
-{
-	s->greedy = !g->do_sample || g->temperature <= 0;
-	s->temperature = g->temperature > 0 ? g->temperature : 1.0;
-	s->top_k = g->top_k;
-	s->top_p = g->top_p;
 }

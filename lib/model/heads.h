@@ -15,6 +15,7 @@
 #define HI3_HEADS_H
 
 #include "backend/backend.h"
+#include "model/hi3-model.h"
 
 /* The timestep embedders (TimestepEmbedder: sinusoid of 256, Linear,
  * GELU, Linear), by their upstream module names. */

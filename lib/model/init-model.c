@@ -23,7 +23,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
-#include "core/internal.h"
+#include "model/config-internal.h"
 #include "model/vae.h"
 
 /* ------------------------------------------------------------- presets */

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "format/format.h"
+#include "model/config-internal.h"
 
 struct hi3_mlp_w {
 	hi3_wt *gate_up;          /* (2I, H) */
@@ -101,6 +102,10 @@ struct hi3_model {
 	void (*image_memo_free)(void *memo);
 };
 
+/* The backend opts names ("cpu", NULL or opts NULL: the CPU; "cuda"), with
+ * its threads and batch_invariant; an unknown name is a usage error
+ * (weights.c: hi3_model_open, and the VAE and ViT opened alone). */
+int hi3i_backend_open(hi3_backend **out, const hi3_model_opts *opts, hi3_error *err);
 /* The model's facts for the format modules (weights.c): fingerprint,
  * directory, vocabulary, cache and routing shapes. */
 const struct hi3i_model_facts *hi3i_model_facts(const hi3_model *m);

@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "core/internal.h"
+#include "model/config-internal.h"
 
 /* the largest part of n split in k */
 static uint64_t part(int64_t n, int k)

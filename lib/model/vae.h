@@ -7,6 +7,7 @@
 #define HI3_VAE_H
 
 #include "backend/backend.h"
+#include "model/hi3-model.h"
 
 /* Call fn for every tensor the parts (enum hi3_vae_parts) of a VAE of
  * config c hold, in load order, with its name (vae.decoder....) and shape.

@@ -8,6 +8,7 @@
 #define HI3_VIT_H
 
 #include "backend/backend.h"
+#include "model/hi3-model.h"
 
 /* Call fn for every tensor the ViT of config c and the aligner of config a
  * read, in load order, with its name (vision_model...., vision_aligner....)

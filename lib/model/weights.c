@@ -195,6 +195,19 @@ static int check_fits(hi3_model *m, hi3_error *err)
 	return 0;
 }
 
+int hi3i_backend_open(hi3_backend **out, const hi3_model_opts *opts, hi3_error *err)
+{
+	const char *name = opts && opts->backend ? opts->backend : "cpu";
+	const int threads = opts ? opts->threads : 0, inv = opts ? opts->batch_invariant : 1;
+
+	*out = NULL;
+	if (!strcmp(name, "cpu"))
+		return hi3i_backend_cpu(out, threads, inv, err);
+	if (!strcmp(name, "cuda"))
+		return hi3i_backend_cuda(out, threads, inv, err);
+	return hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", name);
+}
+
 int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts, hi3_error *err)
 {
 	hi3_model *m = hi3i_calloc(1, sizeof(*m), err);
@@ -226,17 +239,7 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
 	}
-	if (!opts->backend || !strcmp(opts->backend, "cpu")) {
-		if (hi3i_backend_cpu(&m->be, opts->threads, opts->batch_invariant, err) != 0)
-			goto out;
-	} else if (!strcmp(opts->backend, "cuda")) {
-		if (hi3i_backend_cuda(&m->be, opts->threads, opts->batch_invariant, err) != 0)
-			goto out;
-	} else {
-		hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", opts->backend);
-		goto out;
-	}
-	if (hi3i_backend_check(m->be, err) != 0)
+	if (hi3i_backend_open(&m->be, opts, err) != 0 || hi3i_backend_check(m->be, err) != 0)
 		goto out;
 	m->be->first_use = on_first_use;
 	m->be->first_use_ctx = m;

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <mpi.h>
-#include "hi3.h"
 #include "par/comm-mpi.h"
 
 static int mpi_fail(int rc, const char *what, hi3_error *err)

@@ -6,7 +6,7 @@
 #ifndef HI3_COMM_MPI_H
 #define HI3_COMM_MPI_H
 
-#include "hi3.h"
+#include "par/hi3-par.h"
 
 /* 1 when an MPI launcher started this process (its environment says so). */
 int hi3_comm_mpi_launched(void);

@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "hi3.h"
 #include "par/comm-mpi.h"
 
 #ifdef HI3_HAVE_NCCL

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/internal.h"
+#include "par/hi3-par.h"
 
 /* ------------------------------------------------------ single process */
 

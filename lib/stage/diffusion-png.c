@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "core/internal.h"
+#include "stage/hi3-stage.h"
 
 /* Request b's prompt: its "prompt", else its "tokens" as JSON; the seed is
  * the trajectory's. The strings are malloc'd. */

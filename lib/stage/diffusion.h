@@ -12,6 +12,7 @@
 #define HI3_DIFFUSION_H
 
 #include "model/denoiser.h"
+#include "stage/hi3-stage.h"
 
 /* the noise streams of a row (hi3_normal, core/philox.c): x_T, then one per step */
 #define HI3I_STREAM_XT 0

@@ -6,6 +6,7 @@
 #define HI3_STAGE_FILES_H
 
 #include "format/kv.h"
+#include "stage/hi3-stage.h"
 
 /* hi3i_kv_open on every rank of the model's layout, rank 0 first (it locks
  * the file for all), failing on every rank when one fails; in one process

@@ -6,6 +6,7 @@
 #define HI3_STAGE_IMAGES_H
 
 #include "core/internal.h"
+#include "stage/hi3-stage.h"
 
 /* The rows that replace token embeddings at cond image columns. */
 struct hi3i_image_embeds {

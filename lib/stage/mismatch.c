@@ -17,6 +17,7 @@
 #include <math.h>
 #include <string.h>
 #include "core/internal.h"
+#include "stage/hi3-stage.h"
 
 #define BOUND 20.0
 

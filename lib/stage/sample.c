@@ -3,9 +3,9 @@
  *
  * The random draw for a row at step s depends only on (seed, s): it is
  * hi3_uniform(seed, s) (core/philox.c), so a row samples the same token
- * alone or in any batch, on any backend. The recorded log-prob of a token is log-softmax of the
- * unmodified logits at temperature 1 (hi3_logprob), the quantity a
- * teacher-forced replay recomputes.
+ * alone or in any batch, on any backend. The recorded log-prob of a token
+ * is log-softmax of the unmodified logits at temperature 1 (hi3_logprob),
+ * the quantity a teacher-forced replay recomputes.
  *
  * The sampler, in order: temperature, top-k, top-p, draw:
  *   z = logits / T; sort candidates by z descending, ties to the lower id;
@@ -25,6 +25,14 @@
 #include <string.h>
 #include "core/internal.h"
 #include "stage/vocab.h"
+
+void hi3_gen_defaults_sampler(const hi3_gen_defaults *g, hi3_sampler *s)
+{
+	s->greedy = !g->do_sample || g->temperature <= 0;
+	s->temperature = g->temperature > 0 ? g->temperature : 1.0;
+	s->top_k = g->top_k;
+	s->top_p = g->top_p;
+}
 
 int64_t hi3_argmax(const float *logits, int V)
 {

@@ -17,6 +17,7 @@
 #define HI3_VOCAB_H
 
 #include "core/internal.h"
+#include "stage/hi3-stage.h"
 
 /* A sum of terms in [0, 1], each rounded to a multiple of 2^-63 and added
  * as an integer: exact, so the same bits for any order and any split of

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <jansson.h>
 #include "core/internal.h"
+#include "tok/hi3-tok.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

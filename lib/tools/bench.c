@@ -9,6 +9,8 @@
 #include <omp.h>
 #include <string.h>
 #include "backend/gemm.h"
+#include "model/config-internal.h"
+#include "tools/tools.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -22,6 +22,7 @@
 #include "format/kv.h"
 #include "format/provenance.h"
 #include "model/model.h"
+#include "tools/tools.h"
 
 static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad", "rope-pad",
                                              "rope-1d", "eoi"};

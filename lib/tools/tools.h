@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 #include "core/internal.h"
+#include "tools/hi3-tools.h"
 
 /* Natural name order: digit runs compare as numbers ("k.2" < "k.10"). */
 int hi3i_natcmp(const char *a, const char *b);

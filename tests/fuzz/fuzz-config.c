@@ -6,7 +6,7 @@
  * MLP included. */
 #include <math.h>
 #include <string.h>
-#include "core/internal.h"
+#include "model/config-internal.h"
 #include "fuzz/fuzz.h"
 
 static hi3_ckpt *ck;

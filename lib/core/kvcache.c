@@ -1,7 +1,7 @@
 /*
  * kvcache.c -- a KV cache in host memory of its own (benchmarks, tests, a
- * caller that keeps the cache in memory); the file-backed cache of the
- * stages is format/kv.c's.
+ * caller that keeps the cache in memory; hi3_kvcache_for_model shapes one
+ * for a model); the file-backed cache of the stages is format/kv.c's.
  */
 #include <string.h>
 #include "core/internal.h"
@@ -34,14 +34,6 @@ hi3_kvcache *hi3_kvcache_alloc(int n_layers, int B, int n_kv, int C, int d, hi3_
 fail:
 	hi3_kvcache_free(kv);
 	return NULL;
-}
-
-hi3_kvcache *hi3_kvcache_for_model(const hi3_model *m, int B, int C, hi3_dtype dtype, hi3_error *err)
-{
-	const hi3_config *c = hi3_model_config(m);
-
-	return hi3_kvcache_alloc(c->num_hidden_layers, B, c->num_key_value_heads, C, c->attention_head_dim, dtype,
-	                         err);
 }
 
 void hi3_kvcache_free(hi3_kvcache *kv)
