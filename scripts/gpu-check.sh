@@ -15,7 +15,7 @@
 #      shape (hidden 4096, 32 heads / 8 kv heads of 128, 64 experts top-8 of
 #      width 3072, shared MLP; 2 layers), through tests/bench-cuda,
 #   5. scale-out: the NCCL communicator's collectives on every GPU
-#      (tests/test-comm-nccl) and an ep=2 layout on cuda against one process,
+#      (tests/test-comm-nccl-mpi) and an ep=2 layout on cuda against one process,
 #   6. a table, last: decode at B = 1 as a fraction of the copy bandwidth
 #      (bytes it must read: active weights + KV), prefill GEMMs as a fraction
 #      of the GEMM peak.
@@ -57,7 +57,7 @@ step "make check-cuda (ops, forward passes, sampling, the pipeline and parity wi
 HI3_CUDA_SYNC=1 timeout 300 make -s check-cuda || fail "make check-cuda"
 
 step "scale-out: the NCCL communicator on every GPU, and ep=2 on cuda against one process"
-# tests/test-comm.c through NCCL (device buffers: CUDA managed memory), one
+# tests/test-comm.c through NCCL (device buffers: cudaMalloc), one
 # rank per GPU (1 included), then tiny-moe prefill and decode as 2 ranks of
 # --parallel ep=2 on the cuda backend, with either expert dispatch (2 ranks
 # share a GPU when there is one), which must equal one cuda process within
@@ -66,11 +66,11 @@ if [ -x bin/hi3-mpi ] && command -v mpirun >/dev/null 2>&1 && grep -q '^#define 
 	export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 	ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || ngpu=0
 	[ "$ngpu" -ge 1 ] || ngpu=1
-	if timeout 120 mpirun -np "$ngpu" tests/test-comm-nccl >"$WORK/nccl.tap" 2>&1 &&
+	if timeout 120 mpirun -np "$ngpu" tests/test-comm-nccl-mpi >"$WORK/nccl.tap" 2>&1 &&
 		! grep -q '^not ok' "$WORK/nccl.tap" && grep -q "^ok .* $ngpu ranks: alltoallv" "$WORK/nccl.tap"; then
 		echo "NCCL communicator: $(grep -c '^ok' "$WORK/nccl.tap") checks on $ngpu GPU(s) passed" | tee -a "$RESULTS"
 	else
-		cat "$WORK/nccl.tap"; fail "the NCCL communicator (tests/test-comm-nccl)"
+		cat "$WORK/nccl.tap"; fail "the NCCL communicator (tests/test-comm-nccl-mpi)"
 	fi
 	pm="$WORK/par-tm" pc="$WORK/par.cond"
 	[ -f "$pm/config.json" ] || $HI3 -q init-model --preset tiny-moe --seed 1 -o "$pm"

@@ -5,32 +5,41 @@
  * t6000-parallel.sh, every MPI collective on 3 or more ranks: each rank
  * checks what it received against what every rank must have sent, and
  * rank 0 prints one TAP line per check, "ok" only when every rank passed.
- * Built as test-comm-nccl (-DHI3_NCCL, with CUDA and NCCL), the same
- * checks run through the NCCL communicator on buffers of CUDA managed
- * memory (scripts/gpu-check.sh); the checks that take host buffers (the
- * rank-order all-reduce, check_same, agree) stay with MPI there.
+ * Built as test-comm-nccl (-DHI3_NCCL, with CUDA and NCCL, no MPI), the
+ * same checks run through the NCCL communicator in one process on one GPU,
+ * bootstrapped over the single-process communicator (scripts/gpu-run.sh,
+ * step nccl); as test-comm-nccl-mpi (-DHI3_MPI too) on one rank per GPU
+ * under mpirun. The communicator's buffers are plain cudaMalloc memory,
+ * never managed memory (over-asking managed memory can hang a GPU): the
+ * checks fill and read host copies, moved with cudaMemcpy around each
+ * call. The checks that take host buffers (the rank-order all-reduce,
+ * check_same, agree) run on the host communicator.
  */
 #include <math.h>
 #include <string.h>
 #include "hi3.h"
 #include "stage/vocab.h"
 #include "tap.h"
-#ifdef HI3_MPI
-#include "par/comm-mpi.h"
+#if defined(HI3_MPI) || defined(HI3_NCCL)
+#include "par/comm-mpi.h" /* hi3_comm_mpi_open, hi3_comm_nccl_open */
 #endif
 #ifdef HI3_NCCL
 #include <cuda_runtime.h>
 #endif
 
-/* buffers the communicator under test can read: host, or CUDA managed memory for NCCL */
+/* buffers the communicator under test reads and writes, zeroed: host
+ * memory, or device memory (cudaMalloc) for NCCL */
 static void *tb(hi3_comm *c, size_t n)
 {
 	void *p = NULL;
 #ifdef HI3_NCCL
 	if (c->device) {
-		if (cudaMallocManaged(&p, n, cudaMemAttachGlobal) != cudaSuccess)
+		if (cudaMalloc(&p, n) != cudaSuccess)
 			return NULL;
-		memset(p, 0, n);
+		if (cudaMemset(p, 0, n) != cudaSuccess) {
+			cudaFree(p);
+			return NULL;
+		}
 		return p;
 	}
 #endif
@@ -49,6 +58,29 @@ static void tfree(hi3_comm *c, void *p)
 #endif
 	(void)c;
 	free(p);
+}
+
+/* n bytes between the checks' host copy and a tb() buffer: 0, or -1 */
+static int put(hi3_comm *c, void *buf, const void *host, size_t n)
+{
+#ifdef HI3_NCCL
+	if (c->device)
+		return cudaMemcpy(buf, host, n, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+#endif
+	(void)c;
+	memcpy(buf, host, n);
+	return 0;
+}
+
+static int get(hi3_comm *c, void *host, const void *buf, size_t n)
+{
+#ifdef HI3_NCCL
+	if (c->device)
+		return cudaMemcpy(host, buf, n, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+#endif
+	(void)c;
+	memcpy(host, buf, n);
+	return 0;
 }
 
 #define MAX_CHECKS 64
@@ -73,9 +105,12 @@ static void collectives(hi3_comm *c, hi3_comm *host)
 {
 	const int R = c->size, me = c->rank;
 	hi3_error err = {0};
-	float *send = tb(c, 8 * sizeof(float)), *all = tb(c, 8 * 64 * sizeof(float)), *recv = NULL;
-	float *s2 = tb(c, 64 * 64 * sizeof(float)), *r2 = tb(c, 64 * 64 * sizeof(float));
-	char *buf = tb(c, 32);
+	/* the checks' host copies; the communicator's buffers (tb) may be device memory */
+	static float hsend[8], hall[8 * 64], hs2[64 * 64], hr2[64 * 64], hrecv[64 * 65 / 2 + 1];
+	char hbuf[32];
+	float *send = tb(c, sizeof(hsend)), *all = tb(c, sizeof(hall)), *recv = NULL;
+	float *s2 = tb(c, sizeof(hs2)), *r2 = tb(c, sizeof(hr2));
+	char *buf = tb(c, sizeof(hbuf));
 	size_t counts[64], displs[64], sc[64], sd[64], rc[64], rd[64], tot = 0;
 	int good;
 
@@ -84,11 +119,12 @@ static void collectives(hi3_comm *c, hi3_comm *host)
 		goto out;
 	}
 	for (int i = 0; i < 8; i++)
-		send[i] = val(me, (size_t)i);
-	good = hi3_comm_allgather(c, send, 8 * sizeof(float), all, &err) == 0;
+		hsend[i] = val(me, (size_t)i);
+	good = put(c, send, hsend, sizeof(hsend)) == 0 && hi3_comm_allgather(c, send, 8 * sizeof(float), all, &err) == 0 &&
+	       get(c, hall, all, sizeof(float) * 8 * (size_t)R) == 0;
 	for (int r = 0; r < R && good; r++)
 		for (int i = 0; i < 8; i++)
-			good &= all[r * 8 + i] == val(r, (size_t)i);
+			good &= hall[r * 8 + i] == val(r, (size_t)i);
 	check(good, "allgather: every rank's block in rank order");
 
 	/* rank r sends r + 1 floats */
@@ -98,10 +134,11 @@ static void collectives(hi3_comm *c, hi3_comm *host)
 		tot += counts[r];
 	}
 	recv = tb(c, tot + sizeof(float));
-	good = recv && hi3_comm_allgatherv(c, send, counts[me], recv, counts, displs, &err) == 0;
+	good = recv && hi3_comm_allgatherv(c, send, counts[me], recv, counts, displs, &err) == 0 &&
+	       get(c, hrecv, recv, tot) == 0;
 	for (int r = 0; r < R && good; r++)
 		for (int i = 0; i <= r; i++)
-			good &= recv[displs[r] / sizeof(float) + (size_t)i] == val(r, (size_t)i);
+			good &= hrecv[displs[r] / sizeof(float) + (size_t)i] == val(r, (size_t)i);
 	check(good, "allgatherv: blocks of other sizes at their displacements");
 
 	/* rank me sends (q + 1) floats to rank q, values val(me, 10 q + i) */
@@ -111,24 +148,26 @@ static void collectives(hi3_comm *c, hi3_comm *host)
 			sc[q] = sizeof(float) * (size_t)(q + 1);
 			sd[q] = so;
 			for (int i = 0; i <= q; i++)
-				s2[so / sizeof(float) + (size_t)i] = val(me, (size_t)(10 * q + i));
+				hs2[so / sizeof(float) + (size_t)i] = val(me, (size_t)(10 * q + i));
 			so += sc[q];
 			rc[q] = sizeof(float) * (size_t)(me + 1);
 			rd[q] = ro;
 			ro += rc[q];
 		}
-		good = hi3_comm_alltoallv(c, s2, sc, sd, r2, rc, rd, &err) == 0;
+		good = put(c, s2, hs2, so) == 0 && hi3_comm_alltoallv(c, s2, sc, sd, r2, rc, rd, &err) == 0 &&
+		       get(c, hr2, r2, ro) == 0;
 		for (int q = 0; q < R && good; q++)
 			for (int i = 0; i <= me; i++)
-				good &= r2[rd[q] / sizeof(float) + (size_t)i] == val(q, (size_t)(10 * me + i));
+				good &= hr2[rd[q] / sizeof(float) + (size_t)i] == val(q, (size_t)(10 * me + i));
 		check(good, "alltoallv: rank q's part for me at displacement q");
 	}
 
 	{
 		char want[32];
-		snprintf(buf, 32, "from rank %d", me);
+		snprintf(hbuf, sizeof(hbuf), "from rank %d", me);
 		snprintf(want, sizeof(want), "from rank %d", R - 1);
-		good = hi3_comm_bcast(c, buf, 32, R - 1, &err) == 0 && !strcmp(buf, want);
+		good = put(c, buf, hbuf, sizeof(hbuf)) == 0 && hi3_comm_bcast(c, buf, sizeof(hbuf), R - 1, &err) == 0 &&
+		       get(c, hbuf, buf, sizeof(hbuf)) == 0 && !strcmp(hbuf, want);
 		check(good, "bcast from the last rank");
 	}
 	check(hi3_comm_barrier(c, &err) == 0, "barrier");
