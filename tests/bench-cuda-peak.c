@@ -1,6 +1,6 @@
 /*
  * bench-cuda-peak.c -- what this GPU reaches, measured in the same run as
- * the model benchmarks (scripts/gpu-check.sh), to set their fractions
+ * the model benchmarks (scripts/gpu-run.sh), to set their fractions
  * against:
  *  - device-to-device copy bandwidth, (bytes read + bytes written) / time:
  *    the memory roof of decode;

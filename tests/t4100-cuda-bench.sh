@@ -1,5 +1,5 @@
 #!/bin/sh
-# t4100-cuda-bench.sh -- the benchmark driver that scripts/gpu-check.sh runs on
+# t4100-cuda-bench.sh -- the benchmark driver that scripts/gpu-run.sh runs on
 # the GPU reports every figure its table needs (run here on the CPU).
 . "$SRCDIR/tests/lib.sh"
 BENCH="$BUILDDIR/tests/bench-cuda"

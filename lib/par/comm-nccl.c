@@ -8,8 +8,8 @@
  * communicator's own stream and waits for it, so a caller may reuse its
  * buffers as soon as a call returns.
  *
- * Not run on hardware in this tree's CI (no GPU); scripts/gpu-check.sh
- * runs its suite where GPUs are present.
+ * Not run on hardware in this tree's CI (no GPU); the GPU run
+ * (scripts/gpu-run.sh) runs its suite where GPUs are present.
  */
 #include "config.h"
 #include <stdio.h>
