@@ -43,6 +43,8 @@
 #   HI3_RUN_QUICK    1: skip the wide model
 #   HI3_KIT_PATH     auto (default), prebuilt (never build), fallback (build
 #                    from the tarball even when the prebuilt programs start)
+#   HI3_KIT_NO_DPKG  1: unpack the kit's packages with Python, as where there
+#                    is no dpkg-deb
 set -u
 
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
@@ -873,6 +875,8 @@ if [ "$MODE" = kit ]; then
 	. "$KIT/kit.info"
 	set +a
 	BIN=$KIT/bin
+	# a copy that lost the programs' mode bits (run as `bash DIR/run`)
+	for p in "$BIN"/*; do [ -x "$p" ] || chmod +x "$p" 2>/dev/null; done
 else
 	: "${SRCDIR:=$(cd "$(dirname "$SELF")/.." && pwd)}"
 	v=$(sed -n 's/.*release \([0-9]*\)\..*/\1/p' <<<"$("$(nvcc_path || echo false)" --version 2>/dev/null)")
