@@ -11,13 +11,55 @@
  * pads included; only the pad_zero ablation writes 0 at pad columns.
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <string.h>
 #include "format/conditions.h"
 
-/* The metadata keys, in the order they are written. */
-static const char *const meta_keys[] = {"format", "format_version", "mode", "bot_task", "template",
-                                        "tokenizer_hash", "model_fingerprint", "cfg_factor", "pad_id",
-                                        "pad_positions", "requests", NULL};
+enum { B_, L_, S_, NS_, K_, NF_, NG_, NI_, VP_, VD_, NV_, VE_, NZ_, N_DIMS };
+
+#define F(x) (int)offsetof(hi3_cond, x)
+static const struct hi3i_ftensor tensors[] = {
+	{"input_ids", "I64", "B,L", 0, F(input_ids), -1},
+	{"position_ids", "I64", "B,L", 0, F(position_ids), -1},
+	{"real_pos", "I64", "B", 0, F(real_pos), -1},
+	{"rope_pos", "I32", "B,L,2", 0, F(rope_pos), -1},
+	{"image_blocks", "I32", "B,S,2", 0, F(image_blocks), -1},
+	{"seeds", "I64", "B", 0, F(seeds), -1},
+	{"stop_tokens", "I64", "B,NS", 0, F(stop_tokens), -1},
+	{"gen_image_mask", "U8", "B,L", 1, F(gen_image_mask), -1},
+	{"cond_vit_mask", "U8", "B,L", 2, F(cond_vit_mask), -1},
+	{"cond_vae_mask", "U8", "B,L", 3, F(cond_vae_mask), -1},
+	{"timestep_index", "I64", "B,K", 4, F(timestep_index), -1},
+	{"forced_after", "I64", "B,NF", 5, F(forced_after), -1},
+	{"greedy_among", "I64", "B,NG", 6, F(greedy_among), -1},
+	{"gen_image_hw", "I32", "B,2", 7, F(gen_image_hw), -1},
+	/* the cond images' pixels */
+	{"image_row", "I64", "NI", 8, F(image_row), -1},
+	{"vit_grid", "I32", "NI,2", 8, F(vit_grid), -1},
+	{"vit_pixels", "U8", "NI,VP,VD", 8, F(vit_pixels), -1},
+	{"vae_shape", "I32", "NI,2", 8, F(vae_shape), -1},
+	{"vae_pixels", "U8", "NV", 8, F(vae_pixels), -1},
+	/* and their encoder outputs (tokenize-concat --encode) */
+	{"vit_embeds", "F32", "NI,VP,VE", 9, F(vit_embeds), -1},
+	{"latent_shape", "I32", "NI,3", 9, F(latent_shape), -1},
+	{"vae_latents", "F32", "NZ", 9, F(vae_latents), -1},
+	{0},
+};
+#undef F
+/* In the order they are written; the values are checked by check_meta. */
+static const struct hi3i_fmeta meta[] = {
+	{"mode", "text", 1, -1}, {"bot_task", "text", 1, -1}, {"template", "text", 1, -1},
+	{"tokenizer_hash", "text", 1, -1}, {"model_fingerprint", "text", 1, -1}, {"cfg_factor", "text", 1, -1},
+	{"pad_id", "text", 1, -1}, {"pad_positions", "text", 1, -1}, {"requests", "text", 1, -1},
+	{"vae_posterior", "mean|sample", 0, -1},
+	{0},
+};
+const struct hi3i_format hi3i_format_conditions = {
+	HI3_FORMAT_CONDITIONS, "CONDITIONS",
+	(const char *const[]){"B", "L", "S", "NS", "K", "NF", "NG", "NI", "VP", "VD", "NV", "VE", "NZ", NULL},
+	tensors, meta, 1,
+};
+
 static const char *const templates[] = {"pretrain", "instruct", "none", NULL};
 
 const char *const hi3i_bot_task_names[] = {"auto", "image", "think", "recaption", "img_ratio", "think_recaption",
@@ -122,9 +164,9 @@ static int check_meta(struct hi3i_cond *ci, hi3_error *err)
 	json_error_t je;
 	size_t n;
 
-	for (int i = 0; meta_keys[i]; i++)
-		if (!hi3_cond_meta(c, meta_keys[i]))
-			return vbad(ci, err, "__metadata__ '%s' is missing", meta_keys[i]);
+	for (const struct hi3i_fmeta *m = meta; m->key; m++)
+		if (m->required && !hi3_cond_meta(c, m->key))
+			return vbad(ci, err, "__metadata__ '%s' is missing", m->key);
 	if (strcmp(c->mode, "gen_text") && strcmp(c->mode, "gen_image"))
 		return vbad(ci, err, "__metadata__ 'mode': expected gen_text or gen_image, found '%s'", c->mode);
 	if (hi3i_name_index(hi3i_bot_task_names, c->bot_task) < 0 && strcmp(c->bot_task, "mixed"))
@@ -357,32 +399,18 @@ static int validate(struct hi3i_cond *ci, hi3_error *err)
 
 /* ----------------------------------------------------------------- open */
 
-/* A tensor of the file with the given dtype and shape (-1: any), aligned
- * for its dtype; NULL data when optional and absent. */
-static int get(struct hi3i_cond *ci, const char *name, hi3_dtype dt, int ndim, const int64_t *shape, int optional,
-               const hi3_tensor **out, hi3_error *err)
-{
-	*out = NULL;
-	if (optional && !hi3_st_find(ci->c.st, name))
-		return 0;
-	if (hi3_st_get(ci->c.st, name, (int)dt, ndim, shape, out, err) != 0)
-		return -1;
-	if ((uintptr_t)(*out)->data % hi3_dtype_size(dt))
-		return vbad(ci, err, "tensor '%s': data is not aligned to %zu bytes", name, hi3_dtype_size(dt));
-	return 0;
-}
-
 int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 {
 	struct hi3i_cond *ci = hi3i_cond_new(path, err);
+	int64_t dims[N_DIMS];
 	hi3_cond *c;
-	const hi3_tensor *t;
-	int64_t any2[2] = {-1, -1};
 
 	*out = NULL;
 	if (!ci)
 		return -1;
 	c = &ci->c;
+	for (int i = 0; i < N_DIMS; i++)
+		dims[i] = -1;
 	if (hi3_st_open(&c->st, path, HI3_ST_READ, err) != 0 ||
 	    hi3_st_expect_format(c->st, HI3_FORMAT_CONDITIONS, err) != 0)
 		goto fail;
@@ -393,114 +421,51 @@ int hi3_cond_open(hi3_cond **out, const char *path, hi3_error *err)
 			goto fail;
 	}
 	hi3i_cond_bind_meta(ci);
-	if (get(ci, "input_ids", HI3_I64, 2, any2, 0, &t, err) != 0)
-		goto fail;
-	if (t->shape[0] < 1 || t->shape[1] < 1 || t->shape[0] > INT32_MAX || t->shape[1] > INT32_MAX) {
-		vbad(ci, err, "tensor 'input_ids': shape (%lld, %lld): B and L must be at least 1",
-		     (long long)t->shape[0], (long long)t->shape[1]);
+	/* the images' tensors come with image_row, their encoder outputs all three or none */
+	if (!hi3_st_find(c->st, "image_row") &&
+	    (hi3_st_find(c->st, "vit_grid") || hi3_st_find(c->st, "vit_pixels") || hi3_st_find(c->st, "vae_shape") ||
+	     hi3_st_find(c->st, "vae_pixels") || hi3_st_find(c->st, "vit_embeds") || hi3_st_find(c->st, "vae_latents"))) {
+		vbad(ci, err, "tensor 'image_row' is missing (the file has cond image pixels)");
 		goto fail;
 	}
-	c->B = (int)t->shape[0];
-	c->L = (int)t->shape[1];
-	c->input_ids = t->data;
-	{
-		const int64_t B = c->B, L = c->L;
-		const int64_t s_bl[2] = {B, L}, s_b[1] = {B}, s_bl2[3] = {B, L, 2}, s_bs2[3] = {B, -1, 2},
-		              s_bn[2] = {B, -1};
-		const int64_t s_b2[2] = {B, 2};
-		const hi3_tensor *pos, *real, *rope, *blk, *seeds, *stops, *gm, *vit, *vae, *ts, *fa, *ga, *hw;
-
-		if (get(ci, "position_ids", HI3_I64, 2, s_bl, 0, &pos, err) ||
-		    get(ci, "real_pos", HI3_I64, 1, s_b, 0, &real, err) ||
-		    get(ci, "rope_pos", HI3_I32, 3, s_bl2, 0, &rope, err) ||
-		    get(ci, "image_blocks", HI3_I32, 3, s_bs2, 0, &blk, err) ||
-		    get(ci, "seeds", HI3_I64, 1, s_b, 0, &seeds, err) ||
-		    get(ci, "stop_tokens", HI3_I64, 2, s_bn, 0, &stops, err) ||
-		    get(ci, "gen_image_mask", HI3_U8, 2, s_bl, 1, &gm, err) ||
-		    get(ci, "cond_vit_mask", HI3_U8, 2, s_bl, 1, &vit, err) ||
-		    get(ci, "cond_vae_mask", HI3_U8, 2, s_bl, 1, &vae, err) ||
-		    get(ci, "timestep_index", HI3_I64, 2, s_bn, 1, &ts, err) ||
-		    get(ci, "forced_after", HI3_I64, 2, s_bn, 1, &fa, err) ||
-		    get(ci, "greedy_among", HI3_I64, 2, s_bn, 1, &ga, err) ||
-		    get(ci, "gen_image_hw", HI3_I32, 2, s_b2, 1, &hw, err))
-			goto fail;
-		c->position_ids = pos->data;
-		c->real_pos = real->data;
-		c->rope_pos = rope->data;
-		c->image_blocks = blk->data;
-		c->S = (int)blk->shape[1];
-		c->seeds = seeds->data;
-		c->stop_tokens = stops->data;
-		c->NS = (int)stops->shape[1];
-		c->gen_image_mask = gm ? gm->data : NULL;
-		c->cond_vit_mask = vit ? vit->data : NULL;
-		c->cond_vae_mask = vae ? vae->data : NULL;
-		c->timestep_index = ts ? ts->data : NULL;
-		c->K = ts ? (int)ts->shape[1] : 0;
-		c->forced_after = fa ? fa->data : NULL;
-		c->NF = fa ? (int)fa->shape[1] : 0;
-		c->greedy_among = ga ? ga->data : NULL;
-		c->NG = ga ? (int)ga->shape[1] : 0;
-		c->gen_image_hw = hw ? hw->data : NULL;
+	if (hi3_st_find(c->st, "image_row") && (!hi3_st_find(c->st, "vit_embeds") != !hi3_st_find(c->st, "latent_shape") ||
+	                                        !hi3_st_find(c->st, "vit_embeds") != !hi3_st_find(c->st, "vae_latents"))) {
+		vbad(ci, err, "tensors 'vit_embeds', 'latent_shape' and 'vae_latents': give all three (the images' encoder "
+		     "outputs) or none");
+		goto fail;
 	}
-	{
-		const int64_t any1[1] = {-1}, any3[3] = {-1, -1, -1};
-		const hi3_tensor *row, *grid, *pix, *vs, *vp;
-		if (get(ci, "image_row", HI3_I64, 1, any1, 1, &row, err))
+	if (hi3i_codec_read(&hi3i_format_conditions, c->st, c, dims, err) != 0)
+		goto fail;
+	if (dims[B_] < 1 || dims[L_] < 1 || dims[B_] > INT32_MAX || dims[L_] > INT32_MAX) {
+		vbad(ci, err, "tensor 'input_ids': shape (%lld, %lld): B and L must be at least 1", (long long)dims[B_],
+		     (long long)dims[L_]);
+		goto fail;
+	}
+	c->B = (int)dims[B_];
+	c->L = (int)dims[L_];
+	c->S = (int)dims[S_];
+	c->NS = (int)dims[NS_];
+	c->K = c->timestep_index ? (int)dims[K_] : 0;
+	c->NF = c->forced_after ? (int)dims[NF_] : 0;
+	c->NG = c->greedy_among ? (int)dims[NG_] : 0;
+	if (c->image_row) {
+		if (dims[NI_] > INT32_MAX || dims[VP_] < 1 || dims[VP_] > (1 << 20) || dims[VD_] < 1 ||
+		    dims[VD_] > (1 << 20)) {
+			vbad(ci, err, "tensor 'vit_pixels': shape (%lld, %lld, %lld): expected (%lld images, P, D)",
+			     (long long)dims[NI_], (long long)dims[VP_], (long long)dims[VD_], (long long)dims[NI_]);
 			goto fail;
-		if (row) {
-			const int64_t s_n2[2] = {row->shape[0], 2};
-			if (get(ci, "vit_grid", HI3_I32, 2, s_n2, 0, &grid, err) ||
-			    get(ci, "vit_pixels", HI3_U8, 3, any3, 0, &pix, err) ||
-			    get(ci, "vae_shape", HI3_I32, 2, s_n2, 0, &vs, err) ||
-			    get(ci, "vae_pixels", HI3_U8, 1, any1, 0, &vp, err))
-				goto fail;
-			if (pix->shape[0] != row->shape[0] || row->shape[0] > INT32_MAX || pix->shape[1] < 1 ||
-			    pix->shape[1] > (1 << 20) || pix->shape[2] < 1 || pix->shape[2] > (1 << 20)) {
-				vbad(ci, err, "tensor 'vit_pixels': shape (%lld, %lld, %lld): expected (%lld images, P, D)",
-				     (long long)pix->shape[0], (long long)pix->shape[1], (long long)pix->shape[2],
-				     (long long)row->shape[0]);
-				goto fail;
-			}
-			c->NI = (int)row->shape[0];
-			c->VP = (int)pix->shape[1];
-			c->VD = (int)pix->shape[2];
-			c->image_row = row->data;
-			c->vit_grid = grid->data;
-			c->vit_pixels = pix->data;
-			c->vae_shape = vs->data;
-			c->vae_pixels = vp->data;
-			c->NV = vp->shape[0];
-			/* the encoder outputs (tokenize-concat --encode): all three or none */
-			{
-				const int64_t s_n3[2] = {row->shape[0], 3}, s_emb[3] = {row->shape[0], pix->shape[1], -1};
-				const hi3_tensor *emb, *ls, *lat;
-				if (get(ci, "vit_embeds", HI3_F32, 3, s_emb, 1, &emb, err) ||
-				    get(ci, "latent_shape", HI3_I32, 2, s_n3, 1, &ls, err) ||
-				    get(ci, "vae_latents", HI3_F32, 1, any1, 1, &lat, err))
-					goto fail;
-				if ((emb != NULL) != (ls != NULL) || (emb != NULL) != (lat != NULL)) {
-					vbad(ci, err, "tensors 'vit_embeds', 'latent_shape' and 'vae_latents': give all three "
-					     "(the images' encoder outputs) or none");
-					goto fail;
-				}
-				if (emb && (emb->shape[2] < 1 || emb->shape[2] > (1 << 20))) {
-					vbad(ci, err, "tensor 'vit_embeds': a width of %lld", (long long)emb->shape[2]);
-					goto fail;
-				}
-				if (emb) {
-					c->VE = (int)emb->shape[2];
-					c->vit_embeds = emb->data;
-					c->latent_shape = ls->data;
-					c->vae_latents = lat->data;
-					c->NZ = lat->shape[0];
-				}
-			}
-		} else if (hi3_st_find(c->st, "vit_grid") || hi3_st_find(c->st, "vit_pixels") ||
-		           hi3_st_find(c->st, "vae_shape") || hi3_st_find(c->st, "vae_pixels") ||
-		           hi3_st_find(c->st, "vit_embeds") || hi3_st_find(c->st, "vae_latents")) {
-			vbad(ci, err, "tensor 'image_row' is missing (the file has cond image pixels)");
+		}
+		c->NI = (int)dims[NI_];
+		c->VP = (int)dims[VP_];
+		c->VD = (int)dims[VD_];
+		c->NV = dims[NV_];
+		if (c->vit_embeds && (dims[VE_] < 1 || dims[VE_] > (1 << 20))) {
+			vbad(ci, err, "tensor 'vit_embeds': a width of %lld", (long long)dims[VE_]);
 			goto fail;
+		}
+		if (c->vit_embeds) {
+			c->VE = (int)dims[VE_];
+			c->NZ = dims[NZ_];
 		}
 	}
 	if (validate(ci, err) != 0)
@@ -575,63 +540,29 @@ int hi3_cond_vit_image(const hi3_cond *c, int k, uint8_t **rgb, int *w, int *h, 
 int hi3_cond_write(const hi3_cond *c, const char *path, hi3_error *err)
 {
 	const struct hi3i_cond *ci = HI3I_COND(c);
-	hi3_st_writer *w = hi3_stw_new();
-	int64_t B = c->B, L = c->L;
-	const int64_t s_bl[2] = {B, L}, s_b[1] = {B}, s_bl2[3] = {B, L, 2}, s_bs2[3] = {B, c->S, 2},
-	              s_bns[2] = {B, c->NS}, s_bk[2] = {B, c->K}, s_bf[2] = {B, c->NF}, s_bg[2] = {B, c->NG};
-	const char *k, *v;
+	const int64_t dims[N_DIMS] = {c->B, c->L, c->S, c->NS, c->K, c->NF, c->NG, c->NI, c->VP, c->VD, c->NV, c->VE,
+	                              c->NZ};
+	const char *(*m)[2] = NULL, *k;
+	size_t n = 0;
 	json_t *jv;
-	int rc = -1, bad = 0;
+	int rc;
 
-	if (!w)
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	bad |= hi3_stw_add(w, "input_ids", HI3_I64, 2, s_bl, c->input_ids);
-	bad |= hi3_stw_add(w, "position_ids", HI3_I64, 2, s_bl, c->position_ids);
-	bad |= hi3_stw_add(w, "real_pos", HI3_I64, 1, s_b, c->real_pos);
-	bad |= hi3_stw_add(w, "rope_pos", HI3_I32, 3, s_bl2, c->rope_pos);
-	bad |= hi3_stw_add(w, "image_blocks", HI3_I32, 3, s_bs2, c->image_blocks);
-	bad |= hi3_stw_add(w, "seeds", HI3_I64, 1, s_b, c->seeds);
-	bad |= hi3_stw_add(w, "stop_tokens", HI3_I64, 2, s_bns, c->stop_tokens);
-	if (c->gen_image_mask)
-		bad |= hi3_stw_add(w, "gen_image_mask", HI3_U8, 2, s_bl, c->gen_image_mask);
-	if (c->cond_vit_mask)
-		bad |= hi3_stw_add(w, "cond_vit_mask", HI3_U8, 2, s_bl, c->cond_vit_mask);
-	if (c->cond_vae_mask)
-		bad |= hi3_stw_add(w, "cond_vae_mask", HI3_U8, 2, s_bl, c->cond_vae_mask);
-	if (c->timestep_index)
-		bad |= hi3_stw_add(w, "timestep_index", HI3_I64, 2, s_bk, c->timestep_index);
-	if (c->forced_after)
-		bad |= hi3_stw_add(w, "forced_after", HI3_I64, 2, s_bf, c->forced_after);
-	if (c->greedy_among)
-		bad |= hi3_stw_add(w, "greedy_among", HI3_I64, 2, s_bg, c->greedy_among);
-	if (c->gen_image_hw)
-		bad |= hi3_stw_add(w, "gen_image_hw", HI3_I32, 2, (const int64_t[]){B, 2}, c->gen_image_hw);
-	if (c->NI) {
-		const int64_t s_n[1] = {c->NI}, s_n2[2] = {c->NI, 2}, s_npd[3] = {c->NI, c->VP, c->VD};
-		bad |= hi3_stw_add(w, "image_row", HI3_I64, 1, s_n, c->image_row);
-		bad |= hi3_stw_add(w, "vit_grid", HI3_I32, 2, s_n2, c->vit_grid);
-		bad |= hi3_stw_add(w, "vit_pixels", HI3_U8, 3, s_npd, c->vit_pixels);
-		bad |= hi3_stw_add(w, "vae_shape", HI3_I32, 2, s_n2, c->vae_shape);
-		bad |= hi3_stw_add(w, "vae_pixels", HI3_U8, 1, &c->NV, c->vae_pixels);
-		if (c->vit_embeds) {
-			const int64_t s_emb[3] = {c->NI, c->VP, c->VE}, s_n3[2] = {c->NI, 3};
-			bad |= hi3_stw_add(w, "vit_embeds", HI3_F32, 3, s_emb, c->vit_embeds);
-			bad |= hi3_stw_add(w, "latent_shape", HI3_I32, 2, s_n3, c->latent_shape);
-			bad |= hi3_stw_add(w, "vae_latents", HI3_F32, 1, &c->NZ, c->vae_latents);
+	/* the table's keys in its order, then any other the conditions carry */
+	if (!(m = hi3i_calloc(json_object_size(ci->meta) + HI3_ARRAY_SIZE(meta), sizeof(*m), err)))
+		return -1;
+	for (const struct hi3i_fmeta *e = meta; e->key; e++)
+		if (hi3_cond_meta(c, e->key)) {
+			m[n][0] = e->key;
+			m[n++][1] = hi3_cond_meta(c, e->key);
+		}
+	json_object_foreach(ci->meta, k, jv) {
+		if (strcmp(k, "format") && strcmp(k, "format_version") && !hi3i_codec_meta(&hi3i_format_conditions, k)) {
+			m[n][0] = k;
+			m[n++][1] = json_string_value(jv);
 		}
 	}
-	for (int i = 0; meta_keys[i]; i++)
-		if ((v = hi3_cond_meta(c, meta_keys[i])))
-			bad |= hi3_stw_meta(w, meta_keys[i], v);
-	json_object_foreach(ci->meta, k, jv) {
-		if (hi3i_name_index(meta_keys, k) < 0)
-			bad |= hi3_stw_meta(w, k, json_string_value(jv));
-	}
-	if (bad)
-		hi3_error_set(err, HI3_ERR_RUNTIME, "%s: cannot add the tensors (out of memory)", path);
-	else
-		rc = hi3_stw_write(w, path, err);
-	hi3_stw_free(w);
+	rc = hi3i_codec_write(&hi3i_format_conditions, c, dims, (const char *const (*)[2])m, n, path, err);
+	free(m);
 	return rc;
 }
 

@@ -1,86 +1,78 @@
-/* kv.c -- the KV file: create, open and check, commit (see kv.h). */
+/* kv.c -- the KV file: create, open and check, commit (see kv.h; the table below). */
 #include <stdatomic.h>
+#include <stddef.h>
 #include <string.h>
 #include "format/kv.h"
+
+enum { B_, L_, C_, G_, V_, N_KV, D_, N_MOE, K_, LAYERS, N_DIMS };
+
+#define F(x) (int)offsetof(hi3_kvfile, x)
+static const struct hi3i_ftensor tensors[] = {
+	{"k.l", "F32 BF16", "B,n_kv,C,d", 0, F(cache.k), F(cache.dtype)},
+	{"v.l", "F32 BF16", "B,n_kv,C,d", 0, F(cache.v), F(cache.dtype)},
+	{"kv_len", "I64", "B", 0, F(kv_len), -1},
+	{"prompt_len", "I64", "B", 0, F(prompt_len), -1},
+	{"next_logits", "F32", "B,V", 0, F(next_logits), -1},
+	{"next_logits_alt", "F32", "B,V", 0, F(next_logits_alt), -1},
+	{"finished", "U8", "B", 0, F(finished), -1},
+	{"gen_tokens", "I64", "B,G", 0, F(gen_tokens), -1},
+	{"gen_logprobs", "F32", "B,G", 0, F(gen_logprobs), -1},
+	{"gen_len", "I64", "B", 0, F(gen_len), -1},
+	{"commit", "I64", "B", 0, F(commit), -1},
+	{"gen_route_ids", "I16", "B,G,n_moe,k", 1, F(gen_route_ids), -1},      /* MoE models */
+	{"gen_route_w", "F32", "B,G,n_moe,k", 1, F(gen_route_w), -1},
+	{"prompt_route_ids", "I16", "B,L,n_moe,k", 2, F(prompt_route_ids), -1}, /* prefill --record-routing */
+	{"prompt_route_w", "F32", "B,L,n_moe,k", 2, F(prompt_route_w), -1},
+	{0},
+};
+#undef F
+static const struct hi3i_fmeta meta[] = {
+	{"model_fingerprint", "text", 0, -1}, {"conditions_hash", "text", 0, -1}, {"cond_file", "text", 0, -1},
+	{"B", "int", 0, -1}, {"L", "int", 0, -1}, {"C", "int", 0, -1}, {"max_new", "int", 0, -1},
+	{"kv_dtype", "text", 0, -1},
+	{0},
+};
+const struct hi3i_format hi3i_format_kv = {
+	HI3_FORMAT_KV, "KV", (const char *const[]){"B", "L", "C", "G", "V", "n_kv", "d", "n_moe", "k", "layers", NULL},
+	tensors, meta, 0,
+};
 
 int hi3i_kv_create(const char *path, const struct hi3i_model_facts *m, const hi3_cond *c, const char *cond_path,
                    int max_new, hi3_dtype dt, int prompt_routing, hi3_error *err)
 {
-	int64_t B = c->B, C = (int64_t)c->L + max_new, G = max_new, V = m->vocab;
-	int64_t n_moe = m->n_moe, k = m->k;
-	hi3_st_writer *w = hi3_stw_new();
-	char hash[17], buf[64], name[32];
-	int64_t *commit = NULL;
-	int rc = -1;
+	const int64_t B = c->B, C = (int64_t)c->L + max_new;
+	const int64_t dims[N_DIMS] = {B, c->L, C, max_new, m->vocab, m->n_kv, m->d, m->n_moe, m->k, m->n_layers};
+	hi3_kvfile kv = {.cache.dtype = dt};
+	char hash[17], sB[24], sL[24], sC[24], sG[24];
+	const char *mt[][2] = {
+		{"model_fingerprint", m->fingerprint}, {"conditions_hash", hash}, {"cond_file", cond_path ? cond_path : ""},
+		{"B", sB}, {"L", sL}, {"C", sC}, {"max_new", sG}, {"kv_dtype", hi3_dtype_name(dt)},
+	};
+	int rc;
 
-	if (!w)
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	commit = hi3i_calloc((size_t)B, sizeof(int64_t), err);
-	if (!commit)
-		goto out;
-	for (int i = 0; i < B; i++)
-		commit[i] = max_new == 0;        /* nothing to generate: finished at once */
-	hi3i_cond_hash(c, hash);
-	hi3_stw_meta(w, "format", HI3_FORMAT_KV);
-	hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION);
-	hi3_stw_meta(w, "model_fingerprint", m->fingerprint);
-	hi3_stw_meta(w, "conditions_hash", hash);
-	hi3_stw_meta(w, "cond_file", cond_path ? cond_path : "");
-#define META_INT(key, v) (snprintf(buf, sizeof(buf), "%lld", (long long)(v)), hi3_stw_meta(w, key, buf))
-	META_INT("B", B);
-	META_INT("L", c->L);
-	META_INT("C", C);
-	META_INT("max_new", max_new);
-#undef META_INT
-	hi3_stw_meta(w, "kv_dtype", hi3_dtype_name(dt));
-	for (int l = 0; l < m->n_layers; l++) {
-		int64_t sh[4] = {B, m->n_kv, C, m->d};
-		snprintf(name, sizeof(name), "k.%d", l);
-		if (hi3_stw_add(w, name, dt, 4, sh, NULL))
-			goto oom;
-		snprintf(name, sizeof(name), "v.%d", l);
-		if (hi3_stw_add(w, name, dt, 4, sh, NULL))
-			goto oom;
-	}
-	{
-		int64_t sB[1] = {B}, sBV[2] = {B, V}, sBG[2] = {B, G}, sR[4] = {B, G, n_moe, k};
-		if (hi3_stw_add(w, "kv_len", HI3_I64, 1, sB, c->real_pos) ||
-		    hi3_stw_add(w, "prompt_len", HI3_I64, 1, sB, c->real_pos) ||
-		    hi3_stw_add(w, "next_logits", HI3_F32, 2, sBV, NULL) ||
-		    hi3_stw_add(w, "next_logits_alt", HI3_F32, 2, sBV, NULL) ||
-		    hi3_stw_add(w, "finished", HI3_U8, 1, sB, NULL) ||
-		    hi3_stw_add(w, "gen_tokens", HI3_I64, 2, sBG, NULL) ||
-		    hi3_stw_add(w, "gen_logprobs", HI3_F32, 2, sBG, NULL) ||
-		    hi3_stw_add(w, "gen_len", HI3_I64, 1, sB, NULL) ||
-		    hi3_stw_add(w, "commit", HI3_I64, 1, sB, commit))
-			goto oom;
-		int64_t sP[4] = {B, c->L, n_moe, k};
-		if (n_moe > 0 && (hi3_stw_add(w, "gen_route_ids", HI3_I16, 4, sR, NULL) ||
-		                  hi3_stw_add(w, "gen_route_w", HI3_F32, 4, sR, NULL)))
-			goto oom;
-		if (n_moe > 0 && prompt_routing && (hi3_stw_add(w, "prompt_route_ids", HI3_I16, 4, sP, NULL) ||
-		                                    hi3_stw_add(w, "prompt_route_w", HI3_F32, 4, sP, NULL)))
-			goto oom;
-	}
-	rc = hi3_stw_write(w, path, err);
-	goto out;
-oom:
-	hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-out:
-	free(commit);
-	hi3_stw_free(w);
-	return rc;
-}
-
-static int get(hi3_kvfile *kv, const char *name, hi3_dtype dt, int ndim, const int64_t *shape, void **out,
-               hi3_error *err)
-{
-	const hi3_tensor *t;
-
-	if (hi3_st_get(kv->st, name, dt, ndim, shape, &t, err) != 0)
+	/* the cache, the record and the logits start as zeros; kv_len and
+	 * prompt_len are the prompts' lengths */
+	if (!(kv.commit = hi3i_calloc((size_t)B, sizeof(int64_t), err)))
 		return -1;
-	*out = t->data;
-	return 0;
+	for (int i = 0; i < B; i++)
+		kv.commit[i] = max_new == 0;        /* nothing to generate: finished at once */
+	kv.kv_len = kv.prompt_len = (int64_t *)c->real_pos;
+	if (m->n_moe > 0) {
+		kv.gen_route_ids = (int16_t *)HI3I_ZEROS;
+		kv.gen_route_w = (float *)HI3I_ZEROS;
+		if (prompt_routing) {
+			kv.prompt_route_ids = (int16_t *)HI3I_ZEROS;
+			kv.prompt_route_w = (float *)HI3I_ZEROS;
+		}
+	}
+	hi3i_cond_hash(c, hash);
+	snprintf(sB, sizeof(sB), "%lld", (long long)B);
+	snprintf(sL, sizeof(sL), "%d", c->L);
+	snprintf(sC, sizeof(sC), "%lld", (long long)C);
+	snprintf(sG, sizeof(sG), "%d", max_new);
+	rc = hi3i_codec_write(&hi3i_format_kv, &kv, dims, mt, HI3_ARRAY_SIZE(mt), path, err);
+	free(kv.commit);
+	return rc;
 }
 
 static int meta_int(const hi3_st *st, const char *key, int64_t *out, hi3_error *err)
@@ -108,7 +100,6 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const struct hi3i_model_facts
                  hi3_error *err)
 {
 	int64_t B, L, C, C_want, G, V = m->vocab;
-	char name[32];
 	int nl = m->n_layers;
 
 	memset(kv, 0, sizeof(*kv));
@@ -143,6 +134,8 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const struct hi3i_model_facts
 	kv->V = (int)V;
 	kv->v0 = 0;
 	kv->nv = (int)V;
+	kv->n_moe = m->n_moe;
+	kv->k_route = m->k;
 	kv->cache.n_layers = nl;
 	kv->cache.B = (int)B;
 	kv->cache.n_kv = m->n_kv;
@@ -155,52 +148,14 @@ int hi3i_kv_open(hi3_kvfile *kv, const char *path, const struct hi3i_model_facts
 		goto fail;
 	}
 	{
-		const hi3_tensor *t0 = hi3_st_find(kv->st, "k.0");
-		int64_t sh[4] = {B, m->n_kv, C, m->d};
-		if (!t0) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'k.0' is missing", path);
+		/* the routing records only for an MoE model, then both */
+		int64_t dims[N_DIMS] = {B, L, C, G, V, m->n_kv, m->d, kv->n_moe, kv->k_route, nl};
+		if (hi3i_codec_read(&hi3i_format_kv, kv->st, kv, dims, err) != 0)
+			goto fail;
+		if (kv->n_moe > 0 && !kv->gen_route_ids) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'gen_route_ids' is missing", path);
 			goto fail;
 		}
-		kv->cache.dtype = t0->dtype;
-		if (t0->dtype != HI3_F32 && t0->dtype != HI3_BF16) {
-			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'k.0': dtype %s, expected F32 or BF16", path,
-			              hi3_dtype_name(t0->dtype));
-			goto fail;
-		}
-		for (int l = 0; l < nl; l++) {
-			snprintf(name, sizeof(name), "k.%d", l);
-			if (get(kv, name, t0->dtype, 4, sh, &kv->cache.k[l], err))
-				goto fail;
-			snprintf(name, sizeof(name), "v.%d", l);
-			if (get(kv, name, t0->dtype, 4, sh, &kv->cache.v[l], err))
-				goto fail;
-		}
-	}
-	{
-		int64_t sB[1] = {B}, sBV[2] = {B, V}, sBG[2] = {B, G};
-		if (get(kv, "kv_len", HI3_I64, 1, sB, (void **)&kv->kv_len, err) ||
-		    get(kv, "prompt_len", HI3_I64, 1, sB, (void **)&kv->prompt_len, err) ||
-		    get(kv, "next_logits", HI3_F32, 2, sBV, (void **)&kv->next_logits, err) ||
-		    get(kv, "next_logits_alt", HI3_F32, 2, sBV, (void **)&kv->next_logits_alt, err) ||
-		    get(kv, "finished", HI3_U8, 1, sB, (void **)&kv->finished, err) ||
-		    get(kv, "gen_tokens", HI3_I64, 2, sBG, (void **)&kv->gen_tokens, err) ||
-		    get(kv, "gen_logprobs", HI3_F32, 2, sBG, (void **)&kv->gen_logprobs, err) ||
-		    get(kv, "gen_len", HI3_I64, 1, sB, (void **)&kv->gen_len, err) ||
-		    get(kv, "commit", HI3_I64, 1, sB, (void **)&kv->commit, err))
-			goto fail;
-	}
-	kv->n_moe = m->n_moe;
-	kv->k_route = m->k;
-	if (kv->n_moe > 0) {
-		int64_t sR[4] = {B, G, kv->n_moe, kv->k_route};
-		int64_t sP[4] = {B, L, kv->n_moe, kv->k_route};
-		if (get(kv, "gen_route_ids", HI3_I16, 4, sR, (void **)&kv->gen_route_ids, err) ||
-		    get(kv, "gen_route_w", HI3_F32, 4, sR, (void **)&kv->gen_route_w, err))
-			goto fail;
-		if (hi3_st_find(kv->st, "prompt_route_ids") &&
-		    (get(kv, "prompt_route_ids", HI3_I16, 4, sP, (void **)&kv->prompt_route_ids, err) ||
-		     get(kv, "prompt_route_w", HI3_F32, 4, sP, (void **)&kv->prompt_route_w, err)))
-			goto fail;
 	}
 	for (int i = 0; i < B; i++) {
 		int64_t g = kv->commit[i] / 2;

@@ -1,49 +1,81 @@
 /*
  * replay.c -- the replay file (format hi3.replay): the teacher-forced
- * log-probs of a segment's tokens, aligned with the segment.
- *
- *   logprobs                (T) F32
- *   dlogp                   (T) F32  replay - rollout, rows (T) I32, positions (T) I64    (optional
- *                           together: per-token joins with routing, traces, conditions)
- *   routing_experts         (T, n_moe, k) I16, routing_weights (T, n_moe, k) F32    (optional, with
- *   prompt_routing_experts  (P, n_moe, k) I16, prompt_routing_weights F32          replay --record-routing)
- *   prompt_cu_seqlens       (B + 1) I64: row i's prompt tokens are [cu[i], cu[i+1]) of the prompt tensors
- * metadata: format, format_version, model_fingerprint, conditions_hash,
- * segment_file, mode (per-row | batched), routing (free | recorded | recorded+weights).
+ * log-probs of a segment's tokens, aligned with the segment (the table
+ * below, hi3-files(5)). dlogp, rows and positions (replay - rollout, the
+ * token's row and position) come together, to join a token with routing,
+ * traces and the conditions; replay --record-routing adds the routing of
+ * every response token and every prompt token, row i's prompt tokens
+ * being [prompt_cu_seqlens[i], prompt_cu_seqlens[i+1]) of the prompt
+ * tensors. The replay of a trajectory writes its own kind (mode
+ * "diffusion"): the SDE steps' log-probs.
  */
+#include <stddef.h>
 #include <string.h>
 #include "format/format.h"
+
+enum { T_, N_MOE, K_, P_, B_, N_DIMS };
+
+#define F(x) (int)offsetof(hi3_replay_file, x)
+static const struct hi3i_ftensor tensors[] = {
+	{"logprobs", "F32", "T", 0, F(logprobs), -1},
+	{"dlogp", "F32", "T", 1, F(dlogp), -1},
+	{"rows", "I32", "T", 1, F(rows), -1},
+	{"positions", "I64", "T", 1, F(positions), -1},
+	{"routing_experts", "I16", "T,n_moe,k", 2, F(route_ids), -1},
+	{"routing_weights", "F32", "T,n_moe,k", 2, F(route_w), -1},
+	{"prompt_routing_experts", "I16", "P,n_moe,k", HI3I_FT_LATER, F(prompt_route_ids), -1},
+	{"prompt_routing_weights", "F32", "P,n_moe,k", HI3I_FT_LATER, F(prompt_route_w), -1},
+	{"prompt_cu_seqlens", "I64", "B+1", 2, F(prompt_cu_seqlens), -1},
+	{0},
+};
+static const struct hi3i_fmeta meta[] = {
+	{"model_fingerprint", "text", 0, F(model_fingerprint)},
+	{"conditions_hash", "text", 0, F(conditions_hash)},
+	{"segment_file", "text", 0, F(segment_file)},
+	{"mode", "text", 0, F(mode)},
+	{"routing", "text", 0, F(routing)},
+	{0},
+};
+#undef F
+const struct hi3i_format hi3i_format_replay = {
+	HI3_FORMAT_REPLAY, "REPLAY", (const char *const[]){"T", "n_moe", "k", "P", "B", NULL}, tensors, meta, 0,
+};
+
+/* A replay of a trajectory: the log-prob of each SDE step of each request. */
+struct sde {
+	const float *logp;            /* (B, K) */
+	const int64_t *steps;         /* (K) */
+};
+static const struct hi3i_ftensor sde_tensors[] = {
+	{"sde_logp", "F32", "B,K", 0, (int)offsetof(struct sde, logp), -1},
+	{"sde_steps", "I64", "K", 0, (int)offsetof(struct sde, steps), -1},
+	{0},
+};
+static const struct hi3i_fmeta sde_meta[] = {
+	{"model_fingerprint", "text", 0, -1},
+	{"conditions_hash", "text", 0, -1},
+	{"trajectory_file", "text", 0, -1},
+	{"mode", "diffusion", 0, -1},
+	{0},
+};
+const struct hi3i_format hi3i_format_replay_sde = {
+	HI3_FORMAT_REPLAY, "REPLAY", (const char *const[]){"B", "K", NULL}, sde_tensors, sde_meta, 0,
+};
 
 int hi3_replay_file_open(hi3_replay_file **out, const char *path, hi3_error *err)
 {
 	hi3_replay_file *r = hi3i_calloc(1, sizeof(*r), err);
-	const hi3_tensor *lp, *re, *rw, *pre, *prw, *pcu;
+	int64_t dims[N_DIMS] = {-1, -1, -1, -1, -1};
+	const hi3_tensor *pre, *prw;
 
 	*out = NULL;
 	if (!r)
 		return -1;
-	if (hi3_st_open(&r->st, path, HI3_ST_READ, err) != 0 || hi3_st_expect_format(r->st, HI3_FORMAT_REPLAY, err) ||
-	    hi3_st_get(r->st, "logprobs", HI3_F32, 1, (int64_t[]){-1}, &lp, err))
+	if (hi3i_codec_open(&hi3i_format_replay, path, HI3_ST_READ, r, dims, &r->st, err) != 0)
 		goto fail;
-	r->T = lp->shape[0];
-	r->logprobs = lp->data;
-	if (hi3_st_find(r->st, "dlogp")) {
-		const hi3_tensor *d, *rr, *ps;
-		if (hi3_st_get(r->st, "dlogp", HI3_F32, 1, lp->shape, &d, err) ||
-		    hi3_st_get(r->st, "rows", HI3_I32, 1, lp->shape, &rr, err) ||
-		    hi3_st_get(r->st, "positions", HI3_I64, 1, lp->shape, &ps, err))
-			goto fail;
-		r->dlogp = d->data;
-		r->rows = rr->data;
-		r->positions = ps->data;
-	}
-	if (hi3_st_find(r->st, "routing_experts")) {
-		if (hi3_st_get(r->st, "routing_experts", HI3_I16, 3, (int64_t[]){r->T, -1, -1}, &re, err) ||
-		    hi3_st_get(r->st, "routing_weights", HI3_F32, 3, re->shape, &rw, err) ||
-		    hi3_st_get(r->st, "prompt_cu_seqlens", HI3_I64, 1, (int64_t[]){-1}, &pcu, err))
-			goto fail;
-		r->B = (int)pcu->shape[0] - 1;
-		r->prompt_cu_seqlens = pcu->data;
+	r->T = dims[T_];
+	if (r->route_ids) {
+		r->B = (int)dims[B_];
 		if (r->B < 1 || r->prompt_cu_seqlens[0] != 0) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'prompt_cu_seqlens' must start at 0 and have a row",
 			              path);
@@ -55,22 +87,15 @@ int hi3_replay_file_open(hi3_replay_file **out, const char *path, hi3_error *err
 				              i);
 				goto fail;
 			}
-		if (hi3_st_get(r->st, "prompt_routing_experts", HI3_I16, 3,
-		               (int64_t[]){r->prompt_cu_seqlens[r->B], re->shape[1], re->shape[2]}, &pre, err) ||
-		    hi3_st_get(r->st, "prompt_routing_weights", HI3_F32, 3, pre->shape, &prw, err))
+		dims[P_] = r->prompt_cu_seqlens[r->B];
+		if (hi3i_codec_get(&hi3i_format_replay, r->st, &tensors[6], dims, &pre, err) ||
+		    hi3i_codec_get(&hi3i_format_replay, r->st, &tensors[7], dims, &prw, err))
 			goto fail;
-		r->n_moe = (int)re->shape[1];
-		r->k = (int)re->shape[2];
-		r->route_ids = re->data;
-		r->route_w = rw->data;
 		r->prompt_route_ids = pre->data;
 		r->prompt_route_w = prw->data;
+		r->n_moe = (int)dims[N_MOE];
+		r->k = (int)dims[K_];
 	}
-	r->model_fingerprint = hi3_st_meta(r->st, "model_fingerprint");
-	r->conditions_hash = hi3_st_meta(r->st, "conditions_hash");
-	r->segment_file = hi3_st_meta(r->st, "segment_file");
-	r->mode = hi3_st_meta(r->st, "mode");
-	r->routing = hi3_st_meta(r->st, "routing");
 	*out = r;
 	return 0;
 fail:
@@ -88,51 +113,24 @@ void hi3_replay_file_close(hi3_replay_file *r)
 
 int hi3_replay_file_write(const hi3_replay_file *r, const char *path, hi3_error *err)
 {
-	const int64_t P = r->route_ids ? r->prompt_cu_seqlens[r->B] : 0;
-	int64_t sT[1] = {r->T}, sr[3] = {r->T, r->n_moe, r->k}, sp[3] = {P, r->n_moe, r->k}, sc[1] = {r->B + 1};
-	const char *meta[][2] = {
+	const int64_t dims[N_DIMS] = {r->T, r->n_moe, r->k, r->route_ids ? r->prompt_cu_seqlens[r->B] : 0, r->B};
+	const char *m[][2] = {
 		{"model_fingerprint", r->model_fingerprint}, {"conditions_hash", r->conditions_hash},
 		{"segment_file", r->segment_file}, {"mode", r->mode}, {"routing", r->routing},
 	};
-	hi3_st_writer *w = hi3i_stw_format(HI3_FORMAT_REPLAY, meta, HI3_ARRAY_SIZE(meta));
-	int rc;
 
-	if (!w)
-		goto oom;
-	if (hi3_stw_add(w, "logprobs", HI3_F32, 1, sT, r->logprobs) ||
-	    (r->dlogp && (hi3_stw_add(w, "dlogp", HI3_F32, 1, sT, r->dlogp) ||
-	                  hi3_stw_add(w, "rows", HI3_I32, 1, sT, r->rows) ||
-	                  hi3_stw_add(w, "positions", HI3_I64, 1, sT, r->positions))) ||
-	    (r->route_ids && (hi3_stw_add(w, "routing_experts", HI3_I16, 3, sr, r->route_ids) ||
-	                      hi3_stw_add(w, "routing_weights", HI3_F32, 3, sr, r->route_w) ||
-	                      hi3_stw_add(w, "prompt_routing_experts", HI3_I16, 3, sp, r->prompt_route_ids) ||
-	                      hi3_stw_add(w, "prompt_routing_weights", HI3_F32, 3, sp, r->prompt_route_w) ||
-	                      hi3_stw_add(w, "prompt_cu_seqlens", HI3_I64, 1, sc, r->prompt_cu_seqlens))))
-		goto oom;
-	rc = hi3_stw_write(w, path, err);
-	hi3_stw_free(w);
-	return rc;
-oom:
-	hi3_stw_free(w);
-	return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	return hi3i_codec_write(&hi3i_format_replay, r, dims, m, HI3_ARRAY_SIZE(m), path, err);
 }
 
 int hi3i_replay_sde_write(const char *path, int B, int K, const float *sde_logp, const int64_t *sde_steps,
                           const char *fingerprint, const char *conditions_hash, const char *traj_file, hi3_error *err)
 {
-	const char *meta[][2] = {
+	const struct sde obj = {sde_logp, sde_steps};
+	const int64_t dims[2] = {B, K};
+	const char *m[][2] = {
 		{"model_fingerprint", fingerprint}, {"conditions_hash", conditions_hash}, {"trajectory_file", traj_file},
 		{"mode", "diffusion"},
 	};
-	hi3_st_writer *w = hi3i_stw_format(HI3_FORMAT_REPLAY, meta, HI3_ARRAY_SIZE(meta));
-	int rc;
 
-	if (!w || hi3_stw_add(w, "sde_logp", HI3_F32, 2, (const int64_t[]){B, K}, sde_logp) ||
-	    hi3_stw_add(w, "sde_steps", HI3_I64, 1, (const int64_t[]){K}, sde_steps)) {
-		hi3_stw_free(w);
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	}
-	rc = hi3_stw_write(w, path, err);
-	hi3_stw_free(w);
-	return rc;
+	return hi3i_codec_write(&hi3i_format_replay_sde, &obj, dims, m, HI3_ARRAY_SIZE(m), path, err);
 }

@@ -1,18 +1,41 @@
 /*
  * segment.c -- the segment file (format hi3.segment): every row's generated
- * tokens and their rollout log-probs, packed in batch order.
- *
- *   tokens          (T) I64     row i's tokens are [cu_seqlens[i], cu_seqlens[i+1])
- *   logprobs        (T) F32     log-softmax at temperature 1 of the unmodified logits
- *   cu_seqlens      (B + 1) I64 0, then non-decreasing, ending at T
- *   stop_reason     (B) U8      0 unfinished, 1 stop token, 2 length
- *   routing_experts (T, n_moe, k) I16, routing_weights (T, n_moe, k) F32   (optional)
- * metadata: format, format_version, model_fingerprint, conditions_hash,
- * sampler, decode_mask, token_placement, routing_weights ("none": routing_weights holds NaN, the
- * engine did not report them).
+ * tokens and their rollout log-probs, packed in batch order (the table
+ * below, hi3-files(5)). Row i's tokens are [cu_seqlens[i], cu_seqlens[i+1]),
+ * 0 first, non-decreasing, T last; the rollout log-prob is log-softmax at
+ * temperature 1 of the unmodified logits; stop_reason is 0 unfinished, 1
+ * stop token, 2 length. routing_weights "none": routing_weights holds
+ * NaN, the engine did not report them.
  */
+#include <stddef.h>
 #include <string.h>
 #include "format/format.h"
+
+enum { T_, B_, N_MOE, K_, N_DIMS };
+
+#define F(x) (int)offsetof(hi3_segment, x)
+static const struct hi3i_ftensor tensors[] = {
+	{"tokens", "I64", "T", 0, F(tokens), -1},
+	{"logprobs", "F32", "T", 0, F(logprobs), -1},
+	{"cu_seqlens", "I64", "B+1", 0, F(cu_seqlens), -1},
+	{"stop_reason", "U8", "B", 0, F(stop_reason), -1},
+	{"routing_experts", "I16", "T,n_moe,k", 1, F(route_ids), -1},
+	{"routing_weights", "F32", "T,n_moe,k", 1, F(route_w), -1},
+	{0},
+};
+static const struct hi3i_fmeta meta[] = {
+	{"model_fingerprint", "text", 0, F(model_fingerprint)},
+	{"conditions_hash", "text", 0, F(conditions_hash)},
+	{"sampler", "text", 0, F(sampler)},
+	{"decode_mask", "text", 0, F(decode_mask)},
+	{"token_placement", "text", 0, F(token_placement)},
+	{"routing_weights", "text", 0, F(routing_weights)},
+	{0},
+};
+#undef F
+const struct hi3i_format hi3i_format_segment = {
+	HI3_FORMAT_SEGMENT, "SEGMENT", (const char *const[]){"T", "B", "n_moe", "k", NULL}, tensors, meta, 0,
+};
 
 /* The checks a segment passes before it is used or written. */
 static int check(const hi3_segment *s, const char *path, hi3_error *err)
@@ -32,43 +55,19 @@ static int check(const hi3_segment *s, const char *path, hi3_error *err)
 int hi3_segment_open(hi3_segment **out, const char *path, hi3_error *err)
 {
 	hi3_segment *s = hi3i_calloc(1, sizeof(*s), err);
-	const hi3_tensor *tok, *lp, *cu, *sr, *re, *rw;
+	int64_t dims[N_DIMS] = {-1, -1, -1, -1};
 
 	*out = NULL;
 	if (!s)
 		return -1;
-	if (hi3_st_open(&s->st, path, HI3_ST_READ, err) != 0 ||
-	    hi3_st_expect_format(s->st, HI3_FORMAT_SEGMENT, err))
+	if (hi3i_codec_open(&hi3i_format_segment, path, HI3_ST_READ, s, dims, &s->st, err) != 0)
 		goto fail;
-	if (hi3_st_get(s->st, "tokens", HI3_I64, 1, (int64_t[]){-1}, &tok, err) ||
-	    hi3_st_get(s->st, "logprobs", HI3_F32, 1, (int64_t[]){tok->shape[0]}, &lp, err) ||
-	    hi3_st_get(s->st, "cu_seqlens", HI3_I64, 1, (int64_t[]){-1}, &cu, err))
+	s->T = dims[T_];
+	s->B = (int)dims[B_];
+	s->n_moe = s->route_ids ? (int)dims[N_MOE] : 0;
+	s->k = s->route_ids ? (int)dims[K_] : 0;
+	if (check(s, path, err) != 0)
 		goto fail;
-	s->T = tok->shape[0];
-	s->B = (int)cu->shape[0] - 1;
-	s->tokens = tok->data;
-	s->logprobs = lp->data;
-	s->cu_seqlens = cu->data;
-	if (check(s, path, err) != 0 || hi3_st_get(s->st, "stop_reason", HI3_U8, 1, (int64_t[]){s->B}, &sr, err))
-		goto fail;
-	s->stop_reason = sr->data;
-	re = hi3_st_find(s->st, "routing_experts");
-	if (re) {
-		if (hi3_st_get(s->st, "routing_experts", HI3_I16, 3, (int64_t[]){s->T, -1, -1}, &re, err) ||
-		    hi3_st_get(s->st, "routing_weights", HI3_F32, 3, (int64_t[]){s->T, re->shape[1], re->shape[2]}, &rw,
-		               err))
-			goto fail;
-		s->route_ids = re->data;
-		s->route_w = rw->data;
-		s->n_moe = (int)re->shape[1];
-		s->k = (int)re->shape[2];
-	}
-	s->model_fingerprint = hi3_st_meta(s->st, "model_fingerprint");
-	s->conditions_hash = hi3_st_meta(s->st, "conditions_hash");
-	s->sampler = hi3_st_meta(s->st, "sampler");
-	s->decode_mask = hi3_st_meta(s->st, "decode_mask");
-	s->token_placement = hi3_st_meta(s->st, "token_placement");
-	s->routing_weights = hi3_st_meta(s->st, "routing_weights");
 	*out = s;
 	return 0;
 fail:
@@ -86,29 +85,14 @@ void hi3_segment_close(hi3_segment *s)
 
 int hi3_segment_write(const hi3_segment *s, const char *path, hi3_error *err)
 {
-	int64_t sT[1] = {s->T}, sB1[1] = {s->B + 1}, sB[1] = {s->B}, sR[3] = {s->T, s->n_moe, s->k};
-	const char *meta[][2] = {
+	const int64_t dims[N_DIMS] = {s->T, s->B, s->n_moe, s->k};
+	const char *m[][2] = {
 		{"model_fingerprint", s->model_fingerprint}, {"conditions_hash", s->conditions_hash},
 		{"sampler", s->sampler}, {"decode_mask", s->decode_mask}, {"token_placement", s->token_placement},
 		{"routing_weights", s->routing_weights},
 	};
-	hi3_st_writer *w;
-	int rc = -1;
 
 	if (check(s, path, err) != 0)
 		return -1;
-	if (!(w = hi3i_stw_format(HI3_FORMAT_SEGMENT, meta, HI3_ARRAY_SIZE(meta))))
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	if (hi3_stw_add(w, "tokens", HI3_I64, 1, sT, s->tokens) || hi3_stw_add(w, "logprobs", HI3_F32, 1, sT, s->logprobs) ||
-	    hi3_stw_add(w, "cu_seqlens", HI3_I64, 1, sB1, s->cu_seqlens) ||
-	    hi3_stw_add(w, "stop_reason", HI3_U8, 1, sB, s->stop_reason) ||
-	    (s->route_ids && (hi3_stw_add(w, "routing_experts", HI3_I16, 3, sR, s->route_ids) ||
-	                      hi3_stw_add(w, "routing_weights", HI3_F32, 3, sR, s->route_w))))
-		goto oom;
-	rc = hi3_stw_write(w, path, err);
-	hi3_stw_free(w);
-	return rc;
-oom:
-	hi3_stw_free(w);
-	return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	return hi3i_codec_write(&hi3i_format_segment, s, dims, m, HI3_ARRAY_SIZE(m), path, err);
 }

@@ -16,9 +16,56 @@
  * metadata: format, format_version, model_fingerprint, stage, backend,
  * batch_invariant, weight_dtype, ... (hi3-files(5)).
  */
+#include <stddef.h>
 #include <string.h>
 #include "format/provenance.h"
 #include "format/trace.h"
+
+#define F(x) (int)offsetof(hi3_trace_file, x)
+static const struct hi3i_ftensor tensors[] = {
+	{"rows", "I32", "n", 0, F(rows), -1},
+	{"positions", "I64", "n", 0, F(positions), -1},
+	{"tokens", "I64", "n", 0, F(tokens), -1},
+	/* the points, each optional, in forward order (l a layer; parse_point) */
+	{"embed", "F32", "n,H", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.in", "F32", "n,H", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.in_norm", "F32", "n,H", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.q", "F32", "n,Q", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.k", "F32", "n,D", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.v", "F32", "n,D", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.attn", "F32", "n,Q", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.attn_out", "F32", "n,H", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.mlp_in", "F32", "n,H", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.router_logits", "F32", "n,E", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.experts", "I16", "n,k", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.expert_weights", "F32", "n,k", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.expert_out", "F32", "n,k,H", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.shared_out", "F32", "n,H", HI3I_FT_MODULE, -1, -1},
+	{"layer.l.mlp_out", "F32", "n,H", HI3I_FT_MODULE, -1, -1},
+	{"final", "F32", "n,H", HI3I_FT_MODULE, -1, -1},
+	{"final_norm", "F32", "n,H", HI3I_FT_MODULE, -1, -1},
+	{"logits.topk", "F32", "n,K", HI3I_FT_MODULE, -1, -1},
+	{"logits.topk_ids", "I32", "n,K", HI3I_FT_MODULE, -1, -1},
+	{"logits.lse", "F32", "n", HI3I_FT_MODULE, -1, -1},
+	{0},
+};
+#undef F
+/* hi3's own keys: the recorder's (model/trace.c), then the stage's
+ * (stage/files.c and each stage); a trace of another tool may have others */
+static const struct hi3i_fmeta meta[] = {
+	{"model_fingerprint", "text", 0, -1}, {"backend", "text", 0, -1}, {"batch_invariant", "text", 0, -1},
+	{"weight_dtype", "text", 0, -1}, {"n_layers", "text", 0, -1}, {"points", "text", 0, -1},
+	{"topk", "text", 0, -1}, {"forward_calls", "text", 0, -1}, {"forward_shapes", "text", 0, -1},
+	{"stage", "text", 0, -1}, {"conditions_hash", "text", 0, -1}, {"rows", "text", 0, -1}, {"L", "text", 0, -1},
+	{"pad_positions", "text", 0, -1}, {"kv_dtype", "text", 0, -1}, {"decode_mask", "text", 0, -1},
+	{"token_placement", "text", 0, -1}, {"mode", "text", 0, -1}, {"routing", "text", 0, -1},
+	{"trace_step", "text", 0, -1}, {"steps", "text", 0, -1}, {"denoised_rows", "text", 0, -1},
+	{"kv_reuse", "text", 0, -1},
+	{0},
+};
+const struct hi3i_format hi3i_format_trace = {
+	HI3_FORMAT_TRACE, "TRACE", (const char *const[]){"n", "H", "Q", "D", "E", "k", "K", NULL}, tensors, meta, 1,
+};
 
 static const struct {
 	const char *name;
@@ -187,21 +234,15 @@ static int check(const hi3_trace_file *f, const char *path, hi3_error *err)
 int hi3_trace_file_open(hi3_trace_file **out, const char *path, hi3_error *err)
 {
 	hi3_trace_file *f = hi3i_calloc(1, sizeof(*f), err);
-	const hi3_tensor *rows, *pos, *tok;
+	int64_t dims[7] = {-1, -1, -1, -1, -1, -1, -1};
 	int np = 0;
 
 	*out = NULL;
 	if (!f)
 		return -1;
-	if (hi3_st_open(&f->st, path, HI3_ST_READ, err) != 0 || hi3_st_expect_format(f->st, HI3_FORMAT_TRACE, err) ||
-	    hi3_st_get(f->st, "rows", HI3_I32, 1, (int64_t[]){-1}, &rows, err) ||
-	    hi3_st_get(f->st, "positions", HI3_I64, 1, rows->shape, &pos, err) ||
-	    hi3_st_get(f->st, "tokens", HI3_I64, 1, rows->shape, &tok, err))
+	if (hi3i_codec_open(&hi3i_format_trace, path, HI3_ST_READ, f, dims, &f->st, err))
 		goto fail;
-	f->n = rows->shape[0];
-	f->rows = rows->data;
-	f->positions = pos->data;
-	f->tokens = tok->data;
+	f->n = dims[0];
 	f->points = hi3i_calloc((size_t)hi3_st_count(f->st) + 1, sizeof(*f->points), err);
 	if (!f->points)
 		goto fail;
@@ -209,7 +250,7 @@ int hi3_trace_file_open(hi3_trace_file **out, const char *path, hi3_error *err)
 		const hi3_tensor *t = hi3_st_at(f->st, i);
 		hi3_trace_point *p = &f->points[np];
 
-		if (t == rows || t == pos || t == tok)
+		if (t->data == f->rows || t->data == f->positions || t->data == f->tokens)
 			continue;
 		if (parse_point(t->name, p) != 0) {
 			hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is not a trace point (hi3-files(5), TRACE)", path,
@@ -259,32 +300,32 @@ const char *hi3_trace_file_meta(const hi3_trace_file *f, const char *key)
 
 int hi3_trace_file_write(const hi3_trace_file *f, const char *path, hi3_error *err)
 {
-	int64_t sn[1] = {f->n};
+	const int64_t dims[7] = {f->n, 0, 0, 0, 0, 0, 0};
+	const char *(*m)[2] = NULL;
 	hi3_st_writer *w;
-	int rc;
+	int n = 0, rc;
 
 	if (check(f, path, err) != 0)
 		return -1;
-	if (!(w = hi3_stw_new()))
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	if (hi3_stw_meta(w, "format", HI3_FORMAT_TRACE) || hi3_stw_meta(w, "format_version", HI3_FORMAT_VERSION))
-		goto oom;
+	if (f->n_meta && !(m = hi3i_calloc((size_t)f->n_meta, sizeof(*m), err)))
+		return -1;
 	for (int i = 0; i < f->n_meta; i++)
-		if (strcmp(f->meta[2 * i], "format") && strcmp(f->meta[2 * i], "format_version") &&
-		    hi3_stw_meta(w, f->meta[2 * i], f->meta[2 * i + 1]))
-			goto oom;
-	if (hi3_stw_add(w, "rows", HI3_I32, 1, sn, f->rows) || hi3_stw_add(w, "positions", HI3_I64, 1, sn, f->positions) ||
-	    hi3_stw_add(w, "tokens", HI3_I64, 1, sn, f->tokens))
-		goto oom;
+		if (strcmp(f->meta[2 * i], "format") && strcmp(f->meta[2 * i], "format_version")) {
+			m[n][0] = f->meta[2 * i];
+			m[n++][1] = f->meta[2 * i + 1];
+		}
+	w = hi3i_codec_writer(&hi3i_format_trace, f, dims, (const char *const (*)[2])m, (size_t)n, path, err);
+	free(m);
+	if (!w)
+		return -1;
 	for (int j = 0; j < f->n_points; j++) {
 		const hi3_trace_point *p = &f->points[j];
-		if (hi3_stw_add(w, p->name, p->dtype, p->ndim, p->shape, p->data))
-			goto oom;
+		if (hi3_stw_add(w, p->name, p->dtype, p->ndim, p->shape, p->data)) {
+			hi3_stw_free(w);
+			return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+		}
 	}
 	rc = hi3_stw_write(w, path, err);
 	hi3_stw_free(w);
 	return rc;
-oom:
-	hi3_stw_free(w);
-	return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 }

@@ -145,7 +145,12 @@ void hi3_trace_free(hi3_trace *t)
 
 int hi3_trace_set_meta(hi3_trace *t, const char *key, const char *val, hi3_error *err)
 {
-	char **m, *k = NULL, *v = hi3i_strdup(val);
+	char **m, *k = NULL, *v;
+
+	if (!hi3i_codec_meta(&hi3i_format_trace, key))
+		return hi3_error_set(err, HI3_ERR_USAGE, "'%s' is not a metadata key of %s (hi3-files(5), TRACE)", key,
+		                     HI3_FORMAT_TRACE);
+	v = hi3i_strdup(val);
 
 	for (int i = 0; i < t->n_meta; i++)
 		if (!strcmp(t->meta[2 * i], key)) {
