@@ -112,6 +112,23 @@ int hi3i_st_lock(hi3_st *st, hi3_error *err);
  * of memory. */
 hi3_st_writer *hi3i_stw_format(const char *format, const char *const (*meta)[2], size_t n);
 
+/* ---------------------------------------------------------- segment.c */
+
+/* A segment built in memory (decode, import-rollout): the buffers of B
+ * rows of lens[i] tokens each, routing (T, n_moe, k) when n_moe > 0, and
+ * s pointing into them, cu_seqlens filled; the caller fills the rows
+ * (row i at cu_seqlens[i]) and the metadata of s, then writes s. */
+struct hi3i_segbuf {
+	hi3_segment s;
+	int64_t *tokens, *cu_seqlens;       /* (T), (B + 1) */
+	float *logprobs;                    /* (T) */
+	uint8_t *stop_reason;               /* (B) */
+	int16_t *route_ids;                 /* (T, n_moe, k) or NULL */
+	float *route_w;                     /* (T, n_moe, k) or NULL */
+};
+int hi3i_segbuf_init(struct hi3i_segbuf *b, int B, const int64_t *lens, int n_moe, int k, hi3_error *err);
+void hi3i_segbuf_release(struct hi3i_segbuf *b);
+
 /* ------------------------------------------- trajectory.c and replay.c */
 
 /* A --noise file (trajectory.c): x_T (B, C, h, w) and, with K > 0,

@@ -83,6 +83,44 @@ void hi3_segment_close(hi3_segment *s)
 	free(s);
 }
 
+int hi3i_segbuf_init(struct hi3i_segbuf *b, int B, const int64_t *lens, int n_moe, int k, hi3_error *err)
+{
+	int64_t T = 0;
+	size_t per = (size_t)n_moe * (size_t)k;
+
+	memset(b, 0, sizeof(*b));
+	for (int i = 0; i < B; i++)
+		T += lens[i];
+	b->tokens = hi3i_malloc(sizeof(int64_t) * (size_t)(T + 1), err);
+	b->logprobs = hi3i_malloc(sizeof(float) * (size_t)(T + 1), err);
+	b->cu_seqlens = hi3i_malloc(sizeof(int64_t) * (size_t)(B + 1), err);
+	b->stop_reason = hi3i_calloc((size_t)B + 1, 1, err);
+	if (n_moe > 0) {
+		b->route_ids = hi3i_malloc(sizeof(int16_t) * (size_t)(T + 1) * per, err);
+		b->route_w = hi3i_malloc(sizeof(float) * (size_t)(T + 1) * per, err);
+	}
+	if (!b->tokens || !b->logprobs || !b->cu_seqlens || !b->stop_reason || (n_moe > 0 && (!b->route_ids || !b->route_w))) {
+		hi3i_segbuf_release(b);
+		return -1;
+	}
+	b->cu_seqlens[0] = 0;
+	for (int i = 0; i < B; i++)
+		b->cu_seqlens[i + 1] = b->cu_seqlens[i] + lens[i];
+	b->s = (hi3_segment){
+		.B = B, .T = T, .tokens = b->tokens, .logprobs = b->logprobs, .cu_seqlens = b->cu_seqlens,
+		.stop_reason = b->stop_reason, .route_ids = b->route_ids, .route_w = b->route_w,
+		.n_moe = n_moe > 0 ? n_moe : 0, .k = n_moe > 0 ? k : 0,
+	};
+	return 0;
+}
+
+void hi3i_segbuf_release(struct hi3i_segbuf *b)
+{
+	free(b->tokens), free(b->logprobs), free(b->cu_seqlens), free(b->stop_reason);
+	free(b->route_ids), free(b->route_w);
+	memset(b, 0, sizeof(*b));
+}
+
 int hi3_segment_write(const hi3_segment *s, const char *path, hi3_error *err)
 {
 	const int64_t dims[N_DIMS] = {s->T, s->B, s->n_moe, s->k};

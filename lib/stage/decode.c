@@ -152,40 +152,23 @@ static int ruled_token(const hi3_cond *c, int i, const struct rule_state *st, in
 static int write_segment(const hi3_kvfile *kv, const hi3_cond *c, const hi3_model *m, const hi3_decode_opts *o,
                          const char *path, int64_t *total, hi3_error *err)
 {
-	const int B = kv->B, G = kv->G, NM = kv->n_moe, K = kv->k_route;
-	int64_t T = 0, *tokens = NULL, *cu = NULL;
-	float *lps = NULL, *rw = NULL;
-	int16_t *ri = NULL;
-	uint8_t *reason = NULL;
+	const int B = kv->B, G = kv->G;
+	const size_t per = (size_t)kv->n_moe * kv->k_route;
+	struct hi3i_segbuf sb;
 	char buf[128], hash[17];
-	int rc = -1, routing = o->record_routing && NM > 0;
+	int rc = -1;
 
-	for (int i = 0; i < B; i++)
-		T += kv->gen_len[i];
-	tokens = hi3i_malloc(sizeof(int64_t) * (size_t)(T + 1), err);
-	lps = hi3i_malloc(sizeof(float) * (size_t)(T + 1), err);
-	cu = hi3i_malloc(sizeof(int64_t) * (size_t)(B + 1), err);
-	reason = hi3i_malloc((size_t)B, err);
-	if (routing) {
-		ri = hi3i_malloc(sizeof(int16_t) * (size_t)(T + 1) * NM * K, err);
-		rw = hi3i_malloc(sizeof(float) * (size_t)(T + 1) * NM * K, err);
-	}
-	if (!tokens || !lps || !cu || !reason || (routing && (!ri || !rw))) {
-		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-		goto out;
-	}
-	cu[0] = 0;
+	if (hi3i_segbuf_init(&sb, B, kv->gen_len, o->record_routing ? kv->n_moe : 0, kv->k_route, err) != 0)
+		return -1;
 	for (int i = 0; i < B; i++) {
-		int64_t g = kv->gen_len[i], off = cu[i];
-		memcpy(tokens + off, kv->gen_tokens + (size_t)i * G, sizeof(int64_t) * (size_t)g);
-		memcpy(lps + off, kv->gen_logprobs + (size_t)i * G, sizeof(float) * (size_t)g);
-		if (routing) {
-			size_t per = (size_t)NM * K;
-			memcpy(ri + off * per, kv->gen_route_ids + (size_t)i * G * per, sizeof(int16_t) * (size_t)g * per);
-			memcpy(rw + off * per, kv->gen_route_w + (size_t)i * G * per, sizeof(float) * (size_t)g * per);
+		int64_t g = kv->gen_len[i], off = sb.cu_seqlens[i];
+		memcpy(sb.tokens + off, kv->gen_tokens + (size_t)i * G, sizeof(int64_t) * (size_t)g);
+		memcpy(sb.logprobs + off, kv->gen_logprobs + (size_t)i * G, sizeof(float) * (size_t)g);
+		if (sb.route_ids) {
+			memcpy(sb.route_ids + off * per, kv->gen_route_ids + (size_t)i * G * per, sizeof(int16_t) * (size_t)g * per);
+			memcpy(sb.route_w + off * per, kv->gen_route_w + (size_t)i * G * per, sizeof(float) * (size_t)g * per);
 		}
-		cu[i + 1] = off + g;
-		reason[i] = !kv->finished[i] ? 0 : (g > 0 && is_stop(c, o, i, tokens[off + g - 1])) ? 1 : 2;
+		sb.stop_reason[i] = !kv->finished[i] ? 0 : (g > 0 && is_stop(c, o, i, sb.tokens[off + g - 1])) ? 1 : 2;
 	}
 	hi3i_cond_hash(c, hash);
 	if (o->sampler.greedy || o->sampler.temperature <= 0)
@@ -193,27 +176,18 @@ static int write_segment(const hi3_kvfile *kv, const hi3_cond *c, const hi3_mode
 	else
 		snprintf(buf, sizeof(buf), "temperature=%.17g top_k=%d top_p=%.17g", o->sampler.temperature,
 		         o->sampler.top_k, o->sampler.top_p);
-	{
-		hi3_segment seg = {
-			.B = B, .T = T, .tokens = tokens, .logprobs = lps, .cu_seqlens = cu, .stop_reason = reason,
-			.route_ids = ri, .route_w = rw, .n_moe = NM, .k = K,
-			.model_fingerprint = hi3_model_fingerprint(m), .conditions_hash = hash, .sampler = buf,
-			.decode_mask = o->decode_mask == HI3_MASK_NONE ? "none" : "causal",
-			.token_placement = o->placement == HI3_PLACE_TAIL ? "tail" : "index",
-		};
-		/* rank 0 alone writes the segment of a layout (path NULL on the others) */
-		if (path && hi3_segment_write(&seg, path, err) != 0)
-			goto out;
-	}
-	*total = T;
+	sb.s.model_fingerprint = hi3_model_fingerprint(m);
+	sb.s.conditions_hash = hash;
+	sb.s.sampler = buf;
+	sb.s.decode_mask = o->decode_mask == HI3_MASK_NONE ? "none" : "causal";
+	sb.s.token_placement = o->placement == HI3_PLACE_TAIL ? "tail" : "index";
+	/* rank 0 alone writes the segment of a layout (path NULL on the others) */
+	if (path && hi3_segment_write(&sb.s, path, err) != 0)
+		goto out;
+	*total = sb.s.T;
 	rc = 0;
 out:
-	free(tokens);
-	free(lps);
-	free(cu);
-	free(reason);
-	free(ri);
-	free(rw);
+	hi3i_segbuf_release(&sb);
 	return rc;
 }
 

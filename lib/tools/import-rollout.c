@@ -436,10 +436,8 @@ int hi3_import_rollout(hi3_model *m, const char *path, const hi3_import_opts *o,
 	hi3_requests *rq = NULL;
 	hi3_template *t = NULL;
 	hi3_cond *c = NULL;
-	int64_t *tokens = NULL, *cu = NULL, T = 0;
-	float *lps = NULL, *rw = NULL;
-	int16_t *ri = NULL;
-	uint8_t *reason = NULL;
+	struct hi3i_segbuf sb = {0};
+	int64_t *lens = NULL, T = 0;
 	const int NM = hi3_model_n_moe_layers(m), K = hi3_model_max_topk(m);
 
 	memset(rep, 0, sizeof(*rep));
@@ -501,27 +499,22 @@ int hi3_import_rollout(hi3_model *m, const char *path, const hi3_import_opts *o,
 	    hi3_cond_build(&c, t, rq, &(hi3_cond_build_opts){.seed_base = o->seed_base}, err) != 0)
 		goto out;
 	/* the segment */
-	tokens = hi3i_malloc(sizeof(int64_t) * (size_t)(T + 1), err);
-	lps = hi3i_malloc(sizeof(float) * (size_t)(T + 1), err);
-	cu = hi3i_malloc(sizeof(int64_t) * (size_t)(n + 1), err);
-	reason = hi3i_malloc((size_t)n, err);
-	if (routed) {
-		ri = hi3i_malloc(sizeof(int16_t) * (size_t)(T + 1) * NM * K, err);
-		rw = hi3i_malloc(sizeof(float) * (size_t)(T + 1) * NM * K, err);
-	}
-	if (!tokens || !lps || !cu || !reason || (routed && (!ri || !rw)))
+	if (!(lens = hi3i_malloc(sizeof(int64_t) * (size_t)n, err)))
 		goto out;
-	cu[0] = 0;
+	for (int i = 0; i < n; i++)
+		lens[i] = rows[i].R;
+	if (hi3i_segbuf_init(&sb, n, lens, routed ? NM : 0, K, err) != 0)
+		goto out;
 	for (int i = 0; i < n; i++) {
-		memcpy(tokens + cu[i], rows[i].tokens, sizeof(int64_t) * (size_t)rows[i].R);
-		memcpy(lps + cu[i], rows[i].logprobs, sizeof(float) * (size_t)rows[i].R);
-		if (routed && fill_routes(&rows[i], m, ri + (size_t)cu[i] * NM * K, path, err) != 0)
+		const int64_t off = sb.cu_seqlens[i];
+		memcpy(sb.tokens + off, rows[i].tokens, sizeof(int64_t) * (size_t)rows[i].R);
+		memcpy(sb.logprobs + off, rows[i].logprobs, sizeof(float) * (size_t)rows[i].R);
+		if (routed && fill_routes(&rows[i], m, sb.route_ids + (size_t)off * NM * K, path, err) != 0)
 			goto out;
-		cu[i + 1] = cu[i] + rows[i].R;
-		reason[i] = rows[i].stop_reason;
+		sb.stop_reason[i] = rows[i].stop_reason;
 	}
 	for (int64_t j = 0; routed && j < T * NM * K; j++)
-		rw[j] = NAN;
+		sb.route_w[j] = NAN;
 	/* every row checked: the files */
 	if (hi3_cond_write(c, cond_path, err) != 0)
 		goto out;
@@ -534,13 +527,11 @@ int hi3_import_rollout(hi3_model *m, const char *path, const hi3_import_opts *o,
 			mixed |= strcmp(rows[i].source, s0) != 0;
 		snprintf(rep->source, sizeof(rep->source), "%s", mixed ? "mixed" : s0);
 		snprintf(src, sizeof(src), "imported (%s)", rep->source);
-		hi3_segment seg = {
-			.B = n, .T = T, .tokens = tokens, .logprobs = lps, .cu_seqlens = cu, .stop_reason = reason,
-			.route_ids = ri, .route_w = rw, .n_moe = routed ? NM : 0, .k = routed ? K : 0,
-			.model_fingerprint = hi3_model_fingerprint(m), .conditions_hash = hash, .sampler = src,
-			.routing_weights = routed ? "none" : NULL,
-		};
-		if (hi3_segment_write(&seg, seg_path, err) != 0)
+		sb.s.model_fingerprint = hi3_model_fingerprint(m);
+		sb.s.conditions_hash = hash;
+		sb.s.sampler = src;
+		sb.s.routing_weights = routed ? "none" : NULL;
+		if (hi3_segment_write(&sb.s, seg_path, err) != 0)
 			goto out;
 	}
 	rep->rows = n;
@@ -556,11 +547,7 @@ out:
 	hi3_requests_free(rq);
 	hi3_template_free(t);
 	hi3_cond_close(c);
-	free(tokens);
-	free(lps);
-	free(cu);
-	free(reason);
-	free(ri);
-	free(rw);
+	hi3i_segbuf_release(&sb);
+	free(lens);
 	return rc;
 }
