@@ -227,28 +227,6 @@ int cli_check_seed_base(int64_t base, int n)
 	return 0;
 }
 
-void cli_message_prefix(FILE *f)
-{
-	fputs("hi3", f);
-	if (cli.where)
-		fprintf(f, " %s", cli.where);
-	if (cli.cmd)
-		fprintf(f, "%s%s", cli.where ? ": " : " ", cli.cmd);
-	fputs(": ", f);
-}
-
-int cli_usage_error(const char *fmt, ...)
-{
-	va_list ap;
-
-	cli_message_prefix(stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "\n(see 'hi3%s%s --help')\n", cli.cmd ? " " : "", cli.cmd ? cli.cmd : "");
-	return HI3_ERR_USAGE;
-}
-
 int cli_fail(const hi3_error *err)
 {
 	/* a rank that fails before its model opened still joins the others,
@@ -262,18 +240,6 @@ int cli_fail(const hi3_error *err)
 		fprintf(stderr, "rank %d of %d: ", par.comm->rank, par.comm->size);
 	fprintf(stderr, "error: %s\n", err->msg[0] ? err->msg : "failed");
 	return err->status ? err->status : HI3_ERR_RUNTIME;
-}
-
-void cli_warn(const char *fmt, ...)
-{
-	va_list ap;
-
-	cli_message_prefix(stderr);
-	fputs("warning: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
 }
 
 void cli_info(const char *fmt, ...)
@@ -347,7 +313,7 @@ int cli_parallel_end(int rc)
 	if (rc != 0 && par.comm->size > 1)
 		par.comm->ops->abort(par.comm, rc, NULL);
 	if (!cli.quiet)
-		fprintf(stderr, "hi3 %s: rank %d of %d: %.3f s in collectives, %.3f MiB received\n", cli.cmd ? cli.cmd : "",
+		fprintf(stderr, "hi3 %s: rank %d of %d: %.3f s in collectives, %.3f MiB received\n", cli_voice.cmd ? cli_voice.cmd : "",
 		        par.comm->rank, par.comm->size, par.comm->seconds, (double)par.comm->bytes / 1048576.0);
 	par.comm->ops->destroy(par.comm);
 	par.comm = NULL;

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include "hi3.h"
+#include "message.h"
 #include "parse-options.h"
 
 /* Global options; accepted before the command name and after it. */
@@ -14,8 +15,6 @@ struct cli_globals {
 	int quiet, verbose;      /* -q, -v */
 	int batch_invariant;     /* --batch-invariant=on|off (default on) */
 	const char *parallel;    /* --parallel tp=T,ep=E, or NULL */
-	const char *cmd;         /* the running command's name */
-	const char *where;       /* hi3 run: "run: line N", printed before cmd in every message */
 	int keep_model;          /* hi3 run: the model stays open for the next command */
 };
 extern struct cli_globals cli;
@@ -153,16 +152,11 @@ int cli_check_seed_base(int64_t base, int n);
 /* Library messages to fn (NULL: libhi3's printer), at the level -q/-v chose;
  * -q and -v given later keep fn. */
 void cli_log_to(hi3_log_fn fn);
-/* What every message starts with: "hi3 CMD: ", "hi3 run: line N: CMD: ". */
-void cli_message_prefix(FILE *f);
-/* Print a usage error naming the command; returns exit status 2. */
-int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* 1 when paths a and b name one file: the same string, or both exist with
  * the same device and inode (a link, another spelling of the path). */
 int cli_same_file(const char *a, const char *b);
 /* Print an hi3_error and return its exit status. */
 int cli_fail(const hi3_error *err);
-void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The layout of --parallel, its communicator started on first use (hi3-mpi

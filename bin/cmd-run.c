@@ -178,8 +178,8 @@ int cmd_run(int argc, char **argv)
 		}
 		if (w.n == 1)
 			continue;
-		cli.where = where;
-		cli.cmd = NULL;
+		cli_voice.where = where;
+		cli_voice.cmd = NULL;
 		/* global options before the command name, as after "hi3" */
 		if ((n = cli_parse_options(w.n, w.v, options, &line_help, CLI_PARSE_STOP_AT_NON_OPTION)) < 0) {
 			rc = CLI_PARSE_STATUS(n);
@@ -202,7 +202,7 @@ int cmd_run(int argc, char **argv)
 			rc = HI3_ERR_USAGE;
 			break;
 		}
-		cli.cmd = c->name;
+		cli_voice.cmd = c->name;
 		rc = c->run(n, w.v);
 		fflush(stdout);
 		cli = saved;

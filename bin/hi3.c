@@ -91,7 +91,7 @@ static int cmd_help(int argc, char **argv)
 		fprintf(stderr, "hi3 help: unknown command '%s' (see 'hi3 --help')\n", argv[0]);
 		return HI3_ERR_USAGE;
 	}
-	cli.cmd = c->name;
+	cli_voice.cmd = c->name;
 	run_argv[0] = argv[0];
 	return c->run(2, run_argv);
 }
@@ -135,7 +135,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "hi3: '%s' is not a command (see 'hi3 --help')\n", argv[0]);
 		return HI3_ERR_USAGE;
 	}
-	cli.cmd = c->name;
+	cli_voice.cmd = c->name;
 	rc = cli_parallel_end(c->run(argc, argv));
 	if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
 		fprintf(stderr, "hi3 %s: error: standard output: %s\n", c->name, strerror(errno));

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cli.h"
+#include "message.h"
 #include "parse-options.h"
 
 #define MAX_OPTIONS 128         /* options of one table, includes expanded */

@@ -341,7 +341,7 @@ static void test_help(void)
 
 int main(void)
 {
-	cli.cmd = "test";
+	cli_voice.cmd = "test";
 	test_int();
 	test_double();
 	test_choice_string();
