@@ -25,43 +25,13 @@
  * prompts, cond_token_attn_type, the Distil's <guidance>/<timestep_r>
  * tokens and its single gen_image row, and the decoding rules of
  * generate_image's text stage (forced tokens after </think> or
- * </recaption>, a greedy ratio token after <img_size_B>).
+ * </recaption>, a greedy ratio token after <img_size_B>; rules.c). The
+ * resolution buckets and the ViT grid are buckets.c's.
  */
 #include <math.h>
 #include <string.h>
-#include "cond/cond-internal.h"
+#include "cond/template.h"
 #include "model/config-internal.h"
-
-#define MAX_RESO 128
-
-/* cond_token_attn_type: which parts of a joint cond image attend in full. */
-enum { ATTN_FULL, ATTN_FULL_CAUSAL, ATTN_CAUSAL, ATTN_JOINT_FULL };
-
-struct hi3_template {
-	char name[16];               /* pretrain or instruct */
-	int drop_think;
-	int image_size;              /* enum hi3_image_size */
-	int variant;                 /* enum hi3_variant */
-	int instruct_code;           /* the Instruct code's rules (Instruct and Distil) */
-	char variant_why[160];
-	hi3_gen_defaults gen;        /* generation_config.json */
-	hi3_tok *tok;                /* NULL when not loaded */
-	char *tok_path;
-	int64_t vocab;               /* 0 when unknown */
-	int64_t pad_id, bos_id, eos_id;  /* -1 when unknown */
-	/* image settings of config.json */
-	int base_size;               /* image_base_size */
-	int down_h, down_w;          /* vae_downsample_factor */
-	int patch;                   /* patch_size */
-	int vit_patch, vit_max;      /* vit_processor patch_size, max_num_patches */
-	int rope_2d;                 /* rope_type 2d (default: 1-D everywhere) */
-	int attn;                    /* cond_token_attn_type (the base code: joint) */
-	int cond_vae_vit;            /* cond_image_type vae_vit */
-	int guidance_token, timestep_r_token;   /* cfg_distilled, use_meanflow */
-	int n_reso;
-	int reso[MAX_RESO][2];       /* buckets (H, W): sorted by H/W, then the extras */
-	char fingerprint[17];
-};
 
 static int bucket_of(const hi3_template *t, int64_t h, int64_t w);
 
@@ -79,115 +49,9 @@ void hi3i_template_cond_bucket(const hi3_template *t, int64_t h, int64_t w, int 
 	*bw = t->reso[b][1];
 }
 
-/* -------------------------------------------------------------- images */
-
-/* The resolution buckets of base size B: from (B, B), heights up to 2B
- * while widths go down to B/2 in steps of B/16, and the mirror, each floored
- * to a multiple of align, sorted by H/W (stable); then the extras whose
- * ratio is not there yet. Returns the count, or -1. */
-static int buckets(int B, int align, const int (*extra)[2], int n_extra, int (*r)[2], int max)
-{
-	int step = B / 16, n = 0, sorted;
-
-	if (step < 1 || max < 1 || align > step || B % align)
-		return -1;
-	r[n][0] = B;
-	r[n][1] = B;
-	n++;
-	for (int dir = 0; dir < 2; dir++) {
-		int h = B, w = B;
-		for (;;) {
-			if (dir == 0 ? h >= 2 * B && w <= B / 2 : h <= B / 2 && w >= 2 * B)
-				break;
-			if (n == max)
-				return -1;
-			h = dir == 0 ? HI3_MIN(h + step, 2 * B) : HI3_MAX(h - step, B / 2);
-			w = dir == 0 ? HI3_MAX(w - step, B / 2) : HI3_MIN(w + step, 2 * B);
-			r[n][0] = h / align * align;
-			r[n][1] = w / align * align;
-			n++;
-		}
-	}
-	for (int i = 1; i < n; i++)                 /* insertion sort: stable */
-		for (int j = i; j > 0 && (double)r[j][0] / r[j][1] < (double)r[j - 1][0] / r[j - 1][1]; j--) {
-			int th = r[j][0], tw = r[j][1];
-			r[j][0] = r[j - 1][0];
-			r[j][1] = r[j - 1][1];
-			r[j - 1][0] = th;
-			r[j - 1][1] = tw;
-		}
-	sorted = n;
-	for (int e = 0; e < n_extra; e++) {
-		double ratio = (double)extra[e][0] / extra[e][1];
-		int dup = 0;
-		for (int i = 0; i < sorted; i++)
-			dup |= (double)r[i][0] / r[i][1] == ratio;
-		if (dup)
-			continue;
-		if (n == max)
-			return -1;
-		r[n][0] = extra[e][0];
-		r[n][1] = extra[e][1];
-		n++;
-	}
-	return n;
-}
-
-int hi3i_buckets(int B, int (*r)[2], int max)
-{
-	return buckets(B, 1, NULL, 0, r, max);
-}
-
-int hi3i_buckets_variant(int variant, int B, int (*r)[2], int max)
-{
-	/* image_processor.py: ResolutionGroup(base, align=16, extra_resolutions) */
-	static const int extra[4][2] = {{1024, 768}, {1280, 720}, {768, 1024}, {720, 1280}};
-
-	if (variant == HI3_VARIANT_BASE)
-		return hi3i_buckets(B, r, max);
-	return buckets(B, 16, extra, 4, r, max);
-}
-
-int hi3i_bucket_of(const int (*r)[2], int n, int64_t h, int64_t w)
-{
-	double ratio = (double)h / (double)w, best = INFINITY;
-	int idx = 0;
-
-	for (int i = 0; i < n; i++) {
-		double d = fabs((double)r[i][0] / r[i][1] - ratio);
-		if (d < best) {
-			best = d;
-			idx = i;
-		}
-	}
-	return idx;
-}
-
 static int bucket_of(const hi3_template *t, int64_t h, int64_t w)
 {
 	return hi3i_bucket_of((const int (*)[2])t->reso, t->n_reso, h, w);
-}
-
-void hi3i_vit_grid(int64_t h, int64_t w, int p, int max, int *gh, int *gw)
-{
-	double eps = 1e-5, lo = eps / 10, hi = 100.0;
-	int64_t th, tw;
-
-#define SIDE(s, n) HI3_MAX((int64_t)p, (int64_t)(ceil((double)(n) * (s) / p) * p))
-	while (hi - lo >= eps) {
-		double mid = (lo + hi) / 2;
-		th = SIDE(mid, h);
-		tw = SIDE(mid, w);
-		if ((double)(th / p) * (double)(tw / p) <= max)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	th = SIDE(lo, h);
-	tw = SIDE(lo, w);
-#undef SIDE
-	*gh = (int)(th / p);
-	*gw = (int)(tw / p);
 }
 
 /* ------------------------------------------------------------ loading */
@@ -888,7 +752,7 @@ static int add_block(hi3_cond_row *r, int64_t start, int64_t stop, hi3_error *er
 	return 0;
 }
 
-static int add_list(int64_t **v, int *n, int64_t x, hi3_error *err)
+int hi3i_list_add(int64_t **v, int *n, int64_t x, hi3_error *err)
 {
 	int64_t *nv = realloc(*v, (size_t)(*n + 1) * sizeof(int64_t));
 
@@ -899,9 +763,8 @@ static int add_list(int64_t **v, int *n, int64_t x, hi3_error *err)
 	return 0;
 }
 
-/* The id of a special token by name; the error names the request line. */
-static int special(const hi3_template *t, const hi3_requests *rq, int i, const char *name, int64_t *id,
-                   hi3_error *err)
+int hi3i_template_special(const hi3_template *t, const hi3_requests *rq, int i, const char *name, int64_t *id,
+                          hi3_error *err)
 {
 	if ((*id = hi3_tok_id(t->tok, name)) < 0)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: the tokenizer %s has no token '%s'", rq->name,
@@ -919,15 +782,15 @@ static int image_head(const hi3_template *t, const hi3_requests *rq, int i, stru
 
 	snprintf(size_name, sizeof(size_name), "<img_size_%d>", t->base_size);
 	snprintf(ratio_name, sizeof(ratio_name), "<img_ratio_%d>", ratio);
-	if (special(t, rq, i, "<boi>", &boi, err) || special(t, rq, i, size_name, &size, err) ||
-	    special(t, rq, i, ratio_name, &rt, err) || special(t, rq, i, "<timestep>", &ts, err))
+	if (hi3i_template_special(t, rq, i, "<boi>", &boi, err) || hi3i_template_special(t, rq, i, size_name, &size, err) ||
+	    hi3i_template_special(t, rq, i, ratio_name, &rt, err) || hi3i_template_special(t, rq, i, "<timestep>", &ts, err))
 		return -1;
 	if (push(rb, boi, 1, err) || push(rb, size, 1, err) || push(rb, rt, 1, err) ||
-	    add_list(&rb->row->timestep_index, &rb->row->n_ts, rb->row->n, err) || push(rb, ts, 1, err))
+	    hi3i_list_add(&rb->row->timestep_index, &rb->row->n_ts, rb->row->n, err) || push(rb, ts, 1, err))
 		return -1;
-	if (gen && t->guidance_token && (special(t, rq, i, "<guidance>", &id, err) || push(rb, id, 1, err)))
+	if (gen && t->guidance_token && (hi3i_template_special(t, rq, i, "<guidance>", &id, err) || push(rb, id, 1, err)))
 		return -1;
-	if (gen && t->timestep_r_token && (special(t, rq, i, "<timestep_r>", &id, err) || push(rb, id, 1, err)))
+	if (gen && t->timestep_r_token && (hi3i_template_special(t, rq, i, "<timestep_r>", &id, err) || push(rb, id, 1, err)))
 		return -1;
 	return 0;
 }
@@ -949,7 +812,7 @@ static int encode_text(const hi3_template *t, const hi3_requests *rq, int i, str
 		return hi3_error_prefix(err, "%s:%d", rq->name, rq->r[i].line);
 	}
 	if (uncond && s->uncond) {
-		if (special(t, rq, i, "<cfg>", &cfg, err) != 0) {
+		if (hi3i_template_special(t, rq, i, "<cfg>", &cfg, err) != 0) {
 			free(ids);
 			return -1;
 		}
@@ -977,7 +840,7 @@ static int encode_image(const hi3_template *t, const hi3_requests *rq, int i, st
 	hi3_cond_row *r = rb->row;
 	int64_t img, eoi, sep, start, vit;
 
-	if (special(t, rq, i, "<img>", &img, err) || special(t, rq, i, "<eoi>", &eoi, err) ||
+	if (hi3i_template_special(t, rq, i, "<img>", &img, err) || hi3i_template_special(t, rq, i, "<eoi>", &eoi, err) ||
 	    image_head(t, rq, i, rb, s->ratio, s->type == SEC_GEN, err))
 		return -1;
 	start = r->n;
@@ -991,7 +854,7 @@ static int encode_image(const hi3_template *t, const hi3_requests *rq, int i, st
 			return -1;
 		return push(rb, eoi, 1, err);
 	}
-	if (mark(rb, &r->cond_vae_mask, start, r->n - start, err) || special(t, rq, i, "<joint_img_sep>", &sep, err))
+	if (mark(rb, &r->cond_vae_mask, start, r->n - start, err) || hi3i_template_special(t, rq, i, "<joint_img_sep>", &sep, err))
 		return -1;
 	if (t->attn == ATTN_FULL || t->attn == ATTN_FULL_CAUSAL)
 		if (add_block(r, start, r->n, err))
@@ -1029,156 +892,6 @@ static int rope_positions(struct rowbuf *rb, hi3_error *err)
 				r->rope[2 * p] = (int32_t)(L + y + h * (w - 1) / 2);
 				r->rope[2 * p + 1] = (int32_t)(L + x + w * (h - 1) / 2);
 			}
-	}
-	return 0;
-}
-
-/* A rule record (trigger, k, ids...) onto a row's list. */
-static int add_rule(int64_t **v, int *n, int64_t trigger, const int64_t *ids, int k, hi3_error *err)
-{
-	if (add_list(v, n, trigger, err) || add_list(v, n, k, err))
-		return -1;
-	for (int j = 0; j < k; j++)
-		if (add_list(v, n, ids[j], err))
-			return -1;
-	return 0;
-}
-
-/* The <img_ratio_*> ids of every bucket. */
-static int ratio_ids(const hi3_template *t, const hi3_requests *rq, int i, int64_t *ids, hi3_error *err)
-{
-	for (int k = 0; k < t->n_reso; k++) {
-		char name[32];
-		snprintf(name, sizeof(name), "<img_ratio_%d>", k);
-		if (special(t, rq, i, name, &ids[k], err))
-			return -1;
-	}
-	return 0;
-}
-
-/* Stop tokens by bot_task, the base code's (hunyuan.py prepare_model_inputs):
- * auto: end of sequence and, with image_size "auto", every <img_ratio_*>
- * (else <boi>); image: end of sequence; think and recaption: </recaption>,
- * </answer>, end of sequence; img_ratio: the ratio tokens (or <boi>). */
-static int stops_base(const hi3_template *t, const hi3_requests *rq, int i, int task, hi3_cond_row *row,
-                      hi3_error *err)
-{
-	const struct hi3i_request *r = &rq->r[i];
-	int64_t id, ratios[MAX_RESO];
-
-	switch (task) {
-	case HI3I_BOT_THINK:
-	case HI3I_BOT_RECAPTION:
-		if (special(t, rq, i, "</recaption>", &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err) ||
-		    special(t, rq, i, "</answer>", &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err))
-			return -1;
-		/* fall through */
-	case HI3I_BOT_IMAGE:
-		return add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err);
-	case HI3I_BOT_AUTO:
-		if (add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err))
-			return -1;
-		break;
-	default:
-		break;
-	}
-	if (r->size_kind != 0)
-		return special(t, rq, i, "<boi>", &id, err) || add_list(&row->stop_tokens, &row->n_stop, id, err);
-	if (ratio_ids(t, rq, i, ratios, err))
-		return -1;
-	for (int k = 0; k < t->n_reso; k++)
-		if (add_list(&row->stop_tokens, &row->n_stop, ratios[k], err))
-			return -1;
-	return 0;
-}
-
-/* The Instruct code (modeling_hunyuan_image_3.py). auto and image end at
- * the end of sequence (image has no stop tokens upstream: a KeyError), and
- * so does a gen_image row (it is not decoded). img_ratio ends at a ratio
- * token, chosen greedily among the 37 after <img_size_B> (generate_image
- * predicts the ratio whatever image_size says). think, recaption and
- * think_recaption follow generate_image's text stage: think_recaption
- * forces <recaption> after </think>; with image_size "auto" (or absent) the
- * end of the CoT (</think>, or </recaption> with recaption) forces
- * [<answer>] <boi> <img_size_B>, the ratio token after it is the greedy
- * choice, and it ends the row; with a given size the row ends at
- * </recaption> (recaption, think_recaption) or at </think> or </recaption>
- * (think). A row that continues a given cot is prepare_model_inputs' (the
- * CoT stage never has one): it ends at </think> or </recaption> (think,
- * think_recaption) or </recaption> (recaption), without rules. */
-static int stops_instruct(const hi3_template *t, const hi3_requests *rq, int i, int task, hi3_cond_row *row,
-                          hi3_error *err)
-{
-	const struct hi3i_request *r = &rq->r[i];
-	int64_t ratios[MAX_RESO], end_think, end_rec, rec, boi, size, ans, seq[3];
-	int need_ratio = r->size_kind == 0 || task == HI3I_BOT_IMG_RATIO, n = 0;
-	char size_name[32];
-
-	snprintf(size_name, sizeof(size_name), "<img_size_%d>", t->base_size);
-	if (task == HI3I_BOT_AUTO || task == HI3I_BOT_IMAGE || r->mode == HI3I_GEN_IMAGE)
-		return add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err);
-	if (special(t, rq, i, "</think>", &end_think, err) || special(t, rq, i, "</recaption>", &end_rec, err) ||
-	    special(t, rq, i, "<recaption>", &rec, err) || special(t, rq, i, "<boi>", &boi, err) ||
-	    special(t, rq, i, size_name, &size, err) || ratio_ids(t, rq, i, ratios, err))
-		return -1;
-	if (r->cot && task != HI3I_BOT_IMG_RATIO) {
-		if (task != HI3I_BOT_RECAPTION && add_list(&row->stop_tokens, &row->n_stop, end_think, err))
-			return -1;
-		return add_list(&row->stop_tokens, &row->n_stop, end_rec, err);
-	}
-	if (task == HI3I_BOT_THINK_RECAPTION && add_rule(&row->forced_after, &row->n_forced, end_think, &rec, 1, err))
-		return -1;
-	if (need_ratio) {
-		if (task != HI3I_BOT_IMG_RATIO) {
-			if (!strcmp(t->name, "instruct")) {
-				if (special(t, rq, i, "<answer>", &ans, err))
-					return -1;
-				seq[n++] = ans;
-			}
-			seq[n++] = boi;
-			seq[n++] = size;
-			if (add_rule(&row->forced_after, &row->n_forced, task == HI3I_BOT_THINK ? end_think : end_rec, seq, n,
-			             err))
-				return -1;
-		}
-		if (add_rule(&row->greedy_among, &row->n_greedy, size, ratios, t->n_reso, err))
-			return -1;
-		for (int k = 0; k < t->n_reso; k++)
-			if (add_list(&row->stop_tokens, &row->n_stop, ratios[k], err))
-				return -1;
-		return 0;
-	}
-	if (task == HI3I_BOT_THINK && add_list(&row->stop_tokens, &row->n_stop, end_think, err))
-		return -1;
-	return add_list(&row->stop_tokens, &row->n_stop, end_rec, err);
-}
-
-static int stop_tokens(const hi3_template *t, const hi3_requests *rq, int i, hi3_cond_row *row, hi3_error *err)
-{
-	const struct hi3i_request *r = &rq->r[i];
-	int task = hi3i_template_bot_task(t, r);
-
-	if (!t->tok) {
-		/* pre-tokenized, no tokenizer: the end of sequence when known */
-		for (int k = 0; !r->stops && k < t->gen.n_eos; k++)
-			if (add_list(&row->stop_tokens, &row->n_stop, t->gen.eos_token_id[k], err))
-				return -1;
-		if (!r->stops && !t->gen.n_eos && t->eos_id >= 0 &&
-		    add_list(&row->stop_tokens, &row->n_stop, t->eos_id, err))
-			return -1;
-	} else if (t->eos_id >= 0) {
-		if ((t->instruct_code ? stops_instruct : stops_base)(t, rq, i, task, row, err) != 0)
-			return -1;
-	} else if (!r->stops) {
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: no end-of-sequence token: the model names no "
-		                     "eos_token (tokenizer_config.json) or eos_token_id (config.json)", rq->name, r->line);
-	}
-	if (r->stops) {
-		/* the request's own stop tokens replace the task's (its rules stay) */
-		row->n_stop = 0;
-		for (int k = 0; k < r->n_stops; k++)
-			if (add_list(&row->stop_tokens, &row->n_stop, r->stops[k], err))
-				return -1;
 	}
 	return 0;
 }
@@ -1231,7 +944,7 @@ int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, in
 		              rq->name, r->line, (long long)row->n);
 		goto out;
 	}
-	if (rope_positions(&rb, err) != 0 || stop_tokens(t, rq, i, row, err) != 0)
+	if (rope_positions(&rb, err) != 0 || hi3i_template_stops(t, rq, i, row, err) != 0)
 		goto out;
 	rc = 0;
 out:
