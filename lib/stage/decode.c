@@ -191,226 +191,281 @@ out:
 	return rc;
 }
 
-int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_decode_opts *o,
-               const char *seg_path, hi3_decode_stats *stats, hi3_error *err)
-{
-	hi3_kvfile kv = {0};
-	const int V = hi3_model_config(m)->vocab_size;
-	int B, G, limit, rc = -1;
-	int64_t *ids = NULL, *slot = NULL, remaining = 0;
-	int32_t *rope = NULL, *hi = NULL, *crow = NULL, *at = NULL, *fed_row = NULL;
-	float *logits = NULL, *route_w = NULL;
-	int16_t *route_ids = NULL;
-	uint8_t *stop_now = NULL;
-	void *scratch = NULL;
-	struct rule_state *rules = NULL;
-	double t0 = hi3i_now();
-	int NMK, *act = NULL;
-	hi3_comm *comm = hi3i_model_comm(m);
+/* One call of hi3_decode: its inputs, the KV file, and the buffers of a
+ * step (one entry per row of the batch, B). */
+struct run {
+	hi3_model *m;
+	const hi3_cond *c;
+	const hi3_decode_opts *o;
+	hi3_kvfile kv;
 	hi3i_vocab vs;
-	const float **cur = NULL;
-	uint64_t *seeds = NULL, *steps = NULL;
-	int64_t *toks = NULL;
-	float *lps = NULL;
+	hi3_comm *comm;               /* NULL: one process */
+	int B, G, V, limit, NMK;      /* NMK: MoE layers x experts per token (0: dense) */
+	int64_t remaining;            /* steps the longest row has left */
+	struct rule_state *rules;     /* (B) each row's decoding rules so far */
+	/* the rows that take a token this step: their logits, seeds, steps, tokens and log-probs */
+	int *act;
+	const float **cur;
+	uint64_t *seeds, *steps;
+	int64_t *toks;
+	float *lps;
+	uint8_t *stop_now;            /* (B) the row stops with this step's token */
+	void *scratch;                /* hi3_sample_scratch_size(V) */
+	/* the forward of the rows fed */
+	int64_t *ids, *slot;          /* (B) */
+	int32_t *rope, *hi, *crow, *at, *fed_row;   /* (B, 2), (B), (B), (B, 2), (B) */
+	float *logits;                /* (B, V) */
+	int16_t *route_ids;           /* (B, NMK) or NULL */
+	float *route_w;               /* (B, NMK) or NULL */
+};
 
-	memset(stats, 0, sizeof(*stats));
+static void run_release(struct run *r)
+{
+	if (r->m)
+		hi3_model_drop_cache(r->m, &r->kv.cache);
+	hi3i_kv_close(&r->kv);
+	free(r->ids), free(r->slot), free(r->rope), free(r->hi), free(r->crow), free(r->at), free(r->fed_row);
+	free(r->logits), free(r->stop_now), free(r->scratch), free(r->rules), free(r->act), free(r->cur);
+	free(r->seeds), free(r->steps), free(r->toks), free(r->lps), free(r->route_ids), free(r->route_w);
+	memset(r, 0, sizeof(*r));
+}
+
+/* The checks, the KV file on every rank, the buffers, and each row's rules
+ * after its prompt and what was decoded before. */
+static int run_init(struct run *r, hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_decode_opts *o,
+                    hi3_decode_stats *stats, hi3_error *err)
+{
+	const hi3_kvfile *kv = &r->kv;
+	int B;
+
+	memset(r, 0, sizeof(*r));
 	if (hi3_cond_check_model(c, m, err) != 0 || hi3i_cond_require_text(c, "decoded", err) != 0)
 		return -1;
-	if (hi3i_par_check_cond(m, c, err) != 0 || hi3i_kv_open_ranks(&kv, kv_path, m, c, err) != 0)
+	if (hi3i_par_check_cond(m, c, err) != 0 || hi3i_kv_open_ranks(&r->kv, kv_path, m, c, err) != 0)
 		return -1;
-	B = kv.B;
-	G = kv.G;
-	if (o->max_new > G) {
-		hi3_error_set(err, HI3_ERR_INPUT, "%s: --max-new %d is larger than the cache allows (%d new slots; "
-		              "prefill with a larger --max-new)", kv_path, o->max_new, G);
-		goto out;
-	}
-	limit = o->max_new > 0 ? o->max_new : G;
-	NMK = kv.n_moe * kv.k_route;
+	r->m = m;
+	r->c = c;
+	r->o = o;
+	r->comm = hi3i_model_comm(m);
+	r->V = hi3_model_config(m)->vocab_size;
+	B = r->B = kv->B;
+	r->G = kv->G;
+	if (o->max_new > r->G)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: --max-new %d is larger than the cache allows (%d new slots; "
+		                     "prefill with a larger --max-new)", kv_path, o->max_new, r->G);
+	r->limit = o->max_new > 0 ? o->max_new : r->G;
+	r->NMK = kv->n_moe * kv->k_route;
 	if (o->trace && (hi3i_trace_stage_meta(o->trace, "decode", c, err) ||
-	                 hi3_trace_set_meta(o->trace, "kv_dtype", hi3_dtype_name(kv.cache.dtype), err) ||
+	                 hi3_trace_set_meta(o->trace, "kv_dtype", hi3_dtype_name(kv->cache.dtype), err) ||
 	                 hi3_trace_set_meta(o->trace, "decode_mask", o->decode_mask == HI3_MASK_NONE ? "none" : "causal",
 	                                    err) ||
 	                 hi3_trace_set_meta(o->trace, "token_placement", o->placement == HI3_PLACE_TAIL ? "tail" : "index",
 	                                    err)))
-		goto out;
-	ids = hi3i_malloc(sizeof(int64_t) * (size_t)B, err);
-	slot = hi3i_malloc(sizeof(int64_t) * (size_t)B, err);
-	rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B, err);
-	hi = hi3i_malloc(sizeof(int32_t) * (size_t)B, err);
-	crow = hi3i_malloc(sizeof(int32_t) * (size_t)B, err);
-	at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B, err);
-	fed_row = hi3i_malloc(sizeof(int32_t) * (size_t)B, err);
-	logits = hi3i_malloc(sizeof(float) * (size_t)B * V, err);
-	stop_now = hi3i_calloc((size_t)B, 1, err);
-	scratch = hi3i_malloc(hi3_sample_scratch_size(V), err);
-	rules = hi3i_calloc((size_t)B, sizeof(*rules), err);
-	act = hi3i_malloc(sizeof(*act) * (size_t)B, err);
-	cur = hi3i_malloc(sizeof(*cur) * (size_t)B, err);
-	seeds = hi3i_malloc(sizeof(*seeds) * (size_t)B, err);
-	steps = hi3i_malloc(sizeof(*steps) * (size_t)B, err);
-	toks = hi3i_malloc(sizeof(*toks) * (size_t)B, err);
-	lps = hi3i_malloc(sizeof(*lps) * (size_t)B, err);
-	hi3i_model_vocab(m, &vs);
-	if (NMK) {
-		route_ids = hi3i_malloc(sizeof(int16_t) * (size_t)B * NMK, err);
-		route_w = hi3i_malloc(sizeof(float) * (size_t)B * NMK, err);
+		return -1;
+	r->ids = hi3i_malloc(sizeof(int64_t) * (size_t)B, err);
+	r->slot = hi3i_malloc(sizeof(int64_t) * (size_t)B, err);
+	r->rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B, err);
+	r->hi = hi3i_malloc(sizeof(int32_t) * (size_t)B, err);
+	r->crow = hi3i_malloc(sizeof(int32_t) * (size_t)B, err);
+	r->at = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B, err);
+	r->fed_row = hi3i_malloc(sizeof(int32_t) * (size_t)B, err);
+	r->logits = hi3i_malloc(sizeof(float) * (size_t)B * r->V, err);
+	r->stop_now = hi3i_calloc((size_t)B, 1, err);
+	r->scratch = hi3i_malloc(hi3_sample_scratch_size(r->V), err);
+	r->rules = hi3i_calloc((size_t)B, sizeof(*r->rules), err);
+	r->act = hi3i_malloc(sizeof(*r->act) * (size_t)B, err);
+	r->cur = hi3i_malloc(sizeof(*r->cur) * (size_t)B, err);
+	r->seeds = hi3i_malloc(sizeof(*r->seeds) * (size_t)B, err);
+	r->steps = hi3i_malloc(sizeof(*r->steps) * (size_t)B, err);
+	r->toks = hi3i_malloc(sizeof(*r->toks) * (size_t)B, err);
+	r->lps = hi3i_malloc(sizeof(*r->lps) * (size_t)B, err);
+	hi3i_model_vocab(m, &r->vs);
+	if (r->NMK) {
+		r->route_ids = hi3i_malloc(sizeof(int16_t) * (size_t)B * r->NMK, err);
+		r->route_w = hi3i_malloc(sizeof(float) * (size_t)B * r->NMK, err);
 	}
-	if (!ids || !slot || !rope || !hi || !crow || !at || !fed_row || !logits || !stop_now || !scratch || !rules ||
-	    !act || !cur || !seeds || !steps || !toks || !lps || (NMK && (!route_ids || !route_w)))
-		goto out;
-	/* the rules' state after the prompt and what was decoded before */
+	if (!r->ids || !r->slot || !r->rope || !r->hi || !r->crow || !r->at || !r->fed_row || !r->logits ||
+	    !r->stop_now || !r->scratch || !r->rules || !r->act || !r->cur || !r->seeds || !r->steps || !r->toks ||
+	    !r->lps || (r->NMK && (!r->route_ids || !r->route_w)))
+		return -1;
 	for (int i = 0; i < B; i++) {
 		const int64_t *list = c->forced_after ? c->forced_after + (size_t)i * c->NF : NULL;
-		rules[i].rec = -1;
-		rule_step(&rules[i], list, c->NF, c->input_ids[(size_t)i * kv.L + kv.prompt_len[i] - 1]);
-		for (int64_t g = 0; g < kv.gen_len[i]; g++)
-			rule_step(&rules[i], list, c->NF, kv.gen_tokens[(size_t)i * G + g]);
+		r->rules[i].rec = -1;
+		rule_step(&r->rules[i], list, c->NF, c->input_ids[(size_t)i * kv->L + kv->prompt_len[i] - 1]);
+		for (int64_t g = 0; g < kv->gen_len[i]; g++)
+			rule_step(&r->rules[i], list, c->NF, kv->gen_tokens[(size_t)i * r->G + g]);
 	}
 	stats->rows = B;
 	for (int i = 0; i < B; i++) {
-		stats->resumed_from += kv.gen_len[i];
+		stats->resumed_from += kv->gen_len[i];
 		/* a row already at a smaller --max-new is done for this call */
-		if (!kv.finished[i])
-			remaining = HI3_MAX(remaining, limit - kv.gen_len[i]);
+		if (!kv->finished[i])
+			r->remaining = HI3_MAX(r->remaining, r->limit - kv->gen_len[i]);
 	}
-	for (int64_t step = 0;; step++) {
-		int n_active = 0, n_feed = 0;
+	return 0;
+}
 
-		if (o->steps > 0 && step >= o->steps)
-			break;
-		/* the active rows' tokens: by their rules, else sampled, all rows
-		 * at once (with lm_head split, one exchange for the batch) */
-		for (int i = 0; i < B; i++) {
-			int64_t g = kv.gen_len[i];
-			if (kv.finished[i] || g >= limit)
-				continue;
-			act[n_active] = i;
-			cur[n_active] = hi3i_kv_logits(&kv, i);
-			seeds[n_active] = o->have_seed ? o->seed : (uint64_t)c->seeds[i];
-			steps[n_active] = (uint64_t)g;
-			if (ruled_token(c, i, &rules[i], g ? kv.gen_tokens[(size_t)i * G + g - 1]
-			                                   : c->input_ids[(size_t)i * kv.L + kv.prompt_len[i] - 1],
-			                cur[n_active], &vs, &toks[n_active], err) != 0)
-				goto out;
-			n_active++;
-		}
-		if (n_active &&
-		    hi3i_vocab_next(&vs, cur, n_active, &o->sampler, seeds, steps, toks, lps, scratch, err) != 0)
-			goto out;
-		for (int a = 0; a < n_active; a++) {
-			const int i = act[a];
-			int64_t g = kv.gen_len[i], tok = toks[a], p;
+/* The token of every active row (by its rules, else sampled, all rows at
+ * once: with lm_head split, one exchange for the batch), recorded, and the
+ * inputs of the forward of the rows that go on: n_active rows took a
+ * token, n_feed of them are fed. */
+static int run_tokens(struct run *r, int *n_active, int *n_feed, hi3_error *err)
+{
+	hi3_kvfile *kv = &r->kv;
+	const hi3_cond *c = r->c;
+	const hi3_decode_opts *o = r->o;
+	const int B = r->B, G = r->G, NMK = r->NMK;
 
-			rule_step(&rules[i], c->forced_after ? c->forced_after + (size_t)i * c->NF : NULL, c->NF, tok);
-			kv.gen_tokens[(size_t)i * G + g] = tok;
-			kv.gen_logprobs[(size_t)i * G + g] = lps[a];
-			stop_now[i] = is_stop(c, o, i, tok) || g + 1 >= limit;
-			if (stop_now[i]) {
-				if (NMK)
-					for (int j = 0; j < NMK; j++) {
-						kv.gen_route_ids[((size_t)i * G + g) * NMK + j] = -1;
-						kv.gen_route_w[((size_t)i * G + g) * NMK + j] = 0.0f;
-					}
-				continue;
-			}
-			p = kv.prompt_len[i] + g;
-			if (o->placement == HI3_PLACE_TAIL)
-				/* upstream appended new tokens at column L + s, so a
-				 * short row reads column n_i + g: its own pad */
-				ids[n_feed] = p < kv.L ? c->input_ids[(size_t)i * kv.L + p]
-				                       : kv.gen_tokens[(size_t)i * G + (p - kv.L)];
-			else
-				ids[n_feed] = tok;
-			slot[n_feed] = p;
-			rope[2 * n_feed] = rope[2 * n_feed + 1] = (int32_t)p;
-			hi[n_feed] = o->decode_mask == HI3_MASK_NONE ? kv.C - 1 : (int32_t)p;
-			crow[n_feed] = i;
-			at[2 * n_feed] = n_feed;
-			at[2 * n_feed + 1] = 0;
-			fed_row[n_feed] = i;
-			n_feed++;
-		}
-		if (!n_active)
-			break;
-		if (n_feed) {
-			hi3_batch b = {
-				.B = n_feed, .T = 1, .mode = HI3_ATTN_CACHE, .ids = ids, .rope = rope, .hi = hi,
-				.slot = slot, .cache_row = crow, .n_logits = n_feed, .logit_at = at, .logits = logits,
-				.vocab_slice = 1, .route_ids = NMK ? route_ids : NULL, .route_w = NMK ? route_w : NULL,
-				.trace = o->trace, .trace_row = crow, .trace_pos = slot,
-			};
-			if (hi3_forward(m, &kv.cache, &b, err) != 0)
-				goto out;
-			for (int r = 0; r < n_feed; r++) {
-				int i = fed_row[r];
-				size_t g = (size_t)kv.gen_len[i];
-				memcpy(hi3i_kv_logits_next(&kv, i) + kv.v0, logits + (size_t)r * V + kv.v0,
-				       sizeof(float) * (size_t)kv.nv);
-				if (NMK) {
-					memcpy(kv.gen_route_ids + ((size_t)i * G + g) * NMK, route_ids + (size_t)r * NMK,
-					       sizeof(int16_t) * (size_t)NMK);
-					memcpy(kv.gen_route_w + ((size_t)i * G + g) * NMK, route_w + (size_t)r * NMK,
-					       sizeof(float) * (size_t)NMK);
+	*n_active = *n_feed = 0;
+	for (int i = 0; i < B; i++) {
+		int64_t g = kv->gen_len[i];
+		if (kv->finished[i] || g >= r->limit)
+			continue;
+		r->act[*n_active] = i;
+		r->cur[*n_active] = hi3i_kv_logits(kv, i);
+		r->seeds[*n_active] = o->have_seed ? o->seed : (uint64_t)c->seeds[i];
+		r->steps[*n_active] = (uint64_t)g;
+		if (ruled_token(c, i, &r->rules[i], g ? kv->gen_tokens[(size_t)i * G + g - 1]
+		                                      : c->input_ids[(size_t)i * kv->L + kv->prompt_len[i] - 1],
+		                r->cur[*n_active], &r->vs, &r->toks[*n_active], err) != 0)
+			return -1;
+		(*n_active)++;
+	}
+	if (*n_active && hi3i_vocab_next(&r->vs, r->cur, *n_active, &o->sampler, r->seeds, r->steps, r->toks, r->lps,
+	                                 r->scratch, err) != 0)
+		return -1;
+	for (int a = 0; a < *n_active; a++) {
+		const int i = r->act[a];
+		int64_t g = kv->gen_len[i], tok = r->toks[a], p;
+		const int f = *n_feed;
+
+		rule_step(&r->rules[i], c->forced_after ? c->forced_after + (size_t)i * c->NF : NULL, c->NF, tok);
+		kv->gen_tokens[(size_t)i * G + g] = tok;
+		kv->gen_logprobs[(size_t)i * G + g] = r->lps[a];
+		r->stop_now[i] = is_stop(c, o, i, tok) || g + 1 >= r->limit;
+		if (r->stop_now[i]) {
+			if (NMK)
+				for (int j = 0; j < NMK; j++) {
+					kv->gen_route_ids[((size_t)i * G + g) * NMK + j] = -1;
+					kv->gen_route_w[((size_t)i * G + g) * NMK + j] = 0.0f;
 				}
-			}
-			if (hi3_kv_sync_host(m, &kv.cache, err) != 0)
-				goto out;
+			continue;
 		}
-		if (!o->no_fsync && hi3i_kv_flush(&kv, err) != 0)
-			goto out;
-		/* every rank's kv heads of this step are written (and durable) before rank 0 commits it */
-		if (comm && hi3_comm_barrier(comm, err) != 0)
-			goto out;
-		{
-			int committed = 0;
-			for (int i = 0; i < B; i++) {
-				if (kv.finished[i] || kv.gen_len[i] >= limit)
-					continue;
-				test_kill_point(step, committed++);
-				hi3i_kv_commit(&kv, i, kv.gen_len[i] + 1, stop_now[i]);
-				stats->tokens++;
-			}
-		}
-		if (!o->no_fsync && hi3i_kv_flush(&kv, err) != 0)
-			goto out;
-		stats->steps++;
-		if (o->progress)
-			o->progress(o->progress_ctx, stats->steps, remaining);
+		p = kv->prompt_len[i] + g;
+		if (o->placement == HI3_PLACE_TAIL)
+			/* upstream appended new tokens at column L + s, so a
+			 * short row reads column n_i + g: its own pad */
+			r->ids[f] = p < kv->L ? c->input_ids[(size_t)i * kv->L + p] : kv->gen_tokens[(size_t)i * G + (p - kv->L)];
+		else
+			r->ids[f] = tok;
+		r->slot[f] = p;
+		r->rope[2 * f] = r->rope[2 * f + 1] = (int32_t)p;
+		r->hi[f] = o->decode_mask == HI3_MASK_NONE ? kv->C - 1 : (int32_t)p;
+		r->crow[f] = i;
+		r->at[2 * f] = f;
+		r->at[2 * f + 1] = 0;
+		r->fed_row[f] = i;
+		(*n_feed)++;
 	}
-	hi3i_kv_settle(&kv);
-	if (hi3i_kv_flush(&kv, err) != 0)
-		goto out;
-	for (int i = 0; i < B; i++)
-		stats->finished += kv.finished[i];
-	if (write_segment(&kv, c, m, o, !comm || comm->rank == 0 ? seg_path : NULL, &stats->total_tokens, err) != 0)
-		goto out;
+	return 0;
+}
+
+/* One step: the tokens, the forward of the rows that go on into the next
+ * logits and the cache, then the commit of every row (hi3-files(5), KV).
+ * *done when no row was active. */
+static int run_step(struct run *r, int64_t step, hi3_decode_stats *stats, int *done, hi3_error *err)
+{
+	hi3_kvfile *kv = &r->kv;
+	const hi3_decode_opts *o = r->o;
+	const int G = r->G, NMK = r->NMK;
+	int n_active, n_feed, committed = 0;
+
+	if (run_tokens(r, &n_active, &n_feed, err) != 0)
+		return -1;
+	if (!(*done = !n_active) && n_feed) {
+		hi3_batch b = {
+			.B = n_feed, .T = 1, .mode = HI3_ATTN_CACHE, .ids = r->ids, .rope = r->rope, .hi = r->hi,
+			.slot = r->slot, .cache_row = r->crow, .n_logits = n_feed, .logit_at = r->at, .logits = r->logits,
+			.vocab_slice = 1, .route_ids = NMK ? r->route_ids : NULL, .route_w = NMK ? r->route_w : NULL,
+			.trace = o->trace, .trace_row = r->crow, .trace_pos = r->slot,
+		};
+		if (hi3_forward(r->m, &kv->cache, &b, err) != 0)
+			return -1;
+		for (int f = 0; f < n_feed; f++) {
+			int i = r->fed_row[f];
+			size_t g = (size_t)kv->gen_len[i];
+			memcpy(hi3i_kv_logits_next(kv, i) + kv->v0, r->logits + (size_t)f * r->V + kv->v0,
+			       sizeof(float) * (size_t)kv->nv);
+			if (NMK) {
+				memcpy(kv->gen_route_ids + ((size_t)i * G + g) * NMK, r->route_ids + (size_t)f * NMK,
+				       sizeof(int16_t) * (size_t)NMK);
+				memcpy(kv->gen_route_w + ((size_t)i * G + g) * NMK, r->route_w + (size_t)f * NMK,
+				       sizeof(float) * (size_t)NMK);
+			}
+		}
+		if (hi3_kv_sync_host(r->m, &kv->cache, err) != 0)
+			return -1;
+	}
+	if (*done)
+		return 0;
+	if (!o->no_fsync && hi3i_kv_flush(kv, err) != 0)
+		return -1;
+	/* every rank's kv heads of this step are written (and durable) before rank 0 commits it */
+	if (r->comm && hi3_comm_barrier(r->comm, err) != 0)
+		return -1;
+	for (int i = 0; i < r->B; i++) {
+		if (kv->finished[i] || kv->gen_len[i] >= r->limit)
+			continue;
+		test_kill_point(step, committed++);
+		hi3i_kv_commit(kv, i, kv->gen_len[i] + 1, r->stop_now[i]);
+		stats->tokens++;
+	}
+	if (!o->no_fsync && hi3i_kv_flush(kv, err) != 0)
+		return -1;
+	stats->steps++;
+	if (o->progress)
+		o->progress(o->progress_ctx, stats->steps, r->remaining);
+	return 0;
+}
+
+/* next_logits current for every row, the file flushed, the segment of
+ * every row's tokens so far written (by rank 0 of a layout). */
+static int run_finish(struct run *r, const char *seg_path, hi3_decode_stats *stats, hi3_error *err)
+{
+	hi3i_kv_settle(&r->kv);
+	if (hi3i_kv_flush(&r->kv, err) != 0)
+		return -1;
+	for (int i = 0; i < r->B; i++)
+		stats->finished += r->kv.finished[i];
+	if (write_segment(&r->kv, r->c, r->m, r->o, !r->comm || r->comm->rank == 0 ? seg_path : NULL,
+	                  &stats->total_tokens, err) != 0)
+		return -1;
 	/* the segment is in place for every rank when the call returns */
-	if (comm && hi3_comm_barrier(comm, err) != 0)
-		goto out;
-	rc = 0;
+	if (r->comm && hi3_comm_barrier(r->comm, err) != 0)
+		return -1;
+	return 0;
+}
+
+int hi3_decode(hi3_model *m, const hi3_cond *c, const char *kv_path, const hi3_decode_opts *o,
+               const char *seg_path, hi3_decode_stats *stats, hi3_error *err)
+{
+	struct run r;
+	double t0 = hi3i_now();
+	int done = 0, rc = -1;
+
+	memset(stats, 0, sizeof(*stats));
+	if (run_init(&r, m, c, kv_path, o, stats, err) != 0) {
+		if (r.m)
+			stats->seconds = hi3i_now() - t0;
+		run_release(&r);
+		return -1;
+	}
+	for (int64_t step = 0; !done && !(o->steps > 0 && step >= o->steps); step++)
+		if (run_step(&r, step, stats, &done, err) != 0)
+			goto out;
+	rc = run_finish(&r, seg_path, stats, err);
 out:
 	stats->seconds = hi3i_now() - t0;
-	hi3_model_drop_cache(m, &kv.cache);
-	hi3i_kv_close(&kv);
-	free(ids);
-	free(slot);
-	free(rope);
-	free(hi);
-	free(crow);
-	free(at);
-	free(fed_row);
-	free(logits);
-	free(stop_now);
-	free(scratch);
-	free(rules);
-	free(act);
-	free(cur);
-	free(seeds);
-	free(steps);
-	free(toks);
-	free(lps);
-	free(route_ids);
-	free(route_w);
+	run_release(&r);
 	return rc;
 }
