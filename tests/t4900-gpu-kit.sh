@@ -20,6 +20,9 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bi
 	exit 0
 fi
 KIT=$TRASH/kit
+# the builds, the rehearsal's runs and their logs (hundreds of MB) go in the
+# scratch directory, removed at the end
+export TMPDIR=$TRASH
 BASE='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libz|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so'
 J() { sed -n "s/.*\"name\": \"$2\", \"group\": \"[a-z]*\", \"status\": \"\([a-z]*\)\".*\"detail\": \"\(.*\)\"}.*/\1: \2/p" "$1"; }
 
