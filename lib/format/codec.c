@@ -210,13 +210,14 @@ int hi3i_codec_read(const struct hi3i_format *f, const hi3_st *st, void *obj, in
 	memset(present, -1, sizeof(present));
 	for (const struct hi3i_ftensor *t = f->t; t->name; t++) {
 		const int per_layer = layer_part(t->name) != NULL;
-		const int nl = per_layer ? (int)dims[layers] : 1;
 		void **arr = NULL;
-		int dt = -1;
+		int nl = 1, dt = -1;
 
 		if (t->group < 0)
 			continue;
 		HI3_ASSERT(t->group < (int)sizeof(present) && (!per_layer || (layers >= 0 && dims[layers] >= 0)));
+		if (per_layer)
+			nl = (int)dims[layers];
 		if (t->group && present[t->group] < 0)
 			present[t->group] = hi3_st_find(st, layer_name(t->name, 0, name, sizeof(name))) != NULL;
 		if (t->group && !present[t->group])
@@ -290,8 +291,10 @@ hi3_st_writer *hi3i_codec_writer(const struct hi3i_format *f, const void *obj, c
 		/* a run of per-layer tensors goes layer by layer: k.0, v.0, k.1, ... */
 		while (layer_part(run->name) && run[1].name && layer_part(run[1].name))
 			run++;
-		if (layer_part(t->name))
+		if (layer_part(t->name)) {
+			HI3_ASSERT(layers >= 0);
 			nl = (int)dims[layers];
+		}
 		for (int l = 0; l < nl; l++)
 			for (const struct hi3i_ftensor *u = t; u <= run; u++) {
 				const void *data = NULL;
