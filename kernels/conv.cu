@@ -1,20 +1,23 @@
-/* conv.cu -- the data movement of the image ops: im2col for a conv as
- * a GEMM, the channel repeat and group mean of the VAE's DCAE shortcuts,
- * and the depth/space shuffles (CPU twins: hi3i_cpu_im2col,
+/* conv.cu -- the data movement of the image ops: im2col for the conv op
+ * as a GEMM (lib/backend/cuda.c cu_conv; CPU twin: the direct convolution
+ * of lib/backend/cpu-conv.c), the channel repeat and group mean of the
+ * VAE's DCAE shortcuts, and the depth/space shuffles (CPU twins:
  * hi3i_cpu_add_repeat, hi3i_cpu_add_group_mean, hi3i_cpu_depth_to_space /
  * space_to_depth in lib/backend/cpu-image.c). Grid-stride loops over the
  * output elements; every one is written. */
 #include "common.cuh"
 
-/* element i of col (n, K): row i / K, column (tap, c), tap (dt, dy, dx) */
+/* element i of col (n, K): row i / K, column (c, tap) as the weight
+ * [Cout, C, kt, kh, kw] is stored, tap (dt, dy, dx) */
 static __global__ void im2col_kernel(float *col, const float *x, int T, int H, int W, int C, int kt, int kh, int kw,
                                      int64_t p0, size_t total)
 {
-	const size_t K = (size_t)C * (size_t)(kt * kh * kw);
+	const int taps = kt * kh * kw;
+	const size_t K = (size_t)C * (size_t)taps;
 
 	GRID_STRIDE(i, total) {
 		const int64_t q = p0 + (int64_t)(i / K);
-		const int k = (int)(i % K), c = k % C, tap = k / C;
+		const int k = (int)(i % K), c = k / taps, tap = k % taps;
 		const int dx = tap % kw, dy = tap / kw % kh, dt = tap / (kw * kh);
 		const int xo = (int)(q % W), yo = (int)(q / W % H), to = (int)(q / ((int64_t)W * H) % T);
 		const int64_t b = q / ((int64_t)W * H * T);

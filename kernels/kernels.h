@@ -104,7 +104,8 @@ cudaError_t HI3K(attention)(cudaStream_t s, float *out, const float *qkv, const 
  * channels-last (B, T, H, W, C), P = T H W. */
 
 /* kernels/conv.cu: col (n, C kt kh kw) = the patches of output positions
- * p0 .. p0+n-1 of x (B, T, H, W, C), zero padding k/2, stride 1 */
+ * p0 .. p0+n-1 of x (B, T, H, W, C), zero padding k/2, stride 1, column
+ * ((c kt + dt) kh + dy) kw + dx: the order of a conv weight as stored */
 cudaError_t HI3K(im2col)(cudaStream_t s, float *col, const float *x, int B, int T, int H, int W, int C, int kt, int kh,
                          int kw, int64_t p0, int n);
 /* x (P, C) += z[p, c / r], z (P, C / r) */

@@ -5,13 +5,14 @@
  * thread count.
  *
  * Error measure: ||out - ref|| / ||ref|| over the output, at most 1e-5
- * (fp32 against double); data movement (im2col, the shuffles) exact.
+ * (fp32 against double); data movement (the shuffles) exact.
  */
 #include "config.h"
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 #include "backend/backend.h"
+#include "backend/gemm.h"
 #include "model/conv.h"
 #include "tap.h"
 #include "cuda-test.h"
@@ -49,20 +50,30 @@ static double rel_d(const float *out, const double *ref, size_t n)
 	return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static hi3_wt *weight(hi3_backend *be, const float *v, int ndim, const int64_t *shape, int kind)
+/* The tensors the weights were made from: a weight may read its tensor
+ * at first use (backend.h), so they live until the end. */
+static hi3_tensor tensors[256];
+static int n_tensors;
+
+static hi3_wt *weight_dt(hi3_backend *be, const void *v, hi3_dtype dt, int ndim, const int64_t *shape, int kind)
 {
-	hi3_tensor t = {.name = "test", .dtype = HI3_F32, .ndim = ndim};
+	hi3_tensor *t = &tensors[n_tensors++];
 	hi3_error err = {0};
 	hi3_wt *w;
 
-	memcpy(t.shape, shape, sizeof(int64_t) * (size_t)ndim);
-	t.nbytes = (size_t)hi3_tensor_numel(&t) * 4;
-	t.data = (void *)v;
-	/* t is gone on return: the backend copies it (a weight may read its
-	 * tensor at first use, backend.h) */
-	w = be->ops->weight(be, &t, kind | HI3_WT_TRANSIENT, &err);
+	HI3_ASSERT(n_tensors <= (int)HI3_ARRAY_SIZE(tensors));
+	*t = (hi3_tensor){.name = "test", .dtype = dt, .ndim = ndim};
+	memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+	t->nbytes = (size_t)hi3_tensor_numel(t) * hi3_dtype_size(dt);
+	t->data = (void *)v;
+	w = be->ops->weight(be, t, kind, &err);
 	HI3_ASSERT(w);
 	return w;
+}
+
+static hi3_wt *weight(hi3_backend *be, const float *v, int ndim, const int64_t *shape, int kind)
+{
+	return weight_dt(be, v, HI3_F32, ndim, shape, kind);
 }
 
 static hi3_wt *vec(hi3_backend *be, const float *v, int n)
@@ -99,45 +110,124 @@ static void conv_ref(double *y, const float *x, const float *w, const float *b, 
 					}
 }
 
-static void test_conv(int kt, int k, int B)
+/* y (B, P, C) = act(groupnorm(x)) in float, as the groupnorm op: for
+ * the conv's fused normalisation */
+static void conv_input_ref(float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B, int64_t P, int C, int G,
+                           float eps, int act)
 {
-	const int T = 3, H = 5, W = 4, C = 6, Co = 5;
-	const struct hi3_conv cv = {B, T, H, W, C, kt, k, k};
-	const size_t P = (size_t)B * T * H * W, K = (size_t)C * kt * k * k;
-	float *x = randu(P * C, -1, 1), *w = randu((size_t)Co * K, -0.5f, 0.5f), *b = randu(Co, -1, 1);
-	float *y = alloc_f(P * Co), *y2 = alloc_f(P * Co), *col = malloc(sizeof(float) * K * P + 4);
-	double *ref = malloc(sizeof(double) * P * Co);
-	int64_t ws[5] = {Co, C, kt, k, k};
-	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = k, .kw = k};
-	/* the weight may read t at first use (a 1x1 conv keeps it as it lies): t lives as long as cw */
-	hi3_tensor t = {.name = "conv", .dtype = HI3_F32, .ndim = kt > 1 ? 5 : 4, .data = w};
+	cpu->ops->groupnorm(cpu, y, x, w, b, B, P, C, G, eps, act);
+}
 
-	{
-		hi3_error err = {0};
-		memcpy(t.shape, kt > 1 ? ws : (int64_t[]){Co, C, k, k}, sizeof(int64_t) * (size_t)t.ndim);
-		t.nbytes = (size_t)Co * K * 4;
-		cw.w = hi3i_conv_weight(cpu, &t, &err);
-		HI3_ASSERT(cw.w);
-	}
+/* The conv op (lib/backend/cpu-conv.c) through hi3i_conv: against the
+ * direct sum in double; the exact order (one chain over the weight's k,
+ * then + b, every kernel the CPU has); a range of rows, an image alone, a
+ * bf16 weight (widening is exact), and a normalised input (the bits of
+ * groupnorm then conv). C = 70 > 64 carries partial sums over blocks of
+ * input channels; Co = 13 leaves a tile of 1 channel; W = 4 puts 2
+ * columns of padding between rows of a tile. */
+static void test_conv(int kt, int k, int B, int C)
+{
+	const int T = 3, H = 5, W = 4, Co = 13, taps = kt * k * k;
+	const struct hi3_conv cv = {B, T, H, W, C, kt, k, k};
+	const size_t P = (size_t)B * T * H * W, K = (size_t)C * taps;
+	float *x = randu(P * C, -1, 1), *w = randu((size_t)Co * K, -0.5f, 0.5f), *b = randu(Co, -1, 1);
+	float *y = alloc_f(P * Co), *y2 = alloc_f(P * Co), *xn = alloc_f(P * C);
+	uint16_t *wb = malloc(2 * (size_t)Co * K);
+	float *wbf = malloc(sizeof(float) * (size_t)Co * K);
+	double *ref = malloc(sizeof(double) * P * Co);
+	int64_t ws[5] = {Co, C, kt, k, k}, s4[4] = {Co, C, k, k};
+	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = k, .kw = k}, cb = cw;
+	int exact = 1;
+
+	HI3_ASSERT(wb && wbf && ref);
+	cw.w = weight(cpu, w, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
 	cw.b = vec(cpu, b, Co);
 	conv_ref(ref, x, w, b, &cv, Co);
-	hi3i_conv(cpu, y, x, &cw, &cv, col);
-	ok(rel_d(y, ref, P * Co) <= 1e-6, "conv %dx%dx%d B=%d: im2col + matmul against the direct sum (%.1e)", kt, k, k, B,
-	   rel_d(y, ref, P * Co));
-	/* rows [7, 7 + 9) alone: the same bits as in the whole */
-	hi3i_conv_rows(cpu, y2, x, &cw, &cv, 7, 9, col);
-	ok(!memcmp(y2 + 7 * Co, y + 7 * Co, sizeof(float) * 9 * Co), "conv %dx%dx%d: a range of rows gives the bits of the "
-	   "whole", kt, k, k);
+	hi3i_conv(cpu, y, x, &cw, &cv, NULL);
+	ok(rel_d(y, ref, P * Co) <= 1e-6, "conv %dx%dx%d B=%d C=%d: against the direct sum in double (%.1e)", kt, k, k, B,
+	   C, rel_d(y, ref, P * Co));
+	if (taps > 1) {
+		/* the order of backend.h: fmaf over k = (c, dt, dy, dx), then + b */
+		for (int bi = 0; bi < B; bi++)
+			for (int t = 0; t < T; t++)
+				for (int yy = 0; yy < H; yy++)
+					for (int xx = 0; xx < W; xx++)
+						for (int o = 0; o < Co; o++) {
+							float a = 0.0f;
+							for (int c = 0; c < C; c++)
+								for (int dt = 0; dt < kt; dt++)
+									for (int dy = 0; dy < k; dy++)
+										for (int dx = 0; dx < k; dx++) {
+											int ti = t + dt - kt / 2, yi = yy + dy - k / 2, xi = xx + dx - k / 2;
+											int in = ti >= 0 && ti < T && yi >= 0 && yi < H && xi >= 0 && xi < W;
+											float xv = in ? x[((((size_t)bi * T + ti) * H + yi) * W + xi) * C + c]
+											              : 0.0f;
+											a = fmaf(xv, w[(((size_t)(o * C + c) * kt + dt) * k + dy) * k + dx], a);
+										}
+							exact &= a + b[o] == y[((((size_t)bi * T + t) * H + yy) * W + xx) * Co + o];
+						}
+		ok(exact, "conv %dx%dx%d C=%d: one fused multiply-add chain over the weight's k, then + b, bit for bit", kt, k,
+		   k, C);
+		for (int level = 0; level < hi3i_gemm_level(); level++) {
+			hi3i_gemm_isa(level);
+			hi3i_conv(cpu, y2, x, &cw, &cv, NULL);
+			hi3i_gemm_isa(-1);
+			ok(!memcmp(y2, y, sizeof(float) * P * Co), "conv %dx%dx%d C=%d: the %s kernel gives the same bits", kt, k,
+			   k, C, level ? "AVX2" : "portable");
+		}
+	}
+	/* rows [7, 7 + 29) alone: the same bits as in the whole */
+	for (size_t i = 0; i < P * Co; i++)
+		y2[i] = NAN;
+	hi3i_conv_rows(cpu, y2, x, &cw, &cv, NULL, 7, 29);
+	ok(!memcmp(y2 + 7 * Co, y + 7 * Co, sizeof(float) * 29 * Co) && isnan(y2[7 * Co - 1]) && isnan(y2[36 * Co]),
+	   "conv %dx%dx%d: a range of rows gives the bits of the whole, and writes nothing else", kt, k, k);
 	if (B > 1) {
-		/* image 1 alone */
+		/* image 1 alone, on one thread */
 		const struct hi3_conv one = {1, T, H, W, C, kt, k, k};
 		const size_t P1 = (size_t)T * H * W;
-		hi3i_conv(cpu, y2, x + P1 * C, &cw, &one, col);
-		ok(!memcmp(y2, y + P1 * Co, sizeof(float) * P1 * Co), "conv %dx%dx%d: image 1 alone gives its bits in the "
-		   "batch of %d", kt, k, k, B);
+		omp_set_num_threads(1);
+		hi3i_conv(cpu, y2, x + P1 * C, &cw, &one, NULL);
+		omp_set_num_threads(2);
+		ok(!memcmp(y2, y + P1 * Co, sizeof(float) * P1 * Co), "conv %dx%dx%d: image 1 alone on one thread gives its "
+		   "bits in the batch of %d", kt, k, k, B);
+	}
+	/* a bf16 weight: the conv of its f32 widening, bit for bit */
+	for (size_t i = 0; i < (size_t)Co * K; i++) {
+		wb[i] = hi3_f32_to_bf16(w[i]);
+		wbf[i] = hi3_bf16_to_f32(wb[i]);
+	}
+	cb.w = weight_dt(cpu, wb, HI3_BF16, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
+	cb.b = cw.b;
+	hi3i_conv(cpu, y2, x, &cb, &cv, NULL);
+	cpu->ops->weight_free(cpu, cb.w);
+	cb.w = weight(cpu, wbf, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
+	hi3i_conv(cpu, y, x, &cb, &cv, NULL);
+	ok(!memcmp(y2, y, sizeof(float) * P * Co), "conv %dx%dx%d: a bf16 weight gives the bits of its f32 widening", kt,
+	   k, k);
+	cpu->ops->weight_free(cpu, cb.w);
+	if (C % 2 == 0 && taps > 1) {
+		/* the normalised input: groupnorm (2 groups, swish) then conv, bit for bit */
+		const int G = 2;
+		float *gw = randu((size_t)C, 0.5f, 1.5f), *gb = randu((size_t)C, -0.5f, 0.5f);
+		hi3_wt *nw = vec(cpu, gw, C), *nb = vec(cpu, gb, C);
+		const struct hi3_conv_norm gn = {nw, nb, G, HI3_ACT_SILU, 1e-6f};
+		conv_input_ref(xn, x, nw, nb, B, (int64_t)(P / B), C, G, 1e-6f, HI3_ACT_SILU);
+		hi3i_conv(cpu, y, xn, &cw, &cv, NULL);
+		hi3i_conv_rows(cpu, y2, x, &cw, &cv, &gn, 0, (int64_t)P);
+		ok(!memcmp(y2, y, sizeof(float) * P * Co), "conv %dx%dx%d: with its input normalised (groupnorm, swish) "
+		   "gives the bits of groupnorm then conv", kt, k, k);
+		for (size_t i = 0; i < P * Co; i++)
+			y2[i] = NAN;
+		hi3i_conv_rows(cpu, y2, x, &cw, &cv, &gn, 7, 29);
+		ok(!memcmp(y2 + 7 * Co, y + 7 * Co, sizeof(float) * 29 * Co), "conv %dx%dx%d: ... on a range of rows too "
+		   "(statistics of whole images)", kt, k, k);
+		cpu->ops->weight_free(cpu, nw);
+		cpu->ops->weight_free(cpu, nb);
+		free(gw), free(gb);
 	}
 	hi3i_conv_free(&cw, cpu);
-	free(x), free(w), free(b), free(y), free(y2), free(col), free(ref);
+	free(x), free(w), free(b), free(y), free(y2), free(xn), free(wb), free(wbf), free(ref);
 }
 
 /* ---------------------------------------------------------------- norms */
@@ -379,9 +469,10 @@ int main(void)
 		printf("Bail out! cpu backend: %s\n", err.msg);
 		return 1;
 	}
-	test_conv(3, 3, 2);
-	test_conv(1, 3, 1);
-	test_conv(1, 1, 2);
+	test_conv(3, 3, 2, 6);
+	test_conv(3, 3, 2, 70);
+	test_conv(1, 3, 1, 6);
+	test_conv(1, 1, 2, 6);
 	test_groupnorm(37, HI3_ACT_NONE);
 	test_groupnorm(2500, HI3_ACT_SILU);
 	test_layernorm();

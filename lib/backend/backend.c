@@ -63,7 +63,7 @@ int hi3i_backend_check(const hi3_backend *be, hi3_error *err)
 int hi3i_backend_check_image(const hi3_backend *be, hi3_error *err)
 {
 	static const struct op_entry image[] = {
-		OP(im2col), OP(bias_add), OP(groupnorm), OP(layernorm), OP(act), OP(scale_shift), OP(add_repeat),
+		OP(conv), OP(bias_add), OP(groupnorm), OP(layernorm), OP(act), OP(scale_shift), OP(add_repeat),
 		OP(add_group_mean), OP(depth_to_space), OP(space_to_depth), OP(attention_dense),
 	};
 

@@ -14,9 +14,8 @@
  * Image ops (the VAE, the image heads, the vision encoder) hold an image
  * channels-last: (B, T, H, W, C), B images of P = T H W positions (frames
  * T, rows H, columns W) of C channels, so a (P, C) image is a (M, K)
- * activation for matmul, and a conv weight [Cout, C, kt, kh, kw] is, taps
- * first, the (N = Cout, K = kt kh kw C) matrix of an im2col product
- * (model/conv.c reorders it at load).
+ * activation for matmul; a conv weight [Cout, C, kt, kh, kw] is used as
+ * stored, the (N = Cout, K = C kt kh kw) matrix of the conv op.
  */
 #ifndef HI3_BACKEND_H
 #define HI3_BACKEND_H
@@ -32,10 +31,6 @@ enum hi3_wt_kind {
 	                  * dims is (shape[0], the product of the rest) */
 	HI3_WT_VECTOR,   /* (n): norm weights, kept as f32 */
 	HI3_WT_ROWS,     /* (V, H): embedding rows, gathered by embed */
-	/* or-ed into a kind: the tensor and its data are valid only during the
-	 * weight() call (a layout made for it, e.g. a permuted conv weight), so
-	 * the backend keeps a copy instead of the pointer */
-	HI3_WT_TRANSIENT = 0x100,
 };
 
 /* Where attention reads keys or values: element (row, head, slot, 0..d-1)
@@ -74,6 +69,15 @@ struct hi3_dims {
 struct hi3_conv {
 	int B, T, H, W, C;
 	int kt, kh, kw;
+};
+
+/* A conv's input normalised on the way in: act(groupnorm(x)), G groups
+ * over each image's positions, affine w, b (C), as the groupnorm op would
+ * write it (on the CPU bit for bit). */
+struct hi3_conv_norm {
+	const hi3_wt *w, *b;
+	int G, act;
+	float eps;
 };
 
 /* Elementwise activations (the act op; groupnorm's fused act). */
@@ -182,20 +186,25 @@ typedef struct hi3_backend_ops {
 	 * Every one is batch invariant on the CPU: an image (or row) gives the
 	 * same bits alone or in a batch. */
 
-	/* col (n, kt kh kw C) = the patches of output positions p0 .. p0+n-1
-	 * of (B, T, H, W) flattened, column ((dt kh + dy) kw + dx) C + c (the
-	 * channels of a tap contiguous); taps outside the image are 0. A conv
-	 * is im2col then matmul with the weight in that order (model/conv.c).
-	 * CPU: hi3i_cpu_im2col (lib/backend/cpu-image.c, as every image op); CUDA: kernels/conv.cu */
-	void (*im2col)(struct hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0,
-	               int n);
+	/* y (B, T, H, W, Cout) rows [p0, p0 + n) = conv(x) + b, x (B, T, H,
+	 * W, C) of cv (stride 1, zero padding k/2, odd kernel sizes), w the
+	 * weight as stored [Cout, C, kt, kh, kw] (a HI3_WT_MATRIX), b (Cout) or
+	 * NULL; y's row 0 at y. norm (or NULL): the conv reads act(groupnorm(x))
+	 * instead of x (struct hi3_conv_norm; statistics over each whole image,
+	 * whatever the rows).
+	 * CPU: hi3i_cpu_conv (lib/backend/cpu-conv.c: a direct convolution, every
+	 * output one fused multiply-add chain over k = ((c kt + dt) kh + dy) kw
+	 * + dx, then + b: batch invariant); CUDA: kernels/conv.cu im2col in the
+	 * weight's order, then cuBLAS, in chunks of rows */
+	void (*conv)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
+	             const struct hi3_conv *cv, const struct hi3_conv_norm *norm, int64_t p0, int64_t n);
 	/* x (M, N) += b (N).  CPU: hi3i_cpu_bias_add; CUDA: kernels/elementwise.cu */
 	void (*bias_add)(struct hi3_backend *be, float *x, const hi3_wt *b, int64_t M, int N);
 	/* y (B, P, C) = act((x - mean) / sqrt(var + eps) w[c] + b[c]), mean
 	 * and (biased) var of each image's group of C/G channels over its P
 	 * positions, in fp32; y may equal x. The sums run over fixed chunks of
 	 * HI3_GN_CHUNK positions, then over the chunks in order.
-	 * CPU: hi3i_cpu_groupnorm; CUDA: kernels/norm.cu */
+	 * CPU: hi3i_cpu_groupnorm (lib/backend/cpu-image.c, as every image op); CUDA: kernels/norm.cu */
 	void (*groupnorm)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B,
 	                  int64_t P, int C, int G, float eps, int act);
 	/* y (M, n) = (x - mean) / sqrt(var + eps) w + b per row, fp32; y may

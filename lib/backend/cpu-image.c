@@ -1,6 +1,6 @@
 /*
- * cpu-image.c -- the CPU backend's image ops (backend.h): im2col for
- * convolutions, norms over channel groups and rows, activations, the
+ * cpu-image.c -- the CPU backend's image ops (backend.h) but the conv
+ * (cpu-conv.c): bias, norms over channel groups and rows, activations, the
  * channel shuffles of the VAE's DCAE up/down sampling, and dense
  * multi-head attention through two GEMMs.
  *
@@ -58,33 +58,7 @@ static float sumsq_row(const float *v, int n, float mean)
 	return lane_tree(l);
 }
 
-/* -------------------------------------------------------------- im2col */
-
-void hi3i_cpu_im2col(hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0, int n)
-{
-	const int T = cv->T, H = cv->H, W = cv->W, C = cv->C, kt = cv->kt, kh = cv->kh, kw = cv->kw;
-	const int64_t K = (int64_t)C * kt * kh * kw;
-
-	(void)be;
-#pragma omp parallel for schedule(static) if (PAR((size_t)n * (size_t)K))
-	for (int i = 0; i < n; i++) {
-		int64_t q = p0 + i;
-		const int xo = (int)(q % W), yo = (int)(q / W % H), to = (int)(q / ((int64_t)W * H) % T);
-		const int64_t b = q / ((int64_t)W * H * T);
-		float *row = col + (int64_t)i * K;
-
-		for (int dt = 0; dt < kt; dt++)
-			for (int dy = 0; dy < kh; dy++)
-				for (int dx = 0; dx < kw; dx++) {
-					const int t = to + dt - kt / 2, y = yo + dy - kh / 2, xx = xo + dx - kw / 2;
-					float *dst = row + (int64_t)((dt * kh + dy) * kw + dx) * C;
-					if (t < 0 || t >= T || y < 0 || y >= H || xx < 0 || xx >= W)
-						memset(dst, 0, sizeof(float) * (size_t)C);
-					else
-						memcpy(dst, x + (((b * T + t) * H + y) * W + xx) * (int64_t)C, sizeof(float) * (size_t)C);
-				}
-	}
-}
+/* ---------------------------------------------------------------- bias */
 
 void hi3i_cpu_bias_add(hi3_backend *be, float *x, const hi3_wt *b, int64_t M, int N)
 {
@@ -98,21 +72,6 @@ void hi3i_cpu_bias_add(hi3_backend *be, float *x, const hi3_wt *b, int64_t M, in
 }
 
 /* ------------------------------------------------------------ norms */
-
-static inline float act1(float x, int act)
-{
-	switch (act) {
-	case HI3_ACT_SILU:
-		return x * (1.0f / (1.0f + expf(-x)));
-	case HI3_ACT_GELU:
-		return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-	case HI3_ACT_GELU_TANH: {
-		const float k = 0.79788456080286536f;   /* sqrt(2 / pi) */
-		return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-	}
-	}
-	return x;
-}
 
 /* The sum over chunk j (positions [j CH, (j+1) CH) of P) of group g of
  * image b: (x - mean)^2 when sq, else x; elements in (position, channel)
@@ -133,23 +92,19 @@ static float gn_chunk(const float *x, int64_t P, int C, int cg, int g, int64_t j
 	return lane_tree(l);
 }
 
-void hi3i_cpu_groupnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B,
-                        int64_t P, int C, int G, float eps, int act)
+int hi3i_cpu_groupnorm_stats(hi3_backend *be, float *mean, float *rstd, const float *x, int B, int64_t P, int C,
+                             int G, float eps)
 {
 	const int cg = G > 0 ? C / G : 1;
 	const int64_t nch = (P + HI3_GN_CHUNK - 1) / HI3_GN_CHUNK, jobs = (int64_t)B * G * nch;
 	const float cnt = (float)((double)P * cg);
 	float *part = malloc(sizeof(float) * (size_t)(jobs ? jobs : 1));
-	float *mean = malloc(sizeof(float) * (size_t)B * (size_t)G * 2), *rstd;
 
 	HI3_ASSERT(G > 0 && C % G == 0);
-	if (!part || !mean) {
-		free(part);
-		free(mean);
+	if (!part) {
 		hi3i_backend_fail(be, "cpu groupnorm: out of memory for the sums of %lld chunks", (long long)jobs);
-		return;
+		return -1;
 	}
-	rstd = mean + (size_t)B * G;
 	for (int pass = 0; pass < 2; pass++) {
 #pragma omp parallel for schedule(static) if (jobs > 1 && PAR((size_t)B * (size_t)P * (size_t)C))
 		for (int64_t q = 0; q < jobs; q++) {
@@ -167,17 +122,33 @@ void hi3i_cpu_groupnorm(hi3_backend *be, float *y, const float *x, const hi3_wt 
 				rstd[bg] = 1.0f / sqrtf(s / cnt + eps);
 		}
 	}
+	free(part);
+	return 0;
+}
+
+void hi3i_cpu_groupnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B,
+                        int64_t P, int C, int G, float eps, int act)
+{
+	const int cg = G > 0 ? C / G : 1;
+	float *mean = malloc(sizeof(float) * (size_t)B * (size_t)G * 2 + 1), *rstd;
+
+	if (!mean) {
+		hi3i_backend_fail(be, "cpu groupnorm: out of memory for the statistics of %d groups", B * G);
+		return;
+	}
+	rstd = mean + (size_t)B * G;
+	if (hi3i_cpu_groupnorm_stats(be, mean, rstd, x, B, P, C, G, eps) == 0) {
 #pragma omp parallel for schedule(static) if (PAR((size_t)B * (size_t)P * (size_t)C))
-	for (int64_t q = 0; q < (int64_t)B * P; q++) {
-		const int64_t bi = q / P;
-		const float *xr = x + q * C;
-		float *yr = y + q * C;
-		for (int c = 0; c < C; c++) {
-			const int64_t bg = bi * G + c / cg;
-			yr[c] = act1((xr[c] - mean[bg]) * rstd[bg] * w->f32[c] + b->f32[c], act);
+		for (int64_t q = 0; q < (int64_t)B * P; q++) {
+			const int64_t bi = q / P;
+			const float *xr = x + q * C;
+			float *yr = y + q * C;
+			for (int c = 0; c < C; c++) {
+				const int64_t bg = bi * G + c / cg;
+				yr[c] = hi3i_cpu_gn1(xr[c], mean[bg], rstd[bg], w->f32[c], b->f32[c], act);
+			}
 		}
 	}
-	free(part);
 	free(mean);
 }
 
@@ -203,7 +174,7 @@ void hi3i_cpu_act(hi3_backend *be, float *y, const float *x, size_t n, int act)
 	(void)be;
 #pragma omp parallel for schedule(static) if (PAR(n))
 	for (size_t i = 0; i < n; i++)
-		y[i] = act1(x[i], act);
+		y[i] = hi3i_cpu_act1(x[i], act);
 }
 
 void hi3i_cpu_scale_shift(hi3_backend *be, float *h, const float *ss, int B, int64_t P, int C)

@@ -66,7 +66,7 @@ static void first_use(hi3_backend *be, const hi3_wt *w, const void *data, size_t
 		be->first_use(be, w->t, data, bytes);
 }
 
-static void mark_used(hi3_backend *be, const hi3_wt *w)
+void hi3i_cpu_mark_used(hi3_backend *be, const hi3_wt *w)
 {
 	if (w->used)
 		return;
@@ -81,14 +81,6 @@ static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_er
 
 	if (!w)
 		return NULL;
-	if (kind & HI3_WT_TRANSIENT) {
-		kind &= ~HI3_WT_TRANSIENT;
-		w->copy = *t;
-		if (!(w->copy.data = hi3i_aligned_alloc(t->nbytes ? t->nbytes : 1, err)))
-			goto fail;
-		memcpy((void *)w->copy.data, t->data, t->nbytes);
-		t = &w->copy;
-	}
 	w->kind = kind;
 	w->t = t;
 	w->N = (int)t->shape[0];
@@ -103,7 +95,7 @@ static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_er
 	if (kind == HI3_WT_VECTOR) {
 		if (!(w->f32 = hi3i_aligned_alloc(n * sizeof(float), err)))
 			goto fail;
-		mark_used(be, w);
+		hi3i_cpu_mark_used(be, w);
 		hi3_to_f32(w->f32, t->data, t->dtype, n);
 		return w;
 	}
@@ -112,7 +104,6 @@ static hi3_wt *cpu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_er
 	return w;
 fail:
 	free(w->seen);
-	free((void *)w->copy.data);
 	free(w);
 	return NULL;
 }
@@ -124,7 +115,6 @@ static void cpu_weight_free(hi3_backend *be, hi3_wt *w)
 		return;
 	free(w->f32);
 	free(w->seen);
-	free((void *)w->copy.data);
 	free(w);
 }
 
@@ -196,7 +186,7 @@ static void cpu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *
 {
 	if (M <= 0)
 		return;
-	mark_used(be, w);
+	hi3i_cpu_mark_used(be, w);
 	if (!be->batch_invariant)
 		cpu_sgemm(be, y, x, w, M);
 	else if (hi3i_gemm(y, x, &w->mat, M) != 0)
@@ -215,7 +205,7 @@ static void cpu_matmul_group(hi3_backend *be, int n, float *const *y, const floa
 	}
 	for (int i = 0; i < n; i++) {
 		if (M[i] > 0)
-			mark_used(be, w[i]);
+			hi3i_cpu_mark_used(be, w[i]);
 		wm[i] = &w[i]->mat;
 	}
 	if (hi3i_gemm_group(n, y, x, wm, M) != 0)
@@ -662,7 +652,7 @@ static const hi3_backend_ops cpu_ops = {
 	.gather = cpu_gather,
 	.scatter_add = cpu_scatter_add,
 	.scatter = cpu_scatter,
-	.im2col = hi3i_cpu_im2col,
+	.conv = hi3i_cpu_conv,
 	.bias_add = hi3i_cpu_bias_add,
 	.groupnorm = hi3i_cpu_groupnorm,
 	.layernorm = hi3i_cpu_layernorm,

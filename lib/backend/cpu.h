@@ -20,11 +20,45 @@ struct hi3_wt {
 	float *f32;               /* vectors: converted */
 	int used;                 /* first use reported (be->first_use) */
 	uint8_t *seen;            /* rows: a bit per row gathered so far */
-	hi3_tensor copy;          /* HI3_WT_TRANSIENT: t is &copy, its data owned */
 };
 
+#include <math.h>
+
+/* The activations of the act op and of groupnorm's (enum hi3_act). */
+static inline float hi3i_cpu_act1(float x, int act)
+{
+	switch (act) {
+	case HI3_ACT_SILU:
+		return x * (1.0f / (1.0f + expf(-x)));
+	case HI3_ACT_GELU:
+		return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+	case HI3_ACT_GELU_TANH: {
+		const float k = 0.79788456080286536f;   /* sqrt(2 / pi) */
+		return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+	}
+	}
+	return x;
+}
+
+/* One element of groupnorm's output: the groupnorm op and a conv that
+ * normalises its input while packing it share it, so their bits agree. */
+static inline float hi3i_cpu_gn1(float x, float mean, float rstd, float w, float b, int act)
+{
+	return hi3i_cpu_act1((x - mean) * rstd * w + b, act);
+}
+
+/* cpu.c: report a matrix's first use (be->first_use), once. */
+void hi3i_cpu_mark_used(hi3_backend *be, const hi3_wt *w);
+
+/* cpu-conv.c: the conv op */
+void hi3i_cpu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
+                   const struct hi3_conv *cv, const struct hi3_conv_norm *norm, int64_t p0, int64_t n);
+
 /* cpu-image.c (backend.h documents each op) */
-void hi3i_cpu_im2col(hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0, int n);
+/* mean and rstd (B, G) of groupnorm over x (B, P, C): the sums of the
+ * groupnorm op; 0, or -1 with the failure recorded on be */
+int hi3i_cpu_groupnorm_stats(hi3_backend *be, float *mean, float *rstd, const float *x, int B, int64_t P, int C,
+                             int G, float eps);
 void hi3i_cpu_bias_add(hi3_backend *be, float *x, const hi3_wt *b, int64_t M, int N);
 void hi3i_cpu_groupnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B,
                         int64_t P, int C, int G, float eps, int act);

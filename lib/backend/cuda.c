@@ -157,7 +157,8 @@ struct cuda {
 	hi3k_gemv_job *jobs_h;    /* ... built here */
 	void *gn;                 /* groupnorm: chunk sums and statistics */
 	void *sc;                 /* attention_dense: the scores of a block of queries */
-	size_t xb_cap, keep_cap, part_cap, jobs_cap, jobs_h_cap, gn_cap, sc_cap;   /* bytes */
+	void *col, *cx;           /* conv: patches (rows, K), and a normalised input (B P, C) */
+	size_t xb_cap, keep_cap, part_cap, jobs_cap, jobs_h_cap, gn_cap, sc_cap, col_cap, cx_cap;   /* bytes */
 	struct kv_mirror *kvs;
 	/* weight uploads (cu_weight): the mapping is read a chunk at a time into
 	 * two buffers in turn, each copied to the device while the other fills */
@@ -453,7 +454,6 @@ static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_err
 		return NULL;
 	if (be->first_use)
 		be->first_use(be, t, t->data, t->nbytes);
-	kind &= ~HI3_WT_TRANSIENT;         /* the data is copied to the device below, before return */
 	w->kind = kind;
 	w->N = (int)t->shape[0];
 	w->K = t->ndim > 1 ? (int)t->shape[1] : 1;
@@ -957,12 +957,46 @@ static void cu_scatter(hi3_backend *be, float *dst, const float *src, const int3
 
 /* ---------------------------------------------------------------- image ops */
 
-static void cu_im2col(hi3_backend *be, float *col, const float *x, const struct hi3_conv *cv, int64_t p0, int n)
+static void cu_groupnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b, int B, int64_t P,
+                         int C, int G, float eps, int act);
+static void cu_bias_add(hi3_backend *be, float *x, const hi3_wt *b, int64_t M, int N);
+
+/* im2col in the weight's column order (c, dt, dy, dx), then the GEMM with
+ * the weight as stored, COL_FLOATS of patches at a time; the input first
+ * through groupnorm into scratch when the conv normalises it. */
+#define COL_FLOATS ((size_t)1 << 24)
+
+static void cu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
+                    const struct hi3_conv *cv, const struct hi3_conv_norm *norm, int64_t p0, int64_t n)
 {
 	struct cuda *c = be->ctx;
+	const size_t K = (size_t)cv->C * (size_t)(cv->kt * cv->kh * cv->kw);
+	const int64_t rows = (int64_t)HI3_MAX(1, COL_FLOATS / K), P = (int64_t)cv->T * cv->H * cv->W;
+	float *col;
 
-	OP_CHECK(c, HI3K(im2col)(c->stream, col, x, cv->B, cv->T, cv->H, cv->W, cv->C, cv->kt, cv->kh, cv->kw, p0, n));
-	op_done(c, "im2col");
+	HI3_ASSERT((size_t)w->K == K);
+	if (n <= 0)
+		return;
+	if (norm) {
+		float *xn = grow(c, &c->cx, &c->cx_cap, (size_t)(cv->B * P) * (size_t)cv->C * sizeof(float),
+		                 "the normalised conv input");
+		if (!xn)
+			return;
+		cu_groupnorm(be, xn, x, norm->w, norm->b, cv->B, P, cv->C, norm->G, norm->eps, norm->act);
+		x = xn;
+	}
+	if (!(col = grow(c, &c->col, &c->col_cap, (size_t)HI3_MIN(rows, n) * K * sizeof(float), "the conv patches")))
+		return;
+	for (int64_t r0 = p0; r0 < p0 + n; r0 += rows) {
+		const int m = (int)HI3_MIN(rows, p0 + n - r0);
+		if (OP_CHECK(c, HI3K(im2col)(c->stream, col, x, cv->B, cv->T, cv->H, cv->W, cv->C, cv->kt, cv->kh, cv->kw, r0,
+		                             m)))
+			return;
+		cu_matmul(be, y + r0 * w->N, col, w, m);
+		if (b)
+			cu_bias_add(be, y + r0 * w->N, b, m, w->N);
+	}
+	op_done(c, "conv");
 }
 
 static void cu_bias_add(hi3_backend *be, float *x, const hi3_wt *b, int64_t M, int N)
@@ -1099,6 +1133,8 @@ static void cu_destroy(hi3_backend *be)
 		cudaFree(c->jobs);
 		cudaFree(c->gn);
 		cudaFree(c->sc);
+		cudaFree(c->col);
+		cudaFree(c->cx);
 		free(c->jobs_h);
 		if (c->stage)
 			cudaFreeHost(c->stage);
@@ -1139,7 +1175,7 @@ static const hi3_backend_ops cuda_ops = {
 	.gather = cu_gather,
 	.scatter_add = cu_scatter_add,
 	.scatter = cu_scatter,
-	.im2col = cu_im2col,
+	.conv = cu_conv,
 	.bias_add = cu_bias_add,
 	.groupnorm = cu_groupnorm,
 	.layernorm = cu_layernorm,

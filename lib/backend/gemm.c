@@ -512,6 +512,15 @@ static int isa(void)
 }
 #endif
 
+int hi3i_gemm_level(void)
+{
+#ifdef HAVE_X86
+	return isa();
+#else
+	return 0;
+#endif
+}
+
 int hi3i_gemm_isa(int max)
 {
 #ifdef HAVE_X86

@@ -40,6 +40,9 @@ int hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_wma
  * 1 AVX2, 2 AVX-512; -1: the best the CPU has); returns the level now in
  * use. Every level gives the same bits. */
 int hi3i_gemm_isa(int max);
+/* The level now in use (the CPU's best, capped by hi3i_gemm_isa): the
+ * CPU backend's other kernels (the conv) choose by it too. */
+int hi3i_gemm_level(void);
 /* Plain loops in the order above: for tests. */
 void hi3i_gemm_ref(float *y, const float *x, const hi3_wmat *w, int M);
 

@@ -1,5 +1,6 @@
 /*
- * conv.c -- convolution layers as im2col + matmul on the backend (conv.h).
+ * conv.c -- convolution layers on the backend (conv.h): the conv op, or
+ * matmul for a 1x1x1 conv.
  */
 #include <string.h>
 #include "model/conv.h"
@@ -44,35 +45,10 @@ hi3_wt *hi3i_weight_checked(hi3_backend *be, const hi3_ckpt *ck, const char *whe
 	return w;
 }
 
-hi3_wt *hi3i_conv_weight(hi3_backend *be, const hi3_tensor *t, hi3_error *err)
-{
-	const size_t es = hi3_dtype_size(t->dtype), Co = (size_t)t->shape[0], C = t->ndim > 1 ? (size_t)t->shape[1] : 1;
-	const size_t n = (size_t)hi3_tensor_numel(t), taps = Co && C ? n / (Co * C) : 1;
-	hi3_tensor p = *t;
-	unsigned char *buf;
-	hi3_wt *w;
-
-	if (taps == 1)
-		return be->ops->weight(be, t, HI3_WT_MATRIX, err);
-	/* [Cout, C, taps] -> [Cout, taps, C], element by element of es bytes */
-	if (!(buf = hi3i_malloc(n * es, err)))
-		return NULL;
-	for (size_t o = 0; o < Co; o++)
-		for (size_t c = 0; c < C; c++)
-			for (size_t k = 0; k < taps; k++)
-				memcpy(buf + ((o * taps + k) * C + c) * es, (const unsigned char *)t->data + ((o * C + c) * taps + k) * es,
-				       es);
-	p.data = buf;
-	w = be->ops->weight(be, &p, HI3_WT_MATRIX | HI3_WT_TRANSIENT, err);
-	free(buf);
-	return w;
-}
-
 int hi3i_conv_load(struct hi3_conv_w *cw, hi3_backend *be, const hi3_ckpt *ck, const char *where, const char *prefix,
                    int Cout, int C, int dims, int k, hi3_error *err)
 {
 	int64_t ws[5] = {Cout, C, k, k, k}, bs[1] = {Cout};
-	const hi3_tensor *t;
 	char nm[256];
 
 	memset(cw, 0, sizeof(*cw));
@@ -81,10 +57,8 @@ int hi3i_conv_load(struct hi3_conv_w *cw, hi3_backend *be, const hi3_ckpt *ck, c
 	cw->kt = dims == 3 ? k : 1;
 	cw->kh = cw->kw = k;
 	snprintf(nm, sizeof(nm), "%s.weight", prefix);
-	if (!(t = hi3i_tensor_checked(ck, where, nm, 2 + dims, ws, err)))
+	if (!(cw->w = hi3i_weight_checked(be, ck, where, nm, HI3_WT_MATRIX, 2 + dims, ws, err)))
 		return -1;
-	if (!(cw->w = hi3i_conv_weight(be, t, err)))
-		return hi3_error_prefix(err, "%s: tensor '%s'", where, nm);
 	snprintf(nm, sizeof(nm), "%s.bias", prefix);
 	if (!(cw->b = hi3i_weight_checked(be, ck, where, nm, HI3_WT_VECTOR, 1, bs, err)))
 		return -1;
@@ -105,41 +79,32 @@ static int is_1x1(const struct hi3_conv_w *cw)
 	return cw->kt == 1 && cw->kh == 1 && cw->kw == 1;
 }
 
-size_t hi3i_conv_col_floats(const struct hi3_conv_w *cw)
-{
-	size_t K = (size_t)cw->C * (size_t)(cw->kt * cw->kh * cw->kw);
-
-	if (is_1x1(cw))
-		return 0;
-	return HI3_MAX(HI3_CONV_COL_FLOATS, K * HI3_CONV_MIN_ROWS);
-}
-
 void hi3i_conv_rows(hi3_backend *be, float *y, const float *x, const struct hi3_conv_w *cw, const struct hi3_conv *cv,
-                    int64_t p0, int64_t n, float *col)
+                    const struct hi3_conv_norm *norm, int64_t p0, int64_t n)
 {
 	const struct hi3_conv k = {cv->B, cv->T, cv->H, cv->W, cw->C, cw->kt, cw->kh, cw->kw};
-	const int64_t K = (int64_t)cw->C * cw->kt * cw->kh * cw->kw;
-	const int64_t rows = is_1x1(cw) ? ((int64_t)1 << 30) : (int64_t)(hi3i_conv_col_floats(cw) / (size_t)K);
 
 	HI3_ASSERT(cv->C == cw->C);
-	for (int64_t r0 = p0; r0 < p0 + n; r0 += rows) {
-		const int m = (int)HI3_MIN(rows, p0 + n - r0);
+	if (n <= 0)
+		return;
+	if (!is_1x1(cw) || norm) {
+		be->ops->conv(be, y, x, cw->w, cw->b, &k, norm, p0, n);
+		return;
+	}
+	/* a 1x1x1 conv is a linear layer: the GEMM's order (gemm.h) */
+	for (int64_t r0 = p0; r0 < p0 + n; r0 += (int64_t)1 << 30) {
+		const int m = (int)HI3_MIN((int64_t)1 << 30, p0 + n - r0);
 		float *yr = y + r0 * cw->Cout;
-		if (is_1x1(cw)) {
-			be->ops->matmul(be, yr, x + r0 * cw->C, cw->w, m);
-		} else {
-			be->ops->im2col(be, col, x, &k, r0, m);
-			be->ops->matmul(be, yr, col, cw->w, m);
-		}
+		be->ops->matmul(be, yr, x + r0 * cw->C, cw->w, m);
 		if (cw->b)
 			be->ops->bias_add(be, yr, cw->b, m, cw->Cout);
 	}
 }
 
 void hi3i_conv(hi3_backend *be, float *y, const float *x, const struct hi3_conv_w *cw, const struct hi3_conv *cv,
-               float *col)
+               const struct hi3_conv_norm *norm)
 {
-	hi3i_conv_rows(be, y, x, cw, cv, 0, (int64_t)cv->B * cv->T * cv->H * cv->W, col);
+	hi3i_conv_rows(be, y, x, cw, cv, norm, 0, (int64_t)cv->B * cv->T * cv->H * cv->W);
 }
 
 int hi3i_dev_reserve(hi3_backend *be, float **p, size_t *cap, size_t n, const char *what, hi3_error *err)

@@ -1,9 +1,9 @@
 /*
  * conv.h -- convolution layers on the backend ops table (internal): the
- * weights of one conv, loaded and shape-checked from a checkpoint, and a
- * forward that is im2col then matmul (backend.h), in chunks of output
- * positions so the patch matrix stays small. Shared by the image modules
- * (the VAE, patch_embed / final_layer).
+ * weights of one conv, loaded and shape-checked from a checkpoint and used
+ * as stored, and a forward that is the backend's conv op (a 1x1x1 conv:
+ * matmul, the GEMM's order). Shared by the image modules (the VAE,
+ * patch_embed / final_layer).
  *
  * Layout: channels-last images (B, T, H, W, C), P = T H W (backend.h).
  */
@@ -14,7 +14,7 @@
 #include "model/hi3-model.h"
 
 struct hi3_conv_w {
-	hi3_wt *w;                /* (Cout, kt kh kw C): taps major (hi3i_conv_weight) */
+	hi3_wt *w;                /* [Cout, C, kt, kh, kw] as stored: the matrix (Cout, C kt kh kw) */
 	hi3_wt *b;                /* (Cout), or NULL */
 	int Cout, C, kt, kh, kw;
 };
@@ -29,31 +29,21 @@ const hi3_tensor *hi3i_tensor_checked(const hi3_ckpt *ck, const char *where, con
  * `where` (the model directory), the tensor, and both shapes. */
 hi3_wt *hi3i_weight_checked(hi3_backend *be, const hi3_ckpt *ck, const char *where, const char *name, int kind,
                             int ndim, const int64_t *shape, hi3_error *err);
-/* The conv weight t [Cout, C, kt, kh, kw] (or [Cout, C, kh, kw]) as the
- * (Cout, kt kh kw C) matrix of im2col's column order: the channels of a
- * tap contiguous, so im2col copies runs of C floats. */
-hi3_wt *hi3i_conv_weight(hi3_backend *be, const hi3_tensor *t, hi3_error *err);
 /* PREFIX.weight [Cout, C, k, k, k] (dims 3) or [Cout, C, k, k] (dims 2),
  * and PREFIX.bias [Cout]. */
 int hi3i_conv_load(struct hi3_conv_w *cw, hi3_backend *be, const hi3_ckpt *ck, const char *where, const char *prefix,
                    int Cout, int C, int dims, int k, hi3_error *err);
 void hi3i_conv_free(struct hi3_conv_w *cw, hi3_backend *be);
 
-/* Floats of im2col scratch a conv needs to run: HI3_CONV_COL_FLOATS, or
- * one chunk of HI3_CONV_MIN_ROWS positions when that is more. */
-#define HI3_CONV_COL_FLOATS ((size_t)1 << 24)
-#define HI3_CONV_MIN_ROWS 64
-size_t hi3i_conv_col_floats(const struct hi3_conv_w *cw);
-
 /* y rows [p0, p0 + n) of conv(x) + bias, y (B, T, H, W, Cout) with row 0
  * at y (so y + p0 Cout is written), x (B, T, H, W, C) of dims cv (cv->C
- * = cw->C; the kernel sizes are cw's); col scratch of
- * hi3i_conv_col_floats(cw) floats (unused by a 1x1x1 conv). */
+ * = cw->C; the kernel sizes are cw's); norm, or NULL: the conv reads
+ * act(groupnorm(x)) (backend.h). */
 void hi3i_conv_rows(hi3_backend *be, float *y, const float *x, const struct hi3_conv_w *cw, const struct hi3_conv *cv,
-                    int64_t p0, int64_t n, float *col);
+                    const struct hi3_conv_norm *norm, int64_t p0, int64_t n);
 /* All rows: y (B, T, H, W, Cout) = conv(x). */
 void hi3i_conv(hi3_backend *be, float *y, const float *x, const struct hi3_conv_w *cw, const struct hi3_conv *cv,
-               float *col);
+               const struct hi3_conv_norm *norm);
 
 /* Make the backend buffer *p hold n floats (its contents are not kept);
  * what names the user in the out-of-memory message. */

@@ -12,7 +12,7 @@
  *
  * GN is GroupNorm(32 groups, eps 1e-5, affine); every conv and linear has
  * a bias; dropout is the identity. Everything runs in fp32 through the ops
- * table (convs as im2col + matmul, model/conv.c), one call for all R
+ * table (convs through model/conv.c), one call for all R
  * images, which the CPU ops compute image by image in a fixed order (a
  * row's bits do not depend on the batch).
  *
@@ -64,8 +64,8 @@ struct hi3i_heads {
 	struct norm fl_norm;              /* final_layer.model.1.0 */
 	struct hi3_conv_w fl_conv;        /* final_layer.model.1.2: (Z, P, 3, 3) */
 	/* device scratch, grown on demand */
-	float *a, *b, *c, *col, *small, *ss;
-	size_t cap_a, cap_b, cap_c, cap_col, cap_small, cap_ss;
+	float *a, *b, *c, *small, *ss;
+	size_t cap_a, cap_b, cap_c, cap_small, cap_ss;
 };
 
 /* ------------------------------------------------------------- loading */
@@ -165,13 +165,13 @@ static void free_res(hi3_backend *be, struct resblock *r)
 void hi3i_heads_close(struct hi3i_heads *hd)
 {
 	hi3_backend *be;
-	float *bufs[6];
+	float *bufs[5];
 
 	if (!hd)
 		return;
 	be = hd->be;
-	bufs[0] = hd->a, bufs[1] = hd->b, bufs[2] = hd->c, bufs[3] = hd->col, bufs[4] = hd->small, bufs[5] = hd->ss;
-	for (int i = 0; i < 6; i++)
+	bufs[0] = hd->a, bufs[1] = hd->b, bufs[2] = hd->c, bufs[3] = hd->small, bufs[4] = hd->ss;
+	for (int i = 0; i < 5; i++)
 		if (bufs[i])
 			be->ops->free(be, bufs[i]);
 	for (int i = 0; i < HI3I_TEMB_COUNT; i++) {
@@ -301,15 +301,15 @@ out:
 	return rc;
 }
 
-static int conv(struct hi3i_heads *hd, float *y, const float *x, const struct hi3_conv_w *cw, int R, int h, int w,
-                hi3_error *err)
+/* y = conv(x) of R images h x w; n (or NULL): of SiLU(GN_n(x)) instead,
+ * the groupnorm done as the conv reads its input */
+static void conv(struct hi3i_heads *hd, float *y, const float *x, const struct hi3_conv_w *cw, int R, int h, int w,
+                 const struct norm *n)
 {
 	struct hi3_conv cv = {R, 1, h, w, cw->C, cw->kt, cw->kh, cw->kw};
+	const struct hi3_conv_norm gn = {n ? n->w : NULL, n ? n->b : NULL, GN_GROUPS, HI3_ACT_SILU, GN_EPS};
 
-	if (reserve(hd, &hd->col, &hd->cap_col, HI3_MAX(hi3i_conv_col_floats(cw), 1), err))
-		return -1;
-	hi3i_conv(hd->be, y, x, cw, &cv, hd->col);
-	return 0;
+	hi3i_conv(hd->be, y, x, cw, &cv, n ? &gn : NULL);
 }
 
 /* out (R, N, Cout) = ResBlock(x (R, N, Cin), temb (R, H)); out != x; uses a and b */
@@ -324,9 +324,7 @@ static int resblock(struct hi3i_heads *hd, float *out, const float *x, const str
 	    reserve(hd, &hd->ss, &hd->cap_ss, (size_t)R * ((size_t)hd->H + 2 * (size_t)r->Cout), err))
 		return -1;
 	/* in_layers: GN, SiLU, conv */
-	be->ops->groupnorm(be, hd->a, x, r->in_norm.w, r->in_norm.b, R, N, r->Cin, GN_GROUPS, GN_EPS, HI3_ACT_SILU);
-	if (conv(hd, hd->b, hd->a, &r->in_conv, R, h, w, err))
-		return -1;
+	conv(hd, hd->b, x, &r->in_conv, R, h, w, &r->in_norm);
 	/* emb_layers: SiLU, linear -> [scale | shift] per image */
 	{
 		float *e = hd->ss, *ss = hd->ss + (size_t)R * hd->H;
@@ -338,12 +336,10 @@ static int resblock(struct hi3i_heads *hd, float *out, const float *x, const str
 		be->ops->scale_shift(be, hd->b, ss, R, N, r->Cout);
 	}
 	be->ops->act(be, hd->b, hd->b, n_out, HI3_ACT_SILU);
-	if (conv(hd, hd->a, hd->b, &r->out_conv, R, h, w, err))
-		return -1;
+	conv(hd, hd->a, hd->b, &r->out_conv, R, h, w, NULL);
 	/* skip(x) + h */
 	if (r->Cin != r->Cout) {
-		if (conv(hd, out, x, &r->skip, R, h, w, err))
-			return -1;
+		conv(hd, out, x, &r->skip, R, h, w, NULL);
 	} else {
 		be->ops->zero(be, out, n_out);
 		be->ops->add(be, out, x, n_out);
@@ -356,8 +352,10 @@ int hi3i_heads_patch_embed(struct hi3i_heads *hd, const float *x, int R, int h, 
                            hi3_error *err)
 {
 	/* the first conv's output (R, N, P) in scratch c (the ResBlock uses a and b) */
-	if (reserve(hd, &hd->c, &hd->cap_c, (size_t)R * h * w * hd->P, err) ||
-	    conv(hd, hd->c, x, &hd->pe_conv, R, h, w, err) || hi3i_backend_failed(hd->be, err))
+	if (reserve(hd, &hd->c, &hd->cap_c, (size_t)R * h * w * hd->P, err))
+		return -1;
+	conv(hd, hd->c, x, &hd->pe_conv, R, h, w, NULL);
+	if (hi3i_backend_failed(hd->be, err))
 		return -1;
 	return resblock(hd, out, hd->c, &hd->pe_res, R, h, w, temb, err);
 }
@@ -371,8 +369,6 @@ int hi3i_heads_final(struct hi3i_heads *hd, const float *hid, int R, int h, int 
 	if (reserve(hd, &hd->c, &hd->cap_c, (size_t)R * N * hd->P, err) ||
 	    resblock(hd, hd->c, hid, &hd->fl_res, R, h, w, temb, err))
 		return -1;
-	be->ops->groupnorm(be, hd->c, hd->c, hd->fl_norm.w, hd->fl_norm.b, R, N, hd->P, GN_GROUPS, GN_EPS, HI3_ACT_SILU);
-	if (conv(hd, v, hd->c, &hd->fl_conv, R, h, w, err))
-		return -1;
+	conv(hd, v, hd->c, &hd->fl_conv, R, h, w, &hd->fl_norm);
 	return hi3i_backend_failed(be, err);
 }

@@ -84,8 +84,6 @@ struct hi3_vae {
 	size_t cap[3];
 	float *q, *k, *v;         /* mid attention (P, C) */
 	size_t qkv_cap;
-	float *col;               /* im2col */
-	size_t col_cap;
 };
 
 /* ------------------------------------------------------------ config */
@@ -468,7 +466,7 @@ out:
 
 static void scratch_free(hi3_vae *v)
 {
-	float **bufs[] = {&v->buf[0], &v->buf[1], &v->buf[2], &v->q, &v->k, &v->v, &v->col};
+	float **bufs[] = {&v->buf[0], &v->buf[1], &v->buf[2], &v->q, &v->k, &v->v};
 
 	for (size_t i = 0; i < HI3_ARRAY_SIZE(bufs); i++) {
 		if (*bufs[i])
@@ -476,7 +474,7 @@ static void scratch_free(hi3_vae *v)
 		*bufs[i] = NULL;
 	}
 	memset(v->cap, 0, sizeof(v->cap));
-	v->qkv_cap = v->col_cap = 0;
+	v->qkv_cap = 0;
 }
 
 void hi3_vae_close(hi3_vae *v)
@@ -535,21 +533,22 @@ static void swap(struct run *r, int i, int j)
 	r->v->cap[j] = c;
 }
 
-static int col_for(struct run *r, const struct hi3_conv_w *cw)
-{
-	return reserve(r->v, &r->v->col, &r->v->col_cap, hi3i_conv_col_floats(cw), r->err);
-}
-
-/* dst (P, Cout) = conv(src (P, C)) at the current dims */
-static int conv(struct run *r, float *dst, const float *src, const struct hi3_conv_w *cw)
+/* dst (P, Cout) = conv(src (P, C)) at the current dims; n (or NULL): of
+ * swish(GroupNorm_n(src)) instead (the groupnorm folded into the conv's
+ * read of its input: one pass less) */
+static void conv_norm(struct run *r, float *dst, const float *src, const struct hi3_conv_w *cw,
+                      const struct vae_norm *n)
 {
 	struct hi3_conv d = r->d;
+	const struct hi3_conv_norm gn = {n ? n->w : NULL, n ? n->b : NULL, GN_GROUPS, HI3_ACT_SILU, GN_EPS};
 
-	if (col_for(r, cw))
-		return -1;
 	d.C = cw->C;
-	hi3i_conv(r->be, dst, src, cw, &d, r->v->col);
-	return 0;
+	hi3i_conv(r->be, dst, src, cw, &d, n ? &gn : NULL);
+}
+
+static void conv(struct run *r, float *dst, const float *src, const struct hi3_conv_w *cw)
+{
+	conv_norm(r, dst, src, cw, NULL);
 }
 
 static void norm(struct run *r, float *dst, const float *src, const struct vae_norm *n, int act)
@@ -568,17 +567,12 @@ static int resnet(struct run *r, const struct vae_res *rb)
 	const int64_t P = positions(&r->d);
 	float **b = r->v->buf;
 
-	if (need(r, A, P * HI3_MAX(rb->Cin, rb->Cout)) || need(r, Bt, P * rb->Cout))
+	if (need(r, A, P * rb->Cout) || need(r, Bt, P * rb->Cout))
 		return -1;
-	norm(r, b[A], b[X], &rb->norm1, HI3_ACT_SILU);
-	if (conv(r, b[Bt], b[A], &rb->conv1))
-		return -1;
-	norm(r, b[Bt], b[Bt], &rb->norm2, HI3_ACT_SILU);
-	if (conv(r, b[A], b[Bt], &rb->conv2))
-		return -1;
+	conv_norm(r, b[Bt], b[X], &rb->conv1, &rb->norm1);
+	conv_norm(r, b[A], b[Bt], &rb->conv2, &rb->norm2);
 	if (rb->Cin != rb->Cout) {
-		if (conv(r, b[Bt], b[X], &rb->nin))
-			return -1;
+		conv(r, b[Bt], b[X], &rb->nin);
 		r->be->ops->add(r->be, b[Bt], b[A], (size_t)(P * rb->Cout));
 		swap(r, X, Bt);
 	} else {
@@ -608,11 +602,11 @@ static int attn(struct run *r, const struct vae_attn *at)
 		v->qkv_cap = n;
 	}
 	norm(r, b[A], b[X], &at->norm, HI3_ACT_NONE);
-	if (conv(r, v->q, b[A], &at->q) || conv(r, v->k, b[A], &at->k) || conv(r, v->v, b[A], &at->v))
-		return -1;
+	conv(r, v->q, b[A], &at->q);
+	conv(r, v->k, b[A], &at->k);
+	conv(r, v->v, b[A], &at->v);
 	r->be->ops->attention_dense(r->be, b[A], v->q, v->k, v->v, NULL, 1, (int)P, 1, at->C);
-	if (conv(r, b[Bt], b[A], &at->proj))
-		return -1;
+	conv(r, b[Bt], b[A], &at->proj);
 	r->be->ops->add(r->be, b[X], b[Bt], n);
 	return failed(r);
 }
@@ -629,8 +623,9 @@ static int upsample(struct run *r, const struct vae_level *lv)
 	const int64_t P = positions(&r->d);
 	float **b = r->v->buf;
 
-	if (need(r, A, P * F * lv->Cout) || need(r, Bt, P * F * lv->Cout) || conv(r, b[A], b[X], &lv->conv))
+	if (need(r, A, P * F * lv->Cout) || need(r, Bt, P * F * lv->Cout))
 		return -1;
+	conv(r, b[A], b[X], &lv->conv);
 	r->be->ops->add_repeat(r->be, b[A], b[X], P, F * lv->Cout, F * lv->Cout / lv->Cin);
 	r->be->ops->depth_to_space(r->be, b[Bt], b[A], 1, r->d.T, r->d.H, r->d.W, lv->Cout, rt);
 	swap(r, X, Bt);
@@ -651,9 +646,9 @@ static int downsample(struct run *r, const struct vae_level *lv)
 	if (T % rt || H % 2 || W % 2)
 		return hi3_error_set(r->err, HI3_ERR_USAGE, "VAE encoder: cannot halve a %d x %d x %d (T x H x W) activation",
 		                     T, H, W);
-	if (need(r, A, P * HI3_MAX(lv->Cin, lv->Cout / F)) || need(r, Bt, Pl * lv->Cout) ||
-	    conv(r, b[A], b[X], &lv->conv))
+	if (need(r, A, P * HI3_MAX(lv->Cin, lv->Cout / F)) || need(r, Bt, Pl * lv->Cout))
 		return -1;
+	conv(r, b[A], b[X], &lv->conv);
 	r->be->ops->space_to_depth(r->be, b[Bt], b[A], 1, T, H, W, lv->Cout / F, rt);
 	r->be->ops->space_to_depth(r->be, b[A], b[X], 1, T, H, W, lv->Cin, rt);
 	r->be->ops->add_group_mean(r->be, b[Bt], b[A], Pl, lv->Cout, F * lv->Cin / lv->Cout);
@@ -688,18 +683,21 @@ static int decode_one(hi3_vae *v, const float *z, int h, int w, float *image, fl
 	int64_t P, last;
 
 	if (need(&r, A, (int64_t)h * w * Cz) || need(&r, X, (int64_t)h * w * C0) ||
-	    v->be->ops->upload(v->be, b[A], z, sizeof(float) * (size_t)h * w * Cz) || conv(&r, b[X], b[A], &cd->conv_in))
+	    v->be->ops->upload(v->be, b[A], z, sizeof(float) * (size_t)h * w * Cz))
 		return -1;
+	conv(&r, b[X], b[A], &cd->conv_in);
 	v->be->ops->add_repeat(v->be, b[X], b[A], (int64_t)h * w, C0, C0 / Cz);
 	r.d.C = C0;
 	if (failed(&r) || mid(&r, cd) || levels(&r, cd, v->cfg.n_levels, 1))
 		return -1;
 	P = positions(&r.d);
 	last = P - (int64_t)r.d.H * r.d.W;          /* the last frame's first position */
-	if (need(&r, A, P * r.d.C) || need(&r, Bt, P * Co) || col_for(&r, &cd->conv_out))
+	if (need(&r, Bt, P * Co))
 		return -1;
-	norm(&r, b[A], b[X], &cd->norm_out, HI3_ACT_SILU);
-	hi3i_conv_rows(v->be, b[Bt], b[A], &cd->conv_out, &r.d, last, P - last, v->col);
+	{
+		const struct hi3_conv_norm gn = {cd->norm_out.w, cd->norm_out.b, GN_GROUPS, HI3_ACT_SILU, GN_EPS};
+		hi3i_conv_rows(v->be, b[Bt], b[X], &cd->conv_out, &r.d, &gn, last, P - last);
+	}
 	if (failed(&r) || v->be->ops->download(v->be, host, b[Bt] + last * Co, sizeof(float) * (size_t)(P - last) * Co))
 		return hi3i_backend_failed(v->be, err) ? -1 : hi3_error_set(err, HI3_ERR_RUNTIME, "VAE: %s", v->be->err.msg);
 	for (int64_t p = 0; p < P - last; p++)
@@ -755,18 +753,18 @@ static int encode_one(hi3_vae *v, const float *x, int H, int W, float *mean, flo
 	int64_t P, hw;
 
 	if (need(&r, A, P0 * Cin) || need(&r, X, P0 * C0) ||
-	    v->be->ops->upload(v->be, b[A], x, sizeof(float) * (size_t)(P0 * Cin)) || conv(&r, b[X], b[A], &cd->conv_in))
+	    v->be->ops->upload(v->be, b[A], x, sizeof(float) * (size_t)(P0 * Cin)))
 		return -1;
+	conv(&r, b[X], b[A], &cd->conv_in);
 	r.d.C = C0;
 	if (failed(&r) || levels(&r, cd, v->cfg.n_levels, 0) || mid(&r, cd))
 		return -1;
 	P = positions(&r.d);
 	if (r.d.T != 1)
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "VAE encoder: %d frames left, expected 1", r.d.T);
-	if (need(&r, A, P * r.d.C) || need(&r, Bt, P * 2 * Cz) || col_for(&r, &cd->conv_out))
+	if (need(&r, Bt, P * 2 * Cz))
 		return -1;
-	norm(&r, b[A], b[X], &cd->norm_out, HI3_ACT_SILU);
-	hi3i_conv(v->be, b[Bt], b[A], &cd->conv_out, &r.d, v->col);
+	conv_norm(&r, b[Bt], b[X], &cd->conv_out, &cd->norm_out);
 	v->be->ops->add_group_mean(v->be, b[Bt], b[X], P, 2 * Cz, r.d.C / (2 * Cz));
 	if (failed(&r) || v->be->ops->download(v->be, host, b[Bt], sizeof(float) * (size_t)P * 2 * Cz))
 		return hi3i_backend_failed(v->be, err) ? -1 : hi3_error_set(err, HI3_ERR_RUNTIME, "VAE: %s", v->be->err.msg);

@@ -1,0 +1,341 @@
+/*
+ * cpu-conv.c -- the CPU backend's convolution (the conv op, backend.h): a
+ * direct convolution over the weight as stored, [Cout, C, kt, kh, kw] in
+ * the checkpoint's mapping (F32, BF16 or F16), with no im2col matrix and
+ * no copy of the weight.
+ *
+ * Order: every output element is one fused multiply-add chain over
+ * k = ((c kt + dt) kh + dy) kw + dx, the weight's own order, from 0 (a tap
+ * outside the image multiplies a zero), then the bias is added. Nothing in
+ * it depends on the image's place in the batch, a position's place in a
+ * tile, the thread count or the kernel (AVX-512, AVX2, portable): an image
+ * gives the same bits alone or batched, and every kernel the same bits.
+ *
+ * How: the frames an image's output rows need are packed channels-first
+ * with a zero border (pack), optionally through a GroupNorm and an
+ * activation (the conv's input is then act(groupnorm(x)), as the groupnorm
+ * op would give it, bit for bit), so that a tap is a fixed offset and the
+ * output positions of a frame, row after row at the packed row stride Wp,
+ * are consecutive (the Wp - W columns between rows are computed and
+ * dropped). A register tile is TP = 32 positions by up to TC = 12 output
+ * channels: per (c, tap) two 16-float loads of the packed input and one
+ * broadcast weight per channel (AVX-512: 24 accumulators). Input channels
+ * go in blocks of CB, the tile's partial sums stored and reloaded between
+ * blocks (exact for a single chain), so that a block of a position tile's
+ * input stays in L2 while every channel tile uses it.
+ *
+ * Layout: images channels-last (B, T, H, W, C), P = T H W (backend.h).
+ */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include "backend/cpu.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+#define TP 32                     /* output positions in a tile */
+#define TC 12                     /* output channels in a tile */
+#define CB 64                     /* input channels per block */
+
+enum { WF32, WBF16, WF16 };
+
+/* Weight i of w (of kind) as f32: the one place a weight format is read. */
+static inline float wget(const void *w, int kind, size_t i)
+{
+	if (kind == WBF16)
+		return hi3_bf16_to_f32(((const uint16_t *)w)[i]);
+	if (kind == WF16)
+		return hi3_f16_to_f32(((const uint16_t *)w)[i]);
+	return ((const float *)w)[i];
+}
+
+/* A conv of one image, in the packed frame. */
+struct cgeom {
+	int C, Cout, taps, kind;
+	const unsigned char *w;   /* row co at w + co * C * taps * es */
+	size_t wrow;              /* bytes of a weight row */
+	const float *xp;          /* packed input: channel c at xp + c * cs */
+	size_t cs;                /* floats of a packed channel */
+	const int *off;           /* (taps): the packed offset of each tap */
+};
+
+/* One register tile: positions v0 .. v0 + TP - 1 of the packed frame,
+ * output channels co0 .. co0 + nc - 1, input channels [c0, c1). acc
+ * (TC, TP) holds the partial sums in (read when c0 > 0) and out. */
+static void tile_portable(const struct cgeom *g, size_t v0, int co0, int nc, int c0, int c1, float *acc)
+{
+	if (c0 == 0)
+		memset(acc, 0, sizeof(float) * TC * TP);
+	for (int j = 0; j < nc; j++) {
+		const unsigned char *wr = g->w + (size_t)(co0 + j) * g->wrow;
+		float *a = acc + j * TP;
+		for (int c = c0; c < c1; c++) {
+			const float *x = g->xp + (size_t)c * g->cs + v0;
+			for (int t = 0; t < g->taps; t++) {
+				const float wv = wget(wr, g->kind, (size_t)c * g->taps + t);
+				for (int i = 0; i < TP; i++)
+					a[i] = fmaf(x[g->off[t] + i], wv, a[i]);
+			}
+		}
+	}
+}
+
+#ifdef HAVE_X86
+/* AVX2: two 8-float vectors of positions by 6 channels (12 accumulators),
+ * over the tile's two halves of positions and of channels in turn. */
+__attribute__((target("avx2,fma"))) static void tile_avx2(const struct cgeom *g, size_t v0, int co0, int nc, int c0,
+                                                          int c1, float *acc)
+{
+	for (int h = 0; h < TP / 16; h++)
+		for (int j0 = 0; j0 < nc; j0 += 6) {
+			const int taps = g->taps, kind = g->kind;
+			const unsigned char *wr[6];
+			__m256 a[6][2];
+
+			for (int j = 0; j < 6; j++)
+				wr[j] = g->w + (size_t)(co0 + HI3_MIN(j0 + j, nc - 1)) * g->wrow;
+#pragma GCC unroll 6
+			for (int j = 0; j < 6; j++)
+#pragma GCC unroll 2
+				for (int i = 0; i < 2; i++)
+					a[j][i] = c0 ? _mm256_loadu_ps(acc + (j0 + j) * TP + 16 * h + 8 * i) : _mm256_setzero_ps();
+			for (int c = c0; c < c1; c++) {
+				const float *x = g->xp + (size_t)c * g->cs + v0 + 16 * h;
+				const size_t k0 = (size_t)c * taps;
+				for (int t = 0; t < taps; t++) {
+					const float *xt = x + g->off[t];
+					const __m256 x0 = _mm256_loadu_ps(xt), x1 = _mm256_loadu_ps(xt + 8);
+#pragma GCC unroll 6
+					for (int j = 0; j < 6; j++) {
+						const __m256 wv = _mm256_set1_ps(wget(wr[j], kind, k0 + t));
+						a[j][0] = _mm256_fmadd_ps(x0, wv, a[j][0]);
+						a[j][1] = _mm256_fmadd_ps(x1, wv, a[j][1]);
+					}
+				}
+			}
+			for (int j = 0; j < 6 && j0 + j < nc; j++)
+				for (int i = 0; i < 2; i++)
+					_mm256_storeu_ps(acc + (j0 + j) * TP + 16 * h + 8 * i, a[j][i]);
+		}
+}
+
+/* AVX-512: two 16-float vectors of positions by 12 channels (24
+ * accumulators); a channel past nc repeats the last one and is dropped. */
+#define T512 __attribute__((target("avx512f,avx2,fma")))
+T512 __attribute__((always_inline)) static inline void tile512_k(const struct cgeom *g, size_t v0, int co0, int nc,
+                                                                 int c0, int c1, float *acc, const int kind)
+{
+	const int taps = g->taps;
+	const unsigned char *wr[TC];
+	__m512 a[TC][2];
+
+#pragma GCC unroll 12
+	for (int j = 0; j < TC; j++)
+		wr[j] = g->w + (size_t)(co0 + HI3_MIN(j, nc - 1)) * g->wrow;
+#pragma GCC unroll 12
+	for (int j = 0; j < TC; j++)
+#pragma GCC unroll 2
+		for (int i = 0; i < 2; i++)
+			a[j][i] = c0 ? _mm512_loadu_ps(acc + j * TP + 16 * i) : _mm512_setzero_ps();
+	for (int c = c0; c < c1; c++) {
+		const float *x = g->xp + (size_t)c * g->cs + v0;
+		const size_t k0 = (size_t)c * taps;
+		for (int t = 0; t < taps; t++) {
+			const float *xt = x + g->off[t];
+			const __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + 16);
+#pragma GCC unroll 12
+			for (int j = 0; j < TC; j++) {
+				const __m512 wv = _mm512_set1_ps(wget(wr[j], kind, k0 + t));
+				a[j][0] = _mm512_fmadd_ps(x0, wv, a[j][0]);
+				a[j][1] = _mm512_fmadd_ps(x1, wv, a[j][1]);
+			}
+		}
+	}
+#pragma GCC unroll 12
+	for (int j = 0; j < TC; j++)
+#pragma GCC unroll 2
+		for (int i = 0; i < 2; i++)
+			_mm512_storeu_ps(acc + j * TP + 16 * i, a[j][i]);
+}
+
+T512 static void tile512(const struct cgeom *g, size_t v0, int co0, int nc, int c0, int c1, float *acc)
+{
+	if (g->kind == WF32)
+		tile512_k(g, v0, co0, nc, c0, c1, acc, WF32);
+	else if (g->kind == WBF16)
+		tile512_k(g, v0, co0, nc, c0, c1, acc, WBF16);
+	else
+		tile512_k(g, v0, co0, nc, c0, c1, acc, WF16);
+}
+#endif
+
+typedef void tile_fn(const struct cgeom *g, size_t v0, int co0, int nc, int c0, int c1, float *acc);
+
+static tile_fn *pick_tile(void)
+{
+#ifdef HAVE_X86
+	const int isa = hi3i_gemm_level();   /* the GEMM's choice (and the tests' cap) */
+	if (isa >= 2)
+		return tile512;
+	if (isa >= 1)
+		return tile_avx2;
+#endif
+	return tile_portable;
+}
+
+/* The input of a conv as act(groupnorm(x)): per image and group, mean and
+ * 1 / sqrt(var + eps) (hi3i_cpu_groupnorm_stats), w and b per channel. */
+struct pre {
+	const float *mean, *rstd; /* (B, G) */
+	const float *w, *b;       /* (C) */
+	int G, act;
+};
+
+/* Pack frames [f0 - pt, f1 + pt) of image xb (T, H, W, C) channels-last
+ * into xp: channel c at xp + c cs, frame-major, Hp x Wp with a zero border
+ * of (ph, pw), zero frames outside [0, T). */
+static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *cv, int f0, int f1,
+                 const struct pre *pr, int bi)
+{
+	const int C = cv->C, H = cv->H, W = cv->W, pt = cv->kt / 2, ph = cv->kh / 2, pw = cv->kw / 2;
+	const int Hp = H + 2 * ph, Wp = W + 2 * pw, Tp = f1 - f0 + 2 * pt, rows = Tp * Hp;
+	const int cg = pr ? C / pr->G : 1;
+
+#pragma omp for schedule(static)
+	for (int r = 0; r < rows; r++) {
+		const int t = f0 - pt + r / Hp, h = r % Hp - ph;
+		const size_t o = (size_t)r * Wp;
+
+		if (t < 0 || t >= cv->T || h < 0 || h >= H) {
+			for (int c = 0; c < C; c++)
+				memset(xp + c * cs + o, 0, sizeof(float) * (size_t)Wp);
+			continue;
+		}
+		for (int c = 0; c < C; c++) {
+			float *d = xp + c * cs + o;
+			memset(d, 0, sizeof(float) * (size_t)pw);
+			memset(d + pw + W, 0, sizeof(float) * (size_t)pw);
+		}
+		{
+			const float *src = xb + ((size_t)t * H + (size_t)h) * (size_t)W * (size_t)C;
+			for (int xw = 0; xw < W; xw++) {
+				const float *s = src + (size_t)xw * C;
+				float *d = xp + o + pw + xw;
+				if (pr) {
+					for (int c = 0; c < C; c++) {
+						const int g = bi * pr->G + c / cg;
+						d[c * cs] = hi3i_cpu_gn1(s[c], pr->mean[g], pr->rstd[g], pr->w[c], pr->b[c], pr->act);
+					}
+				} else {
+					for (int c = 0; c < C; c++)
+						d[c * cs] = s[c];
+				}
+			}
+		}
+	}
+}
+
+static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
+                        const struct hi3_conv *cv, int64_t p0, int64_t n, const struct pre *pr)
+{
+	const int C = cv->C, Cout = w->N, H = cv->H, W = cv->W, T = cv->T;
+	const int pt = cv->kt / 2, ph = cv->kh / 2, pw = cv->kw / 2, taps = cv->kt * cv->kh * cv->kw;
+	const int Hp = H + 2 * ph, Wp = W + 2 * pw;
+	const int64_t P = (int64_t)T * H * W;
+	const size_t plane = (size_t)Hp * Wp, fr_v = (size_t)H * Wp, fr_tiles = (fr_v + TP - 1) / TP;
+	const int nco = (Cout + TC - 1) / TC, ncb = (C + CB - 1) / CB;
+	const size_t es = hi3_dtype_size(w->mat.dtype);
+	tile_fn *tile = pick_tile();
+	int off[27 * 27];         /* taps <= kt kh kw of odd sizes: checked below */
+
+	HI3_ASSERT(w->K == C * taps && taps <= (int)HI3_ARRAY_SIZE(off) && cv->kt % 2 && cv->kh % 2 && cv->kw % 2);
+	if (n <= 0)
+		return;
+	hi3i_cpu_mark_used(be, w);
+	for (int dt = 0, t = 0; dt < cv->kt; dt++)
+		for (int dy = 0; dy < cv->kh; dy++)
+			for (int dx = 0; dx < cv->kw; dx++)
+				off[t++] = (int)((size_t)dt * plane + (size_t)dy * Wp + (size_t)dx);
+	/* image by image: the frames [f0, f1) that rows [p0, p0 + n) touch */
+	for (int64_t q = p0; q < p0 + n;) {
+		const int bi = (int)(q / P);
+		const int64_t pb = (int64_t)bi * P, q1 = HI3_MIN(p0 + n, pb + P);
+		const int f0 = (int)((q - pb) / ((int64_t)H * W)), f1 = (int)((q1 - 1 - pb) / ((int64_t)H * W)) + 1;
+		const size_t cs = (size_t)(f1 - f0 + 2 * pt) * plane + 2 * TP;   /* + slack for a tile past a frame */
+		const size_t npos = (size_t)(f1 - f0) * fr_tiles, nq = npos * (size_t)nco;
+		float *xp = hi3i_aligned_alloc(sizeof(float) * (cs * (size_t)C + TP), NULL);
+		float *part = ncb > 1 ? hi3i_aligned_alloc(sizeof(float) * nq * TC * TP, NULL) : NULL;
+		const struct cgeom g = {C, Cout, taps, w->mat.dtype == HI3_BF16 ? WBF16 : w->mat.dtype == HI3_F16 ? WF16 : WF32,
+		                        w->mat.data, (size_t)C * taps * es, xp, cs, off};
+
+		for (int c = 0; xp && c < C; c++)    /* the slack past the last frame */
+			memset(xp + (size_t)c * cs + cs - 2 * TP, 0, sizeof(float) * 2 * TP);
+		if (!xp || (ncb > 1 && !part)) {
+			free(xp);
+			free(part);
+			hi3i_backend_fail(be, "cpu conv: out of memory for the packed input of %d channels", C);
+			return;
+		}
+#pragma omp parallel
+		{
+			const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+			const size_t a = nq * (size_t)id / (size_t)nt, e = nq * (size_t)(id + 1) / (size_t)nt;
+			float tmp[TC * TP] __attribute__((aligned(64)));
+
+			pack(xp, cs, x + pb * C, cv, f0, f1, pr, bi);   /* ends with a barrier */
+			for (int cb = 0; cb < ncb; cb++) {
+				const int c0 = cb * CB, c1 = HI3_MIN(C, c0 + CB);
+				for (size_t it = a; it < e; it++) {
+					const size_t pos = it / (size_t)nco;
+					const int co0 = (int)(it % (size_t)nco) * TC, nc = HI3_MIN(TC, Cout - co0);
+					const int fr = (int)(pos / fr_tiles);
+					const size_t v0 = (size_t)fr * plane + (pos % fr_tiles) * TP;
+					float *acc = part ? part + it * TC * TP : tmp;
+
+					tile(&g, v0, co0, nc, c0, c1, acc);
+					if (cb < ncb - 1)
+						continue;
+					/* the tile's positions that are outputs in range: y = acc + b */
+					for (int i = 0; i < TP; i++) {
+						const size_t u = (pos % fr_tiles) * TP + (size_t)i;
+						const int hh = (int)(u / (size_t)Wp), ww = (int)(u % (size_t)Wp);
+						const int64_t p = pb + ((int64_t)(f0 + fr) * H + hh) * W + ww;
+						float *yr;
+						if (hh >= H || ww >= W || p < q || p >= q1)
+							continue;
+						yr = y + p * Cout + co0;
+						for (int j = 0; j < nc; j++)
+							yr[j] = b ? acc[j * TP + i] + b->f32[co0 + j] : acc[j * TP + i];
+					}
+				}
+			}
+		}
+		free(xp);
+		free(part);
+		q = q1;
+	}
+}
+
+void hi3i_cpu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
+                   const struct hi3_conv *cv, const struct hi3_conv_norm *norm, int64_t p0, int64_t n)
+{
+	struct pre pr;
+	float *st;
+
+	if (!norm) {
+		conv_packed(be, y, x, w, b, cv, p0, n, NULL);
+		return;
+	}
+	if (!(st = malloc(sizeof(float) * 2 * (size_t)cv->B * (size_t)norm->G + 1))) {
+		hi3i_backend_fail(be, "cpu conv: out of memory for the statistics of %d groups", cv->B * norm->G);
+		return;
+	}
+	pr = (struct pre){st, st + (size_t)cv->B * norm->G, norm->w->f32, norm->b->f32, norm->G, norm->act};
+	if (hi3i_cpu_groupnorm_stats(be, st, st + (size_t)cv->B * norm->G, x, cv->B, (int64_t)cv->T * cv->H * cv->W,
+	                             cv->C, norm->G, norm->eps) == 0)
+		conv_packed(be, y, x, w, b, cv, p0, n, &pr);
+	free(st);
+}
