@@ -17,12 +17,15 @@
  * op would give it, bit for bit), so that a tap is a fixed offset and the
  * output positions of a frame, row after row at the packed row stride Wp,
  * are consecutive (the Wp - W columns between rows are computed and
- * dropped). A register tile is TP = 32 positions by up to TC = 12 output
- * channels: per (c, tap) two 16-float loads of the packed input and one
- * broadcast weight per channel (AVX-512: 24 accumulators). Input channels
- * go in blocks of CB, the tile's partial sums stored and reloaded between
- * blocks (exact for a single chain), so that a block of a position tile's
- * input stays in L2 while every channel tile uses it.
+ * dropped); the packed input lives in the backend's scratch, on 2 MiB
+ * pages (a tile reads dozens of channel planes at once). A register tile
+ * is TP = 32 positions by up to TC = 12 output channels: per (c, tap) two
+ * 16-float loads of the packed input and one broadcast weight per channel
+ * (AVX-512: 24 accumulators). A thread takes a share of the position
+ * tiles (or, when they are few, of the channel tiles); it walks them in
+ * blocks, and over each block the input channels in blocks whose weights
+ * (for its channel tiles) stay in L2, every tile's partial sums stored and
+ * reloaded between channel blocks (exact for a single chain).
  *
  * Layout: images channels-last (B, T, H, W, C), P = T H W (backend.h).
  */
@@ -38,7 +41,6 @@
 
 #define TP 32                     /* output positions in a tile */
 #define TC 12                     /* output channels in a tile */
-#define CB 64                     /* input channels per block */
 
 enum { WF32, WBF16, WF16 };
 
@@ -238,6 +240,32 @@ static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *c
 	}
 }
 
+/* y = acc + b for the positions of tile (fr, i0) of the packed frame that
+ * are outputs in [q, q1) of the image at pb. */
+static void store_tile(float *y, const float *acc, const hi3_wt *b, const struct hi3_conv *cv, int Cout, int co0,
+                       int nc, int64_t pb, int f, size_t u0, int64_t q, int64_t q1)
+{
+	const int H = cv->H, W = cv->W, Wp = W + 2 * (cv->kw / 2);
+
+	for (int i = 0; i < TP; i++) {
+		const size_t u = u0 + (size_t)i;
+		const int hh = (int)(u / (size_t)Wp), ww = (int)(u % (size_t)Wp);
+		const int64_t p = pb + ((int64_t)f * H + hh) * W + ww;
+		float *yr;
+		if (hh >= H || ww >= W || p < q || p >= q1)
+			continue;
+		yr = y + p * Cout + co0;
+		for (int j = 0; j < nc; j++)
+			yr[j] = b ? acc[j * TP + i] + b->f32[co0 + j] : acc[j * TP + i];
+	}
+}
+
+/* Bytes of cache the loops below aim at: a block of input channels' weights
+ * for a thread's output channels, and a block of position tiles' partial
+ * sums (L2 is 1 MiB on the machines this was tuned on). */
+#define WBLOCK_BYTES ((size_t)256 << 10)
+#define PART_BYTES ((size_t)512 << 10)
+
 static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
                         const struct hi3_conv *cv, int64_t p0, int64_t n, const struct pre *pr)
 {
@@ -246,7 +274,7 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 	const int Hp = H + 2 * ph, Wp = W + 2 * pw;
 	const int64_t P = (int64_t)T * H * W;
 	const size_t plane = (size_t)Hp * Wp, fr_v = (size_t)H * Wp, fr_tiles = (fr_v + TP - 1) / TP;
-	const int nco = (Cout + TC - 1) / TC, ncb = (C + CB - 1) / CB;
+	const int nco = (Cout + TC - 1) / TC;
 	const size_t es = hi3_dtype_size(w->mat.dtype);
 	tile_fn *tile = pick_tile();
 	int off[27 * 27];         /* taps <= kt kh kw of odd sizes: checked below */
@@ -265,56 +293,58 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 		const int64_t pb = (int64_t)bi * P, q1 = HI3_MIN(p0 + n, pb + P);
 		const int f0 = (int)((q - pb) / ((int64_t)H * W)), f1 = (int)((q1 - 1 - pb) / ((int64_t)H * W)) + 1;
 		const size_t cs = (size_t)(f1 - f0 + 2 * pt) * plane + 2 * TP;   /* + slack for a tile past a frame */
-		const size_t npos = (size_t)(f1 - f0) * fr_tiles, nq = npos * (size_t)nco;
-		float *xp = hi3i_aligned_alloc(sizeof(float) * (cs * (size_t)C + TP), NULL);
-		float *part = ncb > 1 ? hi3i_aligned_alloc(sizeof(float) * nq * TC * TP, NULL) : NULL;
+		const size_t npos = (size_t)(f1 - f0) * fr_tiles;
+		float *xp = hi3i_cpu_scratch(be, cs * (size_t)C + TP);
 		const struct cgeom g = {C, Cout, taps, w->mat.dtype == HI3_BF16 ? WBF16 : w->mat.dtype == HI3_F16 ? WF16 : WF32,
 		                        w->mat.data, (size_t)C * taps * es, xp, cs, off};
+		int failed = 0;
 
-		for (int c = 0; xp && c < C; c++)    /* the slack past the last frame */
-			memset(xp + (size_t)c * cs + cs - 2 * TP, 0, sizeof(float) * 2 * TP);
-		if (!xp || (ncb > 1 && !part)) {
-			free(xp);
-			free(part);
+		if (!xp) {
 			hi3i_backend_fail(be, "cpu conv: out of memory for the packed input of %d channels", C);
 			return;
 		}
-#pragma omp parallel
+		for (int c = 0; c < C; c++)          /* the slack past the last frame */
+			memset(xp + (size_t)c * cs + cs - 2 * TP, 0, sizeof(float) * 2 * TP);
+#pragma omp parallel reduction(| : failed)
 		{
-			const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-			const size_t a = nq * (size_t)id / (size_t)nt, e = nq * (size_t)(id + 1) / (size_t)nt;
-			float tmp[TC * TP] __attribute__((aligned(64)));
+			/* a thread's share: position tiles [pa, pe) by channel tiles [ca,
+			 * ce), positions split when there are enough of them */
+			const int nt = omp_get_num_threads(), id = omp_get_thread_num(), by_pos = npos >= (size_t)nt * 4;
+			const size_t pa = by_pos ? npos * (size_t)id / (size_t)nt : 0;
+			const size_t pe = by_pos ? npos * (size_t)(id + 1) / (size_t)nt : npos;
+			const int ca = by_pos ? 0 : nco * id / nt, ce = by_pos ? nco : nco * (id + 1) / nt, ncot = ce - ca;
+			/* input channels per block: their weights for [ca, ce) in WBLOCK_BYTES;
+			 * position tiles per block: their partial sums in PART_BYTES */
+			const int cb = (int)HI3_MAX(16, HI3_MIN((size_t)C, WBLOCK_BYTES / ((size_t)HI3_MAX(ncot, 1) * TC * taps * es)));
+			const size_t pbk = cb >= C ? 1 : HI3_MAX(1, PART_BYTES / ((size_t)HI3_MAX(ncot, 1) * TC * TP * sizeof(float)));
+			float *part = ncot > 0 ? hi3i_aligned_alloc(sizeof(float) * pbk * (size_t)ncot * TC * TP, NULL) : NULL;
 
 			pack(xp, cs, x + pb * C, cv, f0, f1, pr, bi);   /* ends with a barrier */
-			for (int cb = 0; cb < ncb; cb++) {
-				const int c0 = cb * CB, c1 = HI3_MIN(C, c0 + CB);
-				for (size_t it = a; it < e; it++) {
-					const size_t pos = it / (size_t)nco;
-					const int co0 = (int)(it % (size_t)nco) * TC, nc = HI3_MIN(TC, Cout - co0);
-					const int fr = (int)(pos / fr_tiles);
-					const size_t v0 = (size_t)fr * plane + (pos % fr_tiles) * TP;
-					float *acc = part ? part + it * TC * TP : tmp;
-
-					tile(&g, v0, co0, nc, c0, c1, acc);
-					if (cb < ncb - 1)
-						continue;
-					/* the tile's positions that are outputs in range: y = acc + b */
-					for (int i = 0; i < TP; i++) {
-						const size_t u = (pos % fr_tiles) * TP + (size_t)i;
-						const int hh = (int)(u / (size_t)Wp), ww = (int)(u % (size_t)Wp);
-						const int64_t p = pb + ((int64_t)(f0 + fr) * H + hh) * W + ww;
-						float *yr;
-						if (hh >= H || ww >= W || p < q || p >= q1)
-							continue;
-						yr = y + p * Cout + co0;
-						for (int j = 0; j < nc; j++)
-							yr[j] = b ? acc[j * TP + i] + b->f32[co0 + j] : acc[j * TP + i];
+			if (ncot > 0 && !part)
+				failed = 1;
+			for (size_t b0 = pa; part && b0 < pe; b0 += pbk) {
+				const size_t b1 = HI3_MIN(pe, b0 + pbk);
+				for (int c0 = 0; c0 < C; c0 += cb) {
+					const int c1 = HI3_MIN(C, c0 + cb);
+					for (size_t pos = b0; pos < b1; pos++) {
+						const int fr = (int)(pos / fr_tiles);
+						const size_t u0 = (pos % fr_tiles) * TP, v0 = (size_t)fr * plane + u0;
+						for (int ct = ca; ct < ce; ct++) {
+							const int co0 = ct * TC, nc = HI3_MIN(TC, Cout - co0);
+							float *acc = part + ((pos - b0) * (size_t)ncot + (size_t)(ct - ca)) * TC * TP;
+							tile(&g, v0, co0, nc, c0, c1, acc);
+							if (c1 == C)
+								store_tile(y, acc, b, cv, Cout, co0, nc, pb, f0 + fr, u0, q, q1);
+						}
 					}
 				}
 			}
+			free(part);
 		}
-		free(xp);
-		free(part);
+		if (failed) {
+			hi3i_backend_fail(be, "cpu conv: out of memory for the partial sums of %d channels", Cout);
+			return;
+		}
 		q = q1;
 	}
 }

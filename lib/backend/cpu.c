@@ -19,6 +19,7 @@
 #include <omp.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include "backend/cpu.h"
 
 /* OpenBLAS with BF16/F16 weights: rows widened per block, about this many bytes of f32. */
@@ -27,7 +28,32 @@
 struct cpu {
 	float *wide;              /* cpu_sgemm's widened rows */
 	size_t wide_cap;          /* floats */
+	float *scratch;           /* hi3i_cpu_scratch */
+	size_t scratch_cap;       /* floats */
 };
+
+float *hi3i_cpu_scratch(hi3_backend *be, size_t n)
+{
+	struct cpu *c = be->ctx;
+	const size_t huge = (size_t)2 << 20;
+	void *p = NULL;
+
+	if (n <= c->scratch_cap)
+		return c->scratch;
+	free(c->scratch);
+	c->scratch = NULL;
+	c->scratch_cap = 0;
+	/* 2 MiB pages where the kernel offers them: a conv's tile reads
+	 * dozens of channel planes at once, one small page each otherwise */
+	if (posix_memalign(&p, huge, (n * sizeof(float) + huge - 1) / huge * huge) != 0)
+		return NULL;
+#ifdef MADV_HUGEPAGE
+	madvise(p, (n * sizeof(float) + huge - 1) / huge * huge, MADV_HUGEPAGE);
+#endif
+	c->scratch = p;
+	c->scratch_cap = n;
+	return c->scratch;
+}
 
 static void *cpu_alloc(hi3_backend *be, size_t n)
 {
@@ -620,8 +646,10 @@ static void cpu_destroy(hi3_backend *be)
 {
 	struct cpu *c = be->ctx;
 
-	if (c)
+	if (c) {
 		free(c->wide);
+		free(c->scratch);
+	}
 	free(c);
 	free(be);
 }

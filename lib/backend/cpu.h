@@ -49,6 +49,10 @@ static inline float hi3i_cpu_gn1(float x, float mean, float rstd, float w, float
 
 /* cpu.c: report a matrix's first use (be->first_use), once. */
 void hi3i_cpu_mark_used(hi3_backend *be, const hi3_wt *w);
+/* cpu.c: the backend's scratch of at least n floats (kept and grown, on
+ * 2 MiB pages where the kernel gives them; one user at a time: the conv's
+ * packed input), or NULL when out of memory. */
+float *hi3i_cpu_scratch(hi3_backend *be, size_t n);
 
 /* cpu-conv.c: the conv op */
 void hi3i_cpu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
