@@ -7,9 +7,14 @@
  *
  * SIZES: latent sizes "2x2,4x4"; an encode takes the image of that latent
  * size. One JSON line per size: the mean seconds of REPEAT runs after one
- * warm-up, per image.
+ * warm-up, per image, wall and CPU seconds (every thread's), the
+ * process's peak resident memory so far
+ * (getrusage) and the bytes of the part's weights (vae.encoder.* or
+ * vae.decoder.*: what a pass touches).
  */
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 #include "core/internal.h"
 #include "vae-model.h"
 
@@ -28,6 +33,16 @@ static const hi3_vae_config wide = {
 	.scaling_factor = 0.562679178327931,
 };
 
+/* CPU seconds of the process (every thread; OpenMP's waiting threads sleep:
+ * OMP_WAIT_POLICY=passive, as hi3 sets) */
+static double cpu_seconds(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static int usage(void)
 {
 	fprintf(stderr, "usage: bench-vae --write tiny|wide DIR\n"
@@ -41,6 +56,7 @@ int main(int argc, char **argv)
 	hi3_model_opts mo = {.backend = "cpu", .batch_invariant = 1};
 	int64_t repeat, threads = 0;
 	int enc = 0;
+	double wbytes = 0;
 	hi3_vae *v = NULL;
 	char *sizes, *tok, *save = NULL;
 
@@ -68,6 +84,16 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench-vae: %s\n", err.msg);
 		return 1;
 	}
+	{
+		hi3_ckpt *ck = NULL;
+		const char *pre = enc ? "vae.encoder." : "vae.decoder.";
+		if (hi3_ckpt_open(&ck, argv[1], &err) == 0) {
+			for (int i = 0; i < hi3_ckpt_count(ck); i++)
+				if (!strncmp(hi3_ckpt_at(ck, i)->name, pre, strlen(pre)))
+					wbytes += (double)hi3_ckpt_at(ck, i)->nbytes;
+			hi3_ckpt_close(ck);
+		}
+	}
 	sizes = hi3i_strdup(argv[2]);
 	for (tok = strtok_r(sizes, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		const hi3_vae_config *c = hi3_vae_get_config(v);
@@ -75,7 +101,7 @@ int main(int argc, char **argv)
 		int h, w;
 		size_t nl, ni;
 		float *lat, *img, *m, *lv;
-		double t0, dt = 0;
+		double t0, c0, dt = 0, dc = 0;
 
 		if (sscanf(tok, "%dx%d", &h, &w) != 2 || h < 1 || w < 1 || h > 256 || w > 256)
 			return usage();
@@ -89,16 +115,25 @@ int main(int argc, char **argv)
 			img[i] = (float)((i * 40503u) % 2001) / 1000.0f - 1.0f;
 		for (int r = 0; r <= repeat; r++) {
 			t0 = hi3i_now();
+			c0 = cpu_seconds();
 			if (enc ? hi3_vae_encode(v, img, 1, h * f, w * f, m, lv, &err) : hi3_vae_decode(v, lat, 1, h, w, img, &err)) {
 				fprintf(stderr, "bench-vae: %s\n", err.msg);
 				return 1;
 			}
-			if (r)                              /* run 0 warms up */
+			if (r) {                            /* run 0 warms up */
 				dt += hi3i_now() - t0;
+				dc += cpu_seconds() - c0;
+			}
 		}
-		printf("{\"engine\": \"hi3\", \"backend\": \"%s\", \"batch_invariant\": %d, \"threads\": %d, "
-		       "\"latent\": [%d, %d], \"image\": [%d, %d], \"%s_s\": %.4f}\n", mo.backend, mo.batch_invariant,
-		       mo.threads, h, w, h * f, w * f, enc ? "encode" : "decode", dt / (double)repeat);
+		{
+			struct rusage ru;
+			getrusage(RUSAGE_SELF, &ru);
+			printf("{\"engine\": \"hi3\", \"backend\": \"%s\", \"batch_invariant\": %d, \"threads\": %d, "
+			       "\"latent\": [%d, %d], \"image\": [%d, %d], \"%s_s\": %.4f, \"cpu_s\": %.4f, \"peak_rss_mb\": %.1f, "
+			       "\"weights_mb\": %.1f}\n", mo.backend, mo.batch_invariant, mo.threads, h, w, h * f, w * f,
+			       enc ? "encode" : "decode", dt / (double)repeat, dc / (double)repeat, (double)ru.ru_maxrss / 1024.0,
+			       wbytes / 1048576.0);
+		}
 		fflush(stdout);
 		free(lat), free(img), free(m), free(lv);
 	}

@@ -8,9 +8,10 @@
  * One image of a 1024 x 1024 picture's grid: 32 x 32 patches filling the
  * 1024 slots. One JSON line: the mean seconds of REPEAT runs after one
  * warm-up, of the ViT alone (last_hidden_state) and of the ViT and the
- * aligner.
+ * aligner, wall and CPU (every thread's) seconds.
  */
 #include <string.h>
+#include <time.h>
 #include "core/internal.h"
 #include "vit-model.h"
 
@@ -35,6 +36,15 @@ static const hi3_vit_aligner_config tiny_aligner = {
 	.present = 1, .projector_type = "mlp_gelu", .input_dim = 32, .n_embed = 48, .depth = 2,
 };
 
+/* CPU seconds of the process, every thread's */
+static double cpu_seconds(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int usage(void)
 {
 	fprintf(stderr, "usage: bench-vit --write wide|tiny DIR\n"
@@ -55,6 +65,7 @@ int main(int argc, char **argv)
 	int64_t repeat, threads = 0;
 	int32_t shape[2] = {32, 32}, *mask;
 	double t[2] = {0, 0};
+	double c[2] = {0, 0};
 	float *pv, *hid, *emb;
 	hi3_vit *v = NULL;
 	int D, H, E;
@@ -93,15 +104,18 @@ int main(int argc, char **argv)
 		mask[i] = 1;
 	for (int part = 0; part < 2; part++)
 		for (int r = 0; r <= repeat; r++) {
-			double t0 = hi3i_now();
+			double t0 = hi3i_now(), c0 = cpu_seconds();
 			if (hi3_vit_encode(v, pv, mask, shape, 1, SLOTS, part ? NULL : hid, part ? emb : NULL, &err))
 				return fail(&err);
-			if (r)                              /* run 0 warms up */
+			if (r) {                            /* run 0 warms up */
 				t[part] += hi3i_now() - t0;
+				c[part] += cpu_seconds() - c0;
+			}
 		}
 	printf("{\"engine\": \"hi3\", \"backend\": \"%s\", \"batch_invariant\": %d, \"threads\": %d, \"grid\": [32, 32], "
-	       "\"vit_s\": %.4f, \"vit_aligner_s\": %.4f}\n", mo.backend, mo.batch_invariant, mo.threads,
-	       t[0] / (double)repeat, t[1] / (double)repeat);
+	       "\"vit_s\": %.4f, \"vit_aligner_s\": %.4f, \"vit_cpu_s\": %.4f, \"vit_aligner_cpu_s\": %.4f}\n",
+	       mo.backend, mo.batch_invariant, mo.threads, t[0] / (double)repeat, t[1] / (double)repeat,
+	       c[0] / (double)repeat, c[1] / (double)repeat);
 	free(pv), free(mask), free(hid), free(emb);
 	hi3_vit_close(v);
 	return 0;

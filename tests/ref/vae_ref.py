@@ -13,14 +13,16 @@ generator, in fp32 on the CPU.
       (a model directory written by tests/bench-vae), one JSON line per
       latent size: the mean of N runs after a warm-up.
 
-Without --upstream the module is taken from the mirror of the upstream
-repository (git show 1201fe8:hunyuan_image_3/autoencoder_kl_3d.py); it
-needs torch, numpy, safetensors, diffusers and einops.
+Without --upstream the module is taken from the git clone of upstream's
+Instruct code that UPSTREAM names (git show
+1201fe8:hunyuan_image_3/autoencoder_kl_3d.py); it needs torch, numpy,
+safetensors, diffusers and einops.
 """
 import argparse
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -31,7 +33,9 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-UPSTREAM_GIT = "/work/.mirror/suryatmodulus+HunyuanImage-3.0/repo"
+# a git clone of upstream's Instruct code (suryatmodulus/HunyuanImage-3.0,
+# which holds UPSTREAM_REV): the environment's UPSTREAM
+UPSTREAM_GIT = os.environ.get("UPSTREAM", "")
 UPSTREAM_REV = "1201fe8"
 UPSTREAM_PATH = "hunyuan_image_3/autoencoder_kl_3d.py"
 
@@ -101,6 +105,9 @@ def gen(name, shape, seed):
 
 def load_upstream(path):
     if path is None:
+        if not UPSTREAM_GIT:
+            sys.exit("vae_ref: set UPSTREAM to a git clone of upstream's Instruct code "
+                     f"(it must hold commit {UPSTREAM_REV}), or pass --upstream FILE")
         text = subprocess.run(["git", "-C", UPSTREAM_GIT, "show", f"{UPSTREAM_REV}:{UPSTREAM_PATH}"],
                               check=True, capture_output=True).stdout
         d = tempfile.mkdtemp(prefix="hi3-vae-ref.")
@@ -243,12 +250,14 @@ def cmd_bench(a):
         img = test_image(rng, h * f, w * f)
         run = (lambda: encode(vae, img)) if a.encode else (lambda: decode(vae, lat, cfg))
         run()                                   # warm up
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(a.repeat):
             run()
         rec = {"engine": "pytorch", "torch": torch.__version__, "threads": torch.get_num_threads(),
                "latent": [h, w], "image": [h * f, w * f],
-               ("encode_s" if a.encode else "decode_s"): (time.perf_counter() - t0) / a.repeat}
+               ("encode_s" if a.encode else "decode_s"): (time.perf_counter() - t0) / a.repeat,
+               "cpu_s": (time.process_time() - c0) / a.repeat,
+               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
         print(json.dumps(rec), flush=True)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The vision encoder reference: upstream's own siglip2.py
-(Siglip2VisionTransformer and LightProjector, read from the mirror at
-1201fe8), instantiated small, with the weights of tests/model-gen.h's
+(Siglip2VisionTransformer and LightProjector, read at 1201fe8 from the git
+clone of upstream's Instruct code that UPSTREAM names), instantiated small, with the weights of tests/model-gen.h's
 counter-based generator, fp32 on the CPU.
 
   vit_ref.py fixtures --out tests/fixtures/vit
@@ -39,7 +39,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-UPSTREAM_GIT = "/work/.mirror/suryatmodulus+HunyuanImage-3.0/repo"
+# a git clone of upstream's Instruct code (suryatmodulus/HunyuanImage-3.0,
+# which holds UPSTREAM_REV): the environment's UPSTREAM
+UPSTREAM_GIT = os.environ.get("UPSTREAM", "")
 UPSTREAM_REV = "1201fe8"
 UPSTREAM_PATH = "hunyuan_image_3/siglip2.py"
 SEED = 11
@@ -69,6 +71,9 @@ def fnv1a_bytes(b):
 def load_siglip2(path=None):
     import importlib.util
     if path is None:
+        if not UPSTREAM_GIT:
+            sys.exit("vit_ref: set UPSTREAM to a git clone of upstream's Instruct code "
+                     f"(it must hold commit {UPSTREAM_REV}), or pass --upstream FILE")
         text = subprocess.run(["git", "-C", UPSTREAM_GIT, "show", f"{UPSTREAM_REV}:{UPSTREAM_PATH}"],
                               check=True, capture_output=True).stdout
         d = tempfile.mkdtemp(prefix="hi3-vit-ref.")
@@ -231,10 +236,13 @@ def cmd_bench(a):
                         ("vit_aligner_s", lambda: va(vm(pv, attention_mask=mask, spatial_shapes=ss)
                                                      .last_hidden_state))):
             fn()                                   # warm up
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(a.repeat):
                 fn()
             rec[key] = (time.perf_counter() - t0) / a.repeat
+            rec[key[:-2] + "_cpu_s"] = (time.process_time() - c0) / a.repeat
+    import resource
+    rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(json.dumps(rec), flush=True)
 
 
