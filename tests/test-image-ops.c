@@ -337,6 +337,26 @@ static void test_elementwise(void)
 		cpu->ops->act(cpu, y, x, n, a);
 		ok(rel_d(y, ref, n) <= 1e-6, "act %s against double (%.1e)", names[a], rel_d(y, ref, n));
 	}
+	{
+		/* 5000 values, -12 .. 12 and past tanh's saturation: the vector
+		 * GELU (tanh) gives the scalar's bits, both near the exact one */
+		const size_t m = 5000;
+		float *u = randu(m, -12, 12), *v1 = alloc_f(m), *v2 = alloc_f(m);
+		double *r2 = malloc(sizeof(double) * m);
+		u[0] = 0.0f, u[1] = -0.0f, u[2] = 40.0f, u[3] = -40.0f, u[4] = 1e-20f;
+		for (size_t i = 0; i < m; i++)
+			r2[i] = act_ref(u[i], HI3_ACT_GELU_TANH);
+		cpu->ops->act(cpu, v1, u, m, HI3_ACT_GELU_TANH);
+		for (int level = 0; level < hi3i_gemm_level(); level++) {
+			hi3i_gemm_isa(level);
+			cpu->ops->act(cpu, v2, u, m, HI3_ACT_GELU_TANH);
+			hi3i_gemm_isa(-1);
+			ok(!memcmp(v1, v2, m * sizeof(float)), "act gelu_tanh over %zu values: the %s code gives the same bits", m,
+			   level ? "AVX2" : "portable");
+		}
+		ok(rel_d(v1, r2, m) <= 1e-6, "act gelu_tanh over %zu values against double (%.1e)", m, rel_d(v1, r2, m));
+		free(u), free(v1), free(v2), free(r2);
+	}
 	memcpy(y, x, n * sizeof(float));
 	cpu->ops->bias_add(cpu, y, bw, (int64_t)B * P, C);
 	for (size_t i = 0; i < n; i++)
@@ -441,6 +461,15 @@ static void test_attention(int B, int M, int n_h, int d, int masked)
 	                          mask ? mask + (B - 1) * M : NULL, 1, M, n_h, d);
 	ok(!memcmp(o1, o + (B - 1) * n1, n1 * sizeof(float)), "attention_dense: the last image alone gives its bits in "
 	   "the batch");
+	/* the softmax and the GEMMs of every kernel the CPU has: the same bits */
+	for (int level = 0; level < hi3i_gemm_level(); level++) {
+		hi3i_gemm_isa(level);
+		cpu->ops->attention_dense(cpu, o1, q + (B - 1) * n1, k + (B - 1) * n1, v + (B - 1) * n1,
+		                          mask ? mask + (B - 1) * M : NULL, 1, M, n_h, d);
+		hi3i_gemm_isa(-1);
+		ok(!memcmp(o1, o + (B - 1) * n1, n1 * sizeof(float)), "attention_dense M=%d: the %s kernels give the same "
+		   "bits", M, level ? "AVX2" : "portable");
+	}
 	blas->ops->attention_dense(blas, o, q, k, v, mask, B, M, n_h, d);
 	ok(rel_d(o, ref, n) <= 1e-5, "attention_dense through OpenBLAS (batch invariance off) (%.1e)", rel_d(o, ref, n));
 	free(q), free(k), free(v), free(o), free(o1), free(mask), free(ref);
@@ -482,6 +511,7 @@ int main(void)
 	test_attention(2, 37, 3, 20, 0);
 	test_attention(3, 41, 2, 16, 1);
 	test_attention(1, 70, 1, 1100, 0);
+	test_attention(2, 300, 2, 24, 1);     /* P V of 24 columns and 300 rows: threads split the rows */
 	test_check();
 	cpu->ops->destroy(cpu);
 	blas->ops->destroy(blas);

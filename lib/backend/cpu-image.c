@@ -16,6 +16,7 @@
 #include <omp.h>
 #include <string.h>
 #include "backend/cpu.h"
+#include "backend/gemm.h"
 
 /* ---------------------------------------------------------------- sums */
 
@@ -169,8 +170,25 @@ void hi3i_cpu_layernorm(hi3_backend *be, float *y, const float *x, const hi3_wt 
 
 /* ------------------------------------------------------- elementwise */
 
+#if defined(__x86_64__)
+static void gelu_tanh_avx2(float *y, const float *x, size_t n8);
+#endif
+
 void hi3i_cpu_act(hi3_backend *be, float *y, const float *x, size_t n, int act)
 {
+#if defined(__x86_64__)
+	if (act == HI3_ACT_GELU_TANH && hi3i_gemm_level() >= 1) {
+		/* 8 at a time, the same bits as hi3i_cpu_act1 (the test compares) */
+		const size_t nb = n / 1024;
+		(void)be;
+#pragma omp parallel for schedule(static) if (PAR(n))
+		for (size_t b = 0; b < nb; b++)
+			gelu_tanh_avx2(y + b * 1024, x + b * 1024, 1024);
+		for (size_t i = nb * 1024; i < n; i++)
+			y[i] = hi3i_cpu_act1(x[i], act);
+		return;
+	}
+#endif
 	(void)be;
 #pragma omp parallel for schedule(static) if (PAR(n))
 	for (size_t i = 0; i < n; i++)
@@ -264,27 +282,167 @@ static int query_block(int M)
 	return HI3_MAX(16, HI3_MIN(qb, M));
 }
 
+/*
+ * The softmax of a row of scores, the same bits from the AVX2 and the
+ * portable code: scale and mask (a left-out key is -inf), the maximum
+ * (exact in any order), e = hi3i_exp_det(s - max) (cpu.h), their sum in 16
+ * lanes (key j into lane j % 16, then lane i + lane i + h for h = 8, 4, 2,
+ * 1), e / sum.
+ */
+static inline float lanes16_sum(float *l)
+{
+	for (int h = 8; h >= 1; h /= 2)
+		for (int i = 0; i < h; i++)
+			l[i] = l[i] + l[i + h];
+	return l[0];
+}
+
+/* row r (M) in place; the key mask, or NULL: all keys. 0: no key left. */
+static int softmax_portable(float *r, int M, float scale, const uint8_t *mask)
+{
+	float mx = -INFINITY, l[16] = {0};
+
+	for (int j = 0; j < M; j++) {
+		r[j] = (!mask || mask[j]) ? r[j] * scale : -INFINITY;
+		mx = r[j] > mx ? r[j] : mx;
+	}
+	if (mx == -INFINITY)
+		return 0;
+	for (int j = 0; j < M; j++) {
+		r[j] = hi3i_exp_det(r[j] - mx);
+		l[j % 16] += r[j];
+	}
+	{
+		const float sum = lanes16_sum(l);
+		for (int j = 0; j < M; j++)
+			r[j] /= sum;
+	}
+	return 1;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* hi3i_exp_det of 8 floats: the scalar's operations one for one */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 exp_det8(__m256 x)
+{
+	const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(HI3_EXP_LOG2E)),
+	                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-HI3_EXP_LN2_HI), x), p = _mm256_set1_ps(hi3i_exp_c[0]);
+	__m256i e;
+
+	r = _mm256_fmadd_ps(n, _mm256_set1_ps(-HI3_EXP_LN2_LO), r);
+	for (int i = 1; i < 6; i++)
+		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(hi3i_exp_c[i]));
+	p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+	e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+	p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+	/* below the minimum: 0 (NaN stays NaN) */
+	return _mm256_blendv_ps(p, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(HI3_EXP_MIN), _CMP_LT_OQ));
+}
+
+/* hi3i_tanh_det of 8 floats */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 tanh_det8(__m256 u)
+{
+	const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+	const __m256 a = _mm256_min_ps(_mm256_andnot_ps(sign, u), _mm256_set1_ps(HI3_TANH_MAX));
+	const __m256 e = exp_det8(_mm256_mul_ps(_mm256_set1_ps(2.0f), a));
+	const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+
+	/* copysign, and NaN stays NaN */
+	return _mm256_blendv_ps(_mm256_or_ps(t, _mm256_and_ps(sign, u)), u, _mm256_cmp_ps(u, u, _CMP_UNORD_Q));
+}
+
+/* y (n8, a multiple of 8) = GELU_TANH(x), hi3i_cpu_act1's operations one for one */
+__attribute__((target("avx2,fma"))) static void gelu_tanh_avx2(float *y, const float *x, size_t n8)
+{
+	for (size_t i = 0; i < n8; i += 8) {
+		const __m256 v = _mm256_loadu_ps(x + i);
+		const __m256 c = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), v), v), v);
+		const __m256 t = tanh_det8(_mm256_mul_ps(_mm256_set1_ps(HI3_GELU_K), _mm256_add_ps(v, c)));
+		_mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.0f), t)));
+	}
+}
+
+/* The key mask as 0 / -1 words for 8 keys from j (all kept without one). */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 keep8(const uint8_t *mask, int j)
+{
+	if (!mask)
+		return _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+	return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mask + j))),
+	                                              _mm256_setzero_si256()));
+}
+
+__attribute__((target("avx2,fma"))) static int softmax_avx2(float *r, int M, float scale, const uint8_t *mask)
+{
+	const __m256 ninf = _mm256_set1_ps(-INFINITY), vs = _mm256_set1_ps(scale);
+	__m256 vm = ninf, l0 = _mm256_setzero_ps(), l1 = l0;
+	float mx, l[16];
+	int j = 0;
+
+	for (; j + 8 <= M; j += 8) {
+		const __m256 v = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(r + j), vs), keep8(mask, j));
+		_mm256_storeu_ps(r + j, v);
+		vm = _mm256_max_ps(vm, v);
+	}
+	_mm256_storeu_ps(l, vm);
+	mx = -INFINITY;
+	for (int i = 0; i < 8; i++)
+		mx = l[i] > mx ? l[i] : mx;
+	for (; j < M; j++) {
+		r[j] = (!mask || mask[j]) ? r[j] * scale : -INFINITY;
+		mx = r[j] > mx ? r[j] : mx;
+	}
+	if (mx == -INFINITY)
+		return 0;
+	for (j = 0; j + 16 <= M; j += 16) {
+		const __m256 e0 = exp_det8(_mm256_sub_ps(_mm256_loadu_ps(r + j), _mm256_set1_ps(mx)));
+		const __m256 e1 = exp_det8(_mm256_sub_ps(_mm256_loadu_ps(r + j + 8), _mm256_set1_ps(mx)));
+		_mm256_storeu_ps(r + j, e0);
+		_mm256_storeu_ps(r + j + 8, e1);
+		l0 = _mm256_add_ps(l0, e0);
+		l1 = _mm256_add_ps(l1, e1);
+	}
+	_mm256_storeu_ps(l, l0);
+	_mm256_storeu_ps(l + 8, l1);
+	for (; j < M; j++) {
+		r[j] = hi3i_exp_det(r[j] - mx);
+		l[j % 16] += r[j];
+	}
+	{
+		const float sum = lanes16_sum(l);
+		const __m256 vsum = _mm256_set1_ps(sum);
+		for (j = 0; j + 8 <= M; j += 8)
+			_mm256_storeu_ps(r + j, _mm256_div_ps(_mm256_loadu_ps(r + j), vsum));
+		for (; j < M; j++)
+			r[j] /= sum;
+	}
+	return 1;
+}
+#endif
+
 /* Softmax of the scores s (n, M) in place, times scale first, keys with
  * mask[j] == 0 left out (weight 0); a row with no key left is all zeros. */
 static void softmax_rows(float *s, int n, int M, float scale, const uint8_t *mask)
 {
+#if defined(__x86_64__)
+	const int simd = hi3i_gemm_level() >= 1;
+#else
+	const int simd = 0;
+#endif
+
 #pragma omp parallel for schedule(static) if (PAR((size_t)n * (size_t)M))
 	for (int i = 0; i < n; i++) {
-		float *r = s + (size_t)i * M, mx = -INFINITY, sum = 0.0f;
-		for (int j = 0; j < M; j++) {
-			r[j] = (!mask || mask[j]) ? r[j] * scale : -INFINITY;
-			mx = r[j] > mx ? r[j] : mx;
-		}
-		if (mx == -INFINITY) {
+		float *r = s + (size_t)i * M;
+		int any;
+#if defined(__x86_64__)
+		if (simd)
+			any = softmax_avx2(r, M, scale, mask);
+		else
+#endif
+			any = softmax_portable(r, M, scale, mask);
+		if (!any)
 			memset(r, 0, sizeof(float) * (size_t)M);
-			continue;
-		}
-		for (int j = 0; j < M; j++) {
-			r[j] = r[j] == -INFINITY ? 0.0f : expf(r[j] - mx);
-			sum += r[j];
-		}
-		for (int j = 0; j < M; j++)
-			r[j] /= sum;
 	}
 }
 

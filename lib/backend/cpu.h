@@ -24,6 +24,51 @@ struct hi3_wt {
 
 #include <math.h>
 
+/*
+ * exp and tanh whose vector twins (cpu-image.c) give the same bits, for the
+ * softmax of attention_dense and the tanh GELU:
+ *
+ * hi3i_exp_det(x): x = n ln 2 + r with n = x log2(e) rounded to nearest
+ * even and r = x - n ln2_hi - n ln2_lo (fused), exp(r) by Cephes' degree-6
+ * polynomial (fused Horner steps, then p r^2 + r, + 1), times 2^n; 0 below
+ * -87 (where 2^n leaves the normal floats), x <= 88. Within 2 ulp of exp.
+ * hi3i_tanh_det(u) = copysign(1 - 2 / (exp_det(2 min(|u|, 9)) + 1), u):
+ * within 1 ulp of 1 in absolute terms (what 1 + tanh needs).
+ */
+#define HI3_EXP_LOG2E 1.44269504088896341f
+#define HI3_EXP_LN2_HI 0.693359375f
+#define HI3_EXP_LN2_LO -2.12194440e-4f
+#define HI3_EXP_MIN -87.0f
+#define HI3_TANH_MAX 9.0f
+#define HI3_GELU_K 0.79788456080286536f   /* sqrt(2 / pi) */
+static const float hi3i_exp_c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                                    1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float hi3i_exp_det(float x)
+{
+	float n, r, p;
+	union { float f; uint32_t u; } e;
+
+	if (!(x >= HI3_EXP_MIN))
+		return x != x ? x : 0.0f;
+	n = nearbyintf(x * HI3_EXP_LOG2E);
+	r = fmaf(n, -HI3_EXP_LN2_HI, x);
+	r = fmaf(n, -HI3_EXP_LN2_LO, r);
+	p = hi3i_exp_c[0];
+	for (int i = 1; i < 6; i++)
+		p = fmaf(p, r, hi3i_exp_c[i]);
+	p = fmaf(p, r * r, r) + 1.0f;
+	e.u = (uint32_t)((int)n + 127) << 23;
+	return p * e.f;
+}
+
+static inline float hi3i_tanh_det(float u)
+{
+	if (u != u)
+		return u;
+	return copysignf(1.0f - 2.0f / (hi3i_exp_det(2.0f * fminf(fabsf(u), HI3_TANH_MAX)) + 1.0f), u);
+}
+
 /* The activations of the act op and of groupnorm's (enum hi3_act). */
 static inline float hi3i_cpu_act1(float x, int act)
 {
@@ -32,10 +77,8 @@ static inline float hi3i_cpu_act1(float x, int act)
 		return x * (1.0f / (1.0f + expf(-x)));
 	case HI3_ACT_GELU:
 		return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-	case HI3_ACT_GELU_TANH: {
-		const float k = 0.79788456080286536f;   /* sqrt(2 / pi) */
-		return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-	}
+	case HI3_ACT_GELU_TANH:
+		return 0.5f * x * (1.0f + hi3i_tanh_det(HI3_GELU_K * (x + 0.044715f * x * x * x)));
 	}
 	return x;
 }

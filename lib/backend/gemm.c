@@ -679,11 +679,23 @@ int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M)
 		memset(y, 0, sizeof(float) * (size_t)M * (size_t)N);
 		return 0;
 	}
-#pragma omp parallel if (nq > 1 && (double)M * N * K >= 1 << 18) reduction(| : failed)
+	/* Threads split the columns; a product of few columns and many rows
+	 * (attention's P V) splits the rows instead, in tiles of 8, so that no
+	 * thread packs rows it does not use. Either way an element is one
+	 * thread's, in the order of gemm.h. */
+	const int by_rows = nq < 32 && M >= 256;
+#pragma omp parallel if ((nq > 1 || by_rows) && (double)M * N * K >= 1 << 18) reduction(| : failed)
 	{
 		int nt = omp_get_num_threads(), id = omp_get_thread_num();
 
-		gemm_range(y, x, w, M, (int)((int64_t)nq * id / nt), (int)((int64_t)nq * (id + 1) / nt), &failed);
+		if (by_rows) {
+			const int nb = (M + 7) / 8, m0 = 8 * (int)((int64_t)nb * id / nt);
+			const int m1 = HI3_MIN(M, 8 * (int)((int64_t)nb * (id + 1) / nt));
+			if (m0 < m1)
+				gemm_range(y + (size_t)m0 * N, x + (size_t)m0 * K, w, m1 - m0, 0, nq, &failed);
+		} else {
+			gemm_range(y, x, w, M, (int)((int64_t)nq * id / nt), (int)((int64_t)nq * (id + 1) / nt), &failed);
+		}
 	}
 	return failed ? -1 : 0;
 }
