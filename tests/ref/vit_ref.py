@@ -25,8 +25,8 @@ counter-based generator, fp32 on the CPU.
 The fixtures run torch at ATEN_CPU_CAPABILITY=default, where the resizes
 (the processor's and the position grid's F.interpolate antialias) take the
 float kernels hi3 reproduces bit for bit. Needs torch, torchvision, numpy,
-safetensors, pillow and transformers >= 4.56 (upstream's pins: transformers
-4.57.1, pillow 12): make check-ref-vit, with PYTHONPATH naming them where
+safetensors, pillow and transformers >= 4.56, < 5 (upstream's pins: transformers
+4.57.1, pillow 12; 5.x lacks the modeling_attn_mask_utils siglip2.py imports): make check-ref-vit, with PYTHONPATH naming them where
 the Python's own are older.
 """
 import argparse
