@@ -1,6 +1,8 @@
 /* test-gemm.c -- the in-place GEMM against plain loops in its reduction
  * order (gemm.h), and batch invariance: a row's output is bitwise the same
- * alone, in any batch, at any position; for F32, BF16 and F16 weights. */
+ * alone, in any batch, at any position; for F32, BF16 and F16 weights, and
+ * for weight-only quantized ones (quant.h), which must also give the bits
+ * of the F32 matrix of their values; the e4m3 codec on every code. */
 #include <math.h>
 #include <string.h>
 #include "backend/gemm.h"
@@ -127,9 +129,135 @@ static void check_group(void)
 	ok(same, "a grouped call of %d products equals the separate calls bit for bit", NJ);
 }
 
+/* Codes and scales of format fmt for a random (N, K) matrix, at odd
+ * offsets of one buffer (a tensor need not be aligned). */
+static void check_quant(int fmt, int N, int K, int M)
+{
+	uint64_t s = (uint64_t)(fmt * 7919 + N * 131 + K);
+	const size_t nk = (size_t)N * K, nb = (nk + 63) / 64;
+	unsigned char *buf = calloc(nk + 4 * nk / 16 + 8 * nb + 4 * (size_t)N + 64, 1);
+	float *x = malloc(sizeof(float) * (size_t)M * K), *wf = malloc(sizeof(float) * nk);
+	float *y = malloc(sizeof(float) * (size_t)M * N), *yf = malloc(sizeof(float) * (size_t)M * N);
+	float *y1 = malloc(sizeof(float) * (size_t)N);
+	hi3_qweight q = {.format = fmt, .N = N, .K = K, .round_to = HI3_F32};
+	hi3_wmat p, pf;
+	hi3_error err = {0};
+	int same = 1, rows = 1;
+
+	q.codes = buf + 1;
+	q.scale = buf + 1 + nk + 3;
+	for (size_t i = 0; i < nk; i++)
+		buf[1 + i] = (unsigned char)(frand(&s) * 127 + 128);
+	switch (fmt) {
+	case HI3_Q_FP8:              /* per-row BF16 scales, values rounded to BF16 */
+		q.scale_dtype = HI3_BF16;
+		q.round_to = HI3_BF16;
+		q.per_row = 1;
+		for (int n = 0; n < N; n++) {
+			uint16_t h = hi3_f32_to_bf16(0.01f + fabsf(frand(&s)) * 0.1f);
+			memcpy((unsigned char *)q.scale + 2 * n, &h, 2);
+		}
+		for (size_t i = 0; i < nk; i++)     /* no NaN codes */
+			if ((buf[1 + i] & 0x7f) == 0x7f)
+				buf[1 + i] ^= 1;
+		break;
+	case HI3_Q_INT8:
+		q.scale_dtype = HI3_F32;
+		for (int n = 0; n < N; n++) {
+			float f = 0.5f + fabsf(frand(&s));
+			memcpy((unsigned char *)q.scale + 4 * n, &f, 4);
+		}
+		break;
+	case HI3_Q_NF4:              /* double quantization, blocks across rows */
+		q.block = 64;
+		q.nested = 1;
+		q.nested_block = 4;
+		q.offset = 0.03125f;
+		q.round_to = HI3_BF16;
+		q.scale_dtype = HI3_U8;
+		q.nested_absmax = (unsigned char *)q.scale + nb + 1;
+		for (int i = 0; i < 16; i++)
+			q.map[i] = -1.0f + (float)i / 7.5f;
+		for (int i = 0; i < 256; i++)
+			q.nested_map[i] = -1.0f + (float)i / 127.5f;
+		for (size_t b = 0; b < nb; b++)
+			((unsigned char *)q.scale)[b] = (unsigned char)(frand(&s) * 127 + 128);
+		for (size_t b = 0; b < (nb + 3) / 4; b++) {
+			float f = 0.5f + fabsf(frand(&s));
+			memcpy((unsigned char *)q.nested_absmax + 4 * b, &f, 4);
+		}
+		break;
+	case HI3_Q_NVFP4:
+		q.block = 16;
+		q.scale2 = 0.0078125f * 1.3f;
+		q.scale_dtype = HI3_F8_E4M3;
+		for (size_t b = 0; b < nk / 16; b++)
+			((unsigned char *)q.scale)[b] = (unsigned char)(frand(&s) * 50 + 60);
+		break;
+	}
+	for (int n = 0; n < N; n++)
+		for (int k = 0; k < K; k++)
+			wf[(size_t)n * K + k] = hi3i_qweight_at(&q, n, k);
+	for (int i = 0; i < M * K; i++)
+		x[i] = frand(&s);
+	hi3i_wmat_init_q(&p, &q);
+	ok(hi3i_wmat_init(&pf, wf, HI3_F32, N, K, &err) == 0, "%s %dx%d", hi3i_qformat_name(fmt), N, K);
+	hi3i_gemm(yf, x, &pf, M);
+	for (int level = 0; level <= hi3i_gemm_isa(-1); level++) {
+		hi3i_gemm_isa(level);
+		hi3i_gemm(y, x, &p, M);
+		same &= !memcmp(y, yf, sizeof(float) * (size_t)M * N);
+	}
+	hi3i_gemm_isa(-1);
+	ok(same, "%s M=%d N=%d K=%d: every kernel gives the bits of the F32 matrix of its values",
+	   hi3i_qformat_name(fmt), M, N, K);
+	hi3i_gemm_ref(y, x, &p, M);
+	ok(!memcmp(y, yf, sizeof(float) * (size_t)M * N), "%s M=%d N=%d K=%d: the reference loops too",
+	   hi3i_qformat_name(fmt), M, N, K);
+	for (int m = 0; m < M; m++) {
+		hi3i_gemm(y1, x + (size_t)m * K, &p, 1);
+		rows &= !memcmp(y1, yf + (size_t)m * N, sizeof(float) * (size_t)N);
+	}
+	ok(rows, "%s M=%d N=%d K=%d: every row alone equals that row in the batch", hi3i_qformat_name(fmt), M, N, K);
+	free(buf);
+	free(x);
+	free(wf);
+	free(y);
+	free(yf);
+	free(y1);
+}
+
+/* e4m3: every code decodes and encodes back to itself (NaN to NaN); the
+ * encoder rounds to nearest even and saturates at 448. */
+static void check_e4m3(void)
+{
+	int round_trip = 1;
+
+	for (int c = 0; c < 256; c++) {
+		float f = hi3i_e4m3_to_f32((uint8_t)c);
+		if ((c & 0x7f) == 0x7f)
+			round_trip &= isnan(f) && (hi3i_f32_to_e4m3(f) & 0x7f) == 0x7f;
+		else
+			round_trip &= hi3i_f32_to_e4m3(f) == c || (f == 0 && (hi3i_f32_to_e4m3(f) & 0x7f) == 0);
+	}
+	ok(round_trip, "e4m3: the 256 codes round-trip");
+	ok(hi3i_e4m3_to_f32(0x7e) == 448.0f && hi3i_f32_to_e4m3(1e6f) == 0x7e && hi3i_f32_to_e4m3(-500.0f) == 0xfe,
+	   "e4m3: 448 is the largest, larger values saturate");
+	ok(hi3i_f32_to_e4m3(1.0625f) == 0x38 && hi3i_f32_to_e4m3(1.1875f) == 0x3a &&
+	   hi3i_f32_to_e4m3(0x1p-10f) == 0x00 && hi3i_f32_to_e4m3(0x1.8p-9f) == 0x02,
+	   "e4m3: ties to even (normal and subnormal)");
+	ok(hi3i_e2m1_to_f32(7) == 6.0f && hi3i_e2m1_to_f32(9) == -0.5f && hi3i_e2m1_to_f32(3) == 1.5f, "e2m1 values");
+}
+
 int main(void)
 {
 	check_group();
+	check_e4m3();
+	for (int fmt = HI3_Q_FP8; fmt <= HI3_Q_NVFP4; fmt++) {
+		check_quant(fmt, 37, 96, 19);
+		check_quant(fmt, 13, 1040, 9);   /* several k slices */
+		check_quant(fmt, 6, 32, 1);
+	}
 	/* K = 2100 and 2051 take several k slices (lanes carried between them) */
 	/* (N, K, M): with AVX-512, M >= 8 takes the packed kernel: rows past a
 	 * tile of 8, N past a tile of 6, K % 8, and K = 4700 (several k slices,

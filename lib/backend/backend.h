@@ -21,6 +21,7 @@
 #define HI3_BACKEND_H
 
 #include "core/internal.h"
+#include "backend/quant.h"
 
 /* A weight as a backend uses it: the CPU multiplies the mapped tensor in
  * place; CUDA holds a device copy. */
@@ -123,6 +124,11 @@ typedef struct hi3_backend_ops {
 	 * copied (vectors become f32); CUDA: uploaded, see weights_done */
 	hi3_wt *(*weight)(struct hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err);
 	void (*weight_free)(struct hi3_backend *be, hi3_wt *w);
+	/* optional (NULL: the backend runs no quantized weight): a weight-only
+	 * quantized (N, K) matrix for matmul (quant.h), its codes the tensor t
+	 * and its scales mapped beside it, copied into the weight (q need not
+	 * outlive the call; the bytes it points to do) */
+	hi3_wt *(*qweight)(struct hi3_backend *be, const hi3_tensor *t, const struct hi3_qweight *q, hi3_error *err);
 	/* optional: after the model's last weight (CUDA: waits for the uploads,
 	 * -v reports their rate); 0, or -1 with err set */
 	int (*weights_done)(struct hi3_backend *be, hi3_error *err);

@@ -134,6 +134,22 @@ fail:
 	return NULL;
 }
 
+static hi3_wt *cpu_qweight(hi3_backend *be, const hi3_tensor *t, const hi3_qweight *q, hi3_error *err)
+{
+	hi3_wt *w = hi3i_calloc(1, sizeof(*w), err);
+
+	(void)be;
+	if (!w)
+		return NULL;
+	w->kind = HI3_WT_MATRIX;
+	w->t = t;
+	w->qw = *q;
+	w->N = q->N;
+	w->K = q->K;
+	hi3i_wmat_init_q(&w->mat, &w->qw);
+	return w;
+}
+
 static void cpu_weight_free(hi3_backend *be, hi3_wt *w)
 {
 	(void)be;
@@ -184,7 +200,7 @@ static void cpu_sgemm(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 	const size_t es = hi3_dtype_size(wm->dtype);
 	int nb;
 
-	if (wm->dtype == HI3_F32 && (uintptr_t)wm->data % sizeof(float) == 0) {
+	if (!wm->q && wm->dtype == HI3_F32 && (uintptr_t)wm->data % sizeof(float) == 0) {
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, wm->data, K, 0.0f, y, N);
 		return;
 	}
@@ -200,10 +216,13 @@ static void cpu_sgemm(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 	}
 	for (int n0 = 0; n0 < N; n0 += nb) {
 		const int nr = HI3_MIN(nb, N - n0);
-		const unsigned char *src = (const unsigned char *)wm->data + (size_t)n0 * (size_t)K * es;
+		const unsigned char *src = wm->q ? NULL : (const unsigned char *)wm->data + (size_t)n0 * (size_t)K * es;
 #pragma omp parallel for schedule(static) if (PAR((size_t)nr * K))
 		for (int r = 0; r < nr; r++)
-			hi3_to_f32(c->wide + (size_t)r * K, src + (size_t)r * K * es, wm->dtype, (size_t)K);
+			if (wm->q)
+				hi3i_qweight_rows(wm->q, c->wide + (size_t)r * K, (size_t)K, n0 + r, 1, 0, K);
+			else
+				hi3_to_f32(c->wide + (size_t)r * K, src + (size_t)r * K * es, wm->dtype, (size_t)K);
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nr, K, 1.0f, x, K, c->wide, K, 0.0f, y + n0, N);
 	}
 }
@@ -663,6 +682,7 @@ static const hi3_backend_ops cpu_ops = {
 	.mem_free = cpu_mem_free,
 	.weight = cpu_weight,
 	.weight_free = cpu_weight_free,
+	.qweight = cpu_qweight,
 	.kv_attach = cpu_kv_attach,
 	.kv_detach = cpu_kv_detach,
 	.kv_layer = cpu_kv_layer,

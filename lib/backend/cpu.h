@@ -20,6 +20,7 @@ struct hi3_wt {
 	float *f32;               /* vectors: converted */
 	int used;                 /* first use reported (be->first_use) */
 	uint8_t *seen;            /* rows: a bit per row gathered so far */
+	hi3_qweight qw;           /* a quantized matrix: mat.q points here */
 };
 
 #include <math.h>

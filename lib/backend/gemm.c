@@ -17,7 +17,10 @@
  * exact), and combined after the last. BF16 and F16 rows are widened in
  * registers for a few rows (decode), else a chunk's k slice is widened once
  * into an f32 buffer and reused by the block's row tiles.
- * Widening is exact, so the bits are the same every way.
+ * Widening is exact, so the bits are the same every way. A quantized
+ * weight (quant.h) is always dequantized that way, a chunk's k slice into
+ * the f32 buffer, even for one row: each value is a function of its stored
+ * bits alone, so the bits are again those of the f32 weights it stands for.
  *
  * With AVX-512 (checked at run time) a product of 8 rows or more takes the
  * kernel of the AVX-512 section below instead: x packed by pairs of rows,
@@ -54,6 +57,16 @@ int hi3i_wmat_init(hi3_wmat *w, const void *data, hi3_dtype dt, int N, int K, hi
 	w->N = N;
 	w->K = K;
 	return 0;
+}
+
+void hi3i_wmat_init_q(hi3_wmat *w, const hi3_qweight *q)
+{
+	memset(w, 0, sizeof(*w));
+	w->data = q->codes;
+	w->dtype = HI3_F32;
+	w->N = q->N;
+	w->K = q->K;
+	w->q = q;
 }
 
 static int wkind(hi3_dtype dt)
@@ -97,6 +110,18 @@ void hi3i_gemm_ref(float *y, const float *x, const hi3_wmat *w, int M)
 	const int kind = wkind(w->dtype);
 	const size_t row = (size_t)w->K * hi3_dtype_size(w->dtype);
 
+	if (w->q) {
+		float *wr = malloc(sizeof(float) * (size_t)HI3_MAX(w->K, 1));
+		HI3_ASSERT(wr);
+		for (int n = 0; n < w->N; n++) {
+			for (int k = 0; k < w->K; k++)
+				wr[k] = hi3i_qweight_at(w->q, n, k);
+			for (int m = 0; m < M; m++)
+				y[(size_t)m * w->N + n] = dot_ref(x + (size_t)m * w->K, wr, WF32, w->K);
+		}
+		free(wr);
+		return;
+	}
 	for (int m = 0; m < M; m++)
 		for (int n = 0; n < w->N; n++)
 			y[(size_t)m * w->N + n] = dot_ref(x + (size_t)m * w->K,
@@ -557,7 +582,7 @@ static int scratch_get(struct scratch *s, const hi3_wmat *w, int M)
 	s->part = s->wide = NULL;
 	if (w->K > KC && !(s->part = malloc(sizeof(float) * ((MC + BR - 1) / BR) * qc * BR * BN * 8)))
 		return -1;
-	if (w->dtype != HI3_F32 && M > WIDEN_ROWS && !(s->wide = malloc(sizeof(float) * qc * BN * kc))) {
+	if ((w->q || (w->dtype != HI3_F32 && M > WIDEN_ROWS)) && !(s->wide = malloc(sizeof(float) * qc * BN * kc))) {
 		free(s->part);
 		return -1;
 	}
@@ -585,7 +610,7 @@ static void gemm_tiles(float *y, const float *x, const hi3_wmat *w, int m0, int 
 
 	for (int c0 = q0; c0 < q1; c0 += qc) {
 		const int c1 = HI3_MIN(q1, c0 + qc), n0 = c0 * BN, nc = HI3_MIN(N, c1 * BN) - n0;
-		const unsigned char *wc = (const unsigned char *)w->data + (size_t)n0 * (size_t)K * es;
+		const unsigned char *wc = w->q ? NULL : (const unsigned char *)w->data + (size_t)n0 * (size_t)K * es;
 
 		for (int k0 = 0; k0 < K; k0 += kc) {
 			const int k1 = HI3_MIN(K, k0 + kc);
@@ -594,8 +619,17 @@ static void gemm_tiles(float *y, const float *x, const hi3_wmat *w, int m0, int 
 			int kind = kind0;
 			size_t wes = es;
 
+			if (w->q) {
+				/* a quantized chunk: its k slice dequantized here, whatever M */
+				hi3i_qweight_rows(w->q, s->wide, (size_t)(k1 - k0), n0, nc, k0, k1 - k0);
+				a.w = s->wide;
+				a.ldw = (size_t)(k1 - k0);
+				a.wk0 = k0;
+				kind = WF32;
+				wes = sizeof(float);
+			}
 #ifdef HAVE_X86
-			if (simd && kind != WF32 && s->wide) {
+			else if (simd && kind != WF32 && s->wide) {
 				widen_avx2(s->wide, wc, kind, nc, (size_t)K, k0, k1 - k0);
 				a.w = s->wide;
 				a.ldw = (size_t)(k1 - k0);
@@ -645,7 +679,7 @@ static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q
 	if (n0 >= n1)
 		return;
 #ifdef HAVE_X86
-	if (isa() >= 2 && M >= MR5) {
+	if (isa() >= 2 && M >= MR5 && !w->q) {
 		const int mc = HI3_MIN(M, MC5), nt = (mc + MR5 - 1) / MR5;
 		float *xp = hi3i_aligned_alloc(sizeof(float) * (size_t)nt * pack_tile_floats(w->K), NULL);
 		float *part = w->K > KS5 * 8 ? hi3i_aligned_alloc(sizeof(float) * (size_t)nt * (NC5 / NR5) * ACC5, NULL)

@@ -20,16 +20,24 @@
 #define HI3_GEMM_H
 
 #include "core/internal.h"
+#include "backend/quant.h"
 
-/* A weight matrix as stored: (N, K) row major, row n at data + n K elements. */
+/* A weight matrix as stored: (N, K) row major, row n at data + n K elements;
+ * or (q set) a weight-only quantized one (quant.h), its codes and scales
+ * where they lie, dequantized a tile at a time inside the product (the
+ * value of each element fixed by its stored bits, so the lanes and their
+ * order are those above and the product is that over the f32 values). */
 typedef struct hi3_wmat {
 	const void *data;
-	hi3_dtype dtype;          /* F32, BF16 or F16 */
+	hi3_dtype dtype;          /* F32, BF16 or F16 (q: unused) */
 	int N, K;
+	const hi3_qweight *q;     /* NULL, or the quantized weight (the caller keeps it) */
 } hi3_wmat;
 
 /* 0, or -1 with err set when dt cannot be multiplied in place. */
 int hi3i_wmat_init(hi3_wmat *w, const void *data, hi3_dtype dt, int N, int K, hi3_error *err);
+/* The quantized weight q (kept by the caller while w is used). */
+void hi3i_wmat_init_q(hi3_wmat *w, const hi3_qweight *q);
 /* 0, or -1 when out of memory for a few KiB of scratch (y unwritten). */
 int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M);
 /* n independent products y[i] (M[i], N_i) = x[i] . W_i^T in one parallel

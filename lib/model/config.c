@@ -16,6 +16,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include "model/config-internal.h"
+#include "model/quant.h"
 
 /* ------------------------------------------------------------ the table */
 
@@ -890,9 +891,22 @@ static int expect(const hi3_ckpt *ck, const char *what, int64_t d0, int64_t d1, 
 	int64_t want[2] = {d0, d1};
 	char a[96], b[96];
 
+	int64_t q[2];
+	int qr;
+
 	if (!t)
 		return hi3_error_set(err, HI3_ERR_INPUT, "checkpoint: tensor '%s' is missing (the config needs it)",
 		                     what);
+	if (ndim == 2 && (qr = hi3i_quant_logical_shape(ck, what, q, err)) != 0) {
+		if (qr < 0)
+			return -1;
+		/* a quantized matrix: the shape it stands for (model/quant.h) */
+		if (q[0] != d0 || q[1] != d1)
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': the config implies shape %s, the "
+			                     "quantized checkpoint has %s", hi3_ckpt_file_of(ck, what), what,
+			                     hi3_shape_str(a, sizeof(a), ndim, want), hi3_shape_str(b, sizeof(b), 2, q));
+		return 0;
+	}
 	if (!hi3_dtype_is_float(t->dtype) || t->dtype == HI3_F8_E4M3 || t->dtype == HI3_F8_E5M2)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s': dtype %s is not supported for weights "
 		                     "(F32, BF16, F16)", hi3_ckpt_file_of(ck, what), what, hi3_dtype_name(t->dtype));

@@ -81,6 +81,7 @@ struct hi3_model {
 	char *dir;
 	hi3_config cfg;
 	hi3_ckpt *ck;
+	struct hi3_quant *quant;  /* the checkpoint's quantization (model/quant.h), or NULL */
 	char fingerprint[17];
 	struct hi3i_model_facts facts; /* what the stage files check and are shaped by */
 	hi3_gen_defaults gen;       /* generation_config.json */

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "model/model.h"
+#include "model/quant.h"
 
 #define NAME(...) (snprintf(nm, sizeof(nm), __VA_ARGS__), nm)
 
@@ -25,11 +26,32 @@
 static hi3_wt *load_w_rows(hi3_model *m, const char *name, int kind, int64_t r0, int64_t n, hi3_error *err)
 {
 	const hi3_tensor *t = hi3_ckpt_find(m->ck, name);
+	hi3_qweight qw;
 	hi3_wt *w;
+	int qr;
 
 	if (!t) {
 		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor '%s' is missing", m->dir, name);
 		return NULL;
+	}
+	if (kind == HI3_WT_MATRIX && (qr = hi3i_quant_weight(m->quant, m->ck, name, &qw, err)) != 0) {
+		if (qr < 0)
+			return NULL;
+		if (n > 0 && n != qw.N) {
+			hi3_error_set(err, HI3_ERR_USAGE, "%s: tensor '%s': a quantized weight (%s) is not split over tensor-"
+			              "parallel ranks yet; run it with tp=1 (ep splits experts and works)", m->dir, name,
+			              hi3i_qformat_name(qw.format));
+			return NULL;
+		}
+		if (!m->be->ops->qweight) {
+			hi3_error_set(err, HI3_ERR_USAGE, "%s: tensor '%s' is quantized (%s, %s) and the %s backend has no "
+			              "kernels for quantized weights yet; run it with --backend cpu", m->dir, name,
+			              hi3i_qformat_name(qw.format), hi3i_quant_describe(m->quant), m->be->name);
+			return NULL;
+		}
+		if (!(w = m->be->ops->qweight(m->be, t, &qw, err)))
+			hi3_error_prefix(err, "%s: tensor '%s'", m->dir, name);
+		return w;
 	}
 	if (n > 0 && !(t = hi3i_shard_rows(m, t, r0, n, err))) {
 		hi3_error_prefix(err, "%s", m->dir);
@@ -233,8 +255,12 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 		hi3_log(HI3_LOG_WARN, "%s: %s", cfg_path, m->cfg.warnings[i]);
 	if (hi3_ckpt_open(&m->ck, dir, err) != 0)
 		goto out;
-	if (hi3_config_validate(&m->cfg, m->ck, err) != 0)
+	if (hi3i_quant_open(&m->quant, dir, m->cfg.json, err) != 0 || hi3_config_validate(&m->cfg, m->ck, err) != 0)
 		goto out;
+	if (m->quant && hi3i_quant_activations(m->quant)[0])
+		hi3_log(HI3_LOG_INFO, "%s: %s; it asks for %s, which hi3 does not apply: weights are dequantized, "
+		        "activations stay f32 (hi3-quant(7))", dir, hi3i_quant_describe(m->quant),
+		        hi3i_quant_activations(m->quant));
 	if (hi3_fingerprint(&m->cfg, m->ck, m->fingerprint) != 0) {
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
 		goto out;
@@ -327,6 +353,7 @@ void hi3_model_close(hi3_model *m)
 	}
 	free(m->layers);
 	hi3_ckpt_close(m->ck);
+	hi3i_quant_close(m->quant);
 	hi3_config_release(&m->cfg);
 	free(m->dir);
 	free(m);

@@ -1,0 +1,221 @@
+/*
+ * quant.c -- the values of weight-only quantized matrices (quant.h): the
+ * e4m3 and e2m1 decoders, the e4m3 encoder `hi3 quantize` uses, and the
+ * dequantization of a tile of rows that the GEMM multiplies.
+ *
+ * Stored bytes are read with memcpy: a tensor of a safetensors file need
+ * not be aligned for its dtype.
+ */
+#include <math.h>
+#include <string.h>
+#include "backend/quant.h"
+
+const char *hi3i_qformat_name(int format)
+{
+	static const char *const names[] = {"none", "fp8", "int8", "nf4", "nvfp4"};
+
+	return format >= 0 && format < (int)HI3_ARRAY_SIZE(names) ? names[format] : "unknown";
+}
+
+float hi3i_e4m3_to_f32(uint8_t b)
+{
+	const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+	float v;
+
+	if (e == 15 && m == 7)
+		return NAN;
+	v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m / 8.0f, -6);
+	return s ? -v : v;
+}
+
+uint8_t hi3i_f32_to_e4m3(float f)
+{
+	const uint8_t s = signbit(f) ? 0x80 : 0;
+	double a = fabs((double)f), q;
+	int e;
+
+	if (isnan(f))
+		return 0x7F;
+	if (a >= 448.0)
+		return s | 0x7E;
+	if (a < 0x1p-6) {                  /* subnormal: steps of 2^-9 */
+		q = nearbyint(a * 512.0);
+		return s | (uint8_t)q;      /* q = 8 is the least normal, 0x08 */
+	}
+	e = ilogb(a);
+	q = nearbyint((a / ldexp(1.0, e) - 1.0) * 8.0);
+	if (q == 8) {
+		q = 0;
+		e++;
+	}
+	if (e > 8 || (e == 8 && q > 6))
+		return s | 0x7E;
+	return s | (uint8_t)((e + 7) << 3) | (uint8_t)q;
+}
+
+float hi3i_e2m1_to_f32(unsigned c)
+{
+	static const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+	return c & 8 ? -v[c & 7] : v[c & 7];
+}
+
+static float e4m3_lut[256];
+static int lut_ready;
+
+static void lut_init(void)
+{
+	/* idempotent: threads racing here write the same values */
+	if (__atomic_load_n(&lut_ready, __ATOMIC_ACQUIRE))
+		return;
+	for (int i = 0; i < 256; i++)
+		e4m3_lut[i] = hi3i_e4m3_to_f32((uint8_t)i);
+	__atomic_store_n(&lut_ready, 1, __ATOMIC_RELEASE);
+}
+
+static float scale_at(const void *p, hi3_dtype dt, size_t i)
+{
+	uint16_t h;
+	float f;
+
+	switch (dt) {
+	case HI3_BF16:
+		memcpy(&h, (const uint16_t *)p + i, 2);
+		return hi3_bf16_to_f32(h);
+	case HI3_F16:
+		memcpy(&h, (const uint16_t *)p + i, 2);
+		return hi3_f16_to_f32(h);
+	case HI3_F8_E4M3:
+		return hi3i_e4m3_to_f32(((const uint8_t *)p)[i]);
+	default:
+		memcpy(&f, (const float *)p + i, 4);
+		return f;
+	}
+}
+
+static float round_to(float v, hi3_dtype dt)
+{
+	if (dt == HI3_BF16)
+		return hi3_bf16_to_f32(hi3_f32_to_bf16(v));
+	if (dt == HI3_F16)
+		return hi3_f16_to_f32(hi3_f32_to_f16(v));
+	return v;
+}
+
+/* NF4: the scale of absmax block b. */
+static float nf4_absmax(const hi3_qweight *q, size_t b)
+{
+	float a;
+
+	if (!q->nested)
+		return scale_at(q->scale, HI3_F32, b);
+	memcpy(&a, (const float *)q->nested_absmax + b / (size_t)q->nested_block, 4);
+	/* two roundings, as bitsandbytes (no fused multiply-add) */
+	volatile float p = q->nested_map[((const uint8_t *)q->scale)[b]] * a;
+	return p + q->offset;
+}
+
+static void rows_fp8(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
+{
+	for (int r = 0; r < rows; r++) {
+		const int n = n0 + r;
+		const float s = scale_at(q->scale, q->scale_dtype, q->per_row ? (size_t)n : 0);
+		const uint8_t *c = q->codes + (size_t)n * q->K + k0;
+		float *d = dst + (size_t)r * ld;
+
+		if (q->round_to == HI3_F32)
+			for (int k = 0; k < nk; k++)
+				d[k] = e4m3_lut[c[k]] * s;
+		else
+			for (int k = 0; k < nk; k++)
+				d[k] = round_to(e4m3_lut[c[k]] * s, q->round_to);
+	}
+}
+
+static void rows_int8(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
+{
+	const float inv127 = 7.874015718698502e-3f;
+
+	for (int r = 0; r < rows; r++) {
+		const int n = n0 + r;
+		const float s = scale_at(q->scale, HI3_F32, (size_t)n);
+		const int8_t *c = (const int8_t *)q->codes + (size_t)n * q->K + k0;
+		float *d = dst + (size_t)r * ld;
+
+		for (int k = 0; k < nk; k++)
+			d[k] = ((float)c[k] * s) * inv127;
+	}
+}
+
+static void rows_nf4(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
+{
+	for (int r = 0; r < rows; r++) {
+		const size_t i0 = (size_t)(n0 + r) * q->K + k0;
+		float *d = dst + (size_t)r * ld;
+		size_t b = (size_t)-1;
+		float a = 0;
+
+		for (int k = 0; k < nk; k++) {
+			const size_t i = i0 + k;
+			const uint8_t byte = q->codes[i / 2];
+			const unsigned c = i & 1 ? byte & 15 : byte >> 4;
+			if (i / (size_t)q->block != b) {
+				b = i / (size_t)q->block;
+				a = nf4_absmax(q, b);
+			}
+			d[k] = round_to(q->map[c] * a, q->round_to);
+		}
+	}
+}
+
+static void rows_nvfp4(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
+{
+	const size_t nb = (size_t)q->K / (size_t)q->block;
+
+	for (int r = 0; r < rows; r++) {
+		const int n = n0 + r;
+		const uint8_t *c = q->codes + (size_t)n * (size_t)(q->K / 2);
+		const uint8_t *sc = (const uint8_t *)q->scale + (size_t)n * nb;
+		float *d = dst + (size_t)r * ld;
+		int b = -1;
+		float s = 0;
+
+		for (int k = k0; k < k0 + nk; k++) {
+			const unsigned v = k & 1 ? c[k / 2] >> 4 : c[k / 2] & 15;
+			if (k / q->block != b) {
+				b = k / q->block;
+				s = e4m3_lut[sc[b]] * q->scale2;
+			}
+			d[k - k0] = hi3i_e2m1_to_f32(v) * s;
+		}
+	}
+}
+
+void hi3i_qweight_rows(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
+{
+	lut_init();
+	switch (q->format) {
+	case HI3_Q_FP8:
+		rows_fp8(q, dst, ld, n0, rows, k0, nk);
+		break;
+	case HI3_Q_INT8:
+		rows_int8(q, dst, ld, n0, rows, k0, nk);
+		break;
+	case HI3_Q_NF4:
+		rows_nf4(q, dst, ld, n0, rows, k0, nk);
+		break;
+	case HI3_Q_NVFP4:
+		rows_nvfp4(q, dst, ld, n0, rows, k0, nk);
+		break;
+	default:
+		HI3_ASSERT(0 && "unknown quantized format");
+	}
+}
+
+float hi3i_qweight_at(const hi3_qweight *q, int n, int k)
+{
+	float v;
+
+	hi3i_qweight_rows(q, &v, 1, n, 1, k, 1);
+	return v;
+}
