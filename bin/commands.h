@@ -13,6 +13,7 @@ int cmd_parity(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_tokenize_concat(int argc, char **argv);
 int cmd_run(int argc, char **argv);

@@ -30,6 +30,7 @@ static const struct cli_command commands[] = {
 	CMD("inspect", inspect, "show a safetensors file: format, metadata, tensors, values, PNG"),
 	CMD("diff", diff, "compare two safetensors files tensor by tensor"),
 	CMD("plan", plan, "per-rank memory of a parallel layout from config.json, and whether it fits"),
+	CMD("quantize", quantize, "write a checkpoint quantized weight-only: fp8 (compressed-tensors) or int8"),
 	CMD("bench", bench, "measure bandwidth, GEMMs, prefill and decode side by side"),
 	CMD("run", run, "run stage commands from a file or standard input, the model opened once"),
 };

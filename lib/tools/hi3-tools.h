@@ -271,4 +271,21 @@ int hi3_trace_diff_png(const hi3_trace_diff *d, const char *path, hi3_error *err
 #ifdef __cplusplus
 }
 #endif
+/* hi3 quantize (quantize.c, hi3-quant(7)): dir's checkpoint written to out
+ * with its transformer matrices quantized weight-only, shard by shard. */
+typedef struct hi3_quantize_opts {
+	int int8;                 /* 1: bitsandbytes int8; 0: compressed-tensors fp8 per channel */
+	const char *const *skip;  /* fnmatch patterns of module or tensor names kept as stored */
+	int n_skip;
+} hi3_quantize_opts;
+
+typedef struct hi3_quantize_result {
+	int shards, quantized, kept;  /* files written; tensors quantized and kept */
+	size_t bytes_in, bytes_out;   /* of the quantized matrices, before and after (codes + scales) */
+	double max_abs_error;         /* max |dequantized - source| over every quantized weight */
+} hi3_quantize_result;
+
+int hi3_quantize(const char *dir, const char *out, const hi3_quantize_opts *o, hi3_quantize_result *r,
+                 hi3_error *err);
+
 #endif /* HI3_LAYER_TOOLS_H */
