@@ -51,4 +51,20 @@ test_expect_success 'a layout whose weights do not fit a rank is refused before 
 	HI3_MEM_LIMIT=1G hi3 -q -m tm prefill c.st -o kv.st
 '
 
+test_expect_success 'quantized layouts (hi3-quant(7)): the released model on one H200 at batch 8, 4096 slots' '
+	for d in bf16 fp8 int8 nf4 nvfp4-mixed; do
+		hi3 plan -m "$REL" --ranks 1 --batch 8 --max-len 4096 --kv-dtype bf16 --dtype $d --mem 141G --json >$d.json
+		echo $? >$d.rc
+		echo "$d $(J per_rank/weights <$d.json) $(cat $d.rc)"
+	done &&
+	test "$(J dtype <nf4.json)" = nf4 &&
+	test $(cat bf16.rc) = 1 && test $(cat fp8.rc) = 0 && test $(cat nf4.rc) = 0 && test $(cat nvfp4-mixed.rc) = 0 &&
+	test $(J per_rank/weights <fp8.json) = $(J per_rank/weights <int8.json) &&
+	test $(J per_rank/weights <nf4.json) -lt $(J per_rank/weights <nvfp4-mixed.json) &&
+	test $(J per_rank/weights <nvfp4-mixed.json) -lt $(J per_rank/weights <fp8.json) &&
+	test $(( $(J per_rank/weights <fp8.json) * 100 / $(J per_rank/weights <bf16.json) )) -ge 50 &&
+	test $(( $(J per_rank/weights <fp8.json) * 100 / $(J per_rank/weights <bf16.json) )) -le 52 &&
+	test $(J per_rank/kv <fp8.json) = $(J per_rank/kv <bf16.json)
+'
+
 test_done

@@ -203,11 +203,25 @@ typedef struct hi3_trace hi3_trace;    /* an activation recorder, below */
  * activations are the forward's scratch for a prefill chunk of tokens
  * (min(batch * max_len, chunk_tokens)) plus a layout's gather buffers.
  */
+/* Quantized layouts of hi3-quant(7) for hi3_plan_compute: the layers'
+ * matrices (attention, dense MLPs, experts, shared experts) as the
+ * format stores them with their scales; embeddings, lm_head (dtype),
+ * norms and routers (f32) as stored. */
+enum hi3_plan_quant {
+	HI3_PLAN_Q_NONE,
+	HI3_PLAN_Q_FP8,           /* e4m3 + an f32 scale per row (compressed-tensors) */
+	HI3_PLAN_Q_INT8,          /* int8 + SCB per row (bitsandbytes) */
+	HI3_PLAN_Q_NF4,           /* 4 bits + a u8 absmax per 64 + nested f32 per 256 blocks (bitsandbytes) */
+	HI3_PLAN_Q_NVFP4_MIXED,   /* experts NVFP4 (4 bits + e4m3 per 16), the rest fp8 per tensor (ModelOpt) */
+};
+const char *hi3_plan_quant_name(int q);
+
 typedef struct hi3_plan_opts {
 	int tp, ep;               /* the layout: tp * ep ranks */
 	int batch;                /* B rows */
 	int64_t max_len;          /* C cache slots per row (prompt + new tokens) */
 	hi3_dtype dtype;          /* weights (the MoE router stays f32) */
+	int quant;                /* enum hi3_plan_quant: the layer matrices quantized (dtype: the rest) */
 	hi3_dtype kv_dtype;       /* the cache */
 	int64_t chunk_tokens;     /* tokens per prefill forward (0: 8192, prefill's default) */
 	uint64_t mem;             /* bytes a rank may use; 0: unknown */

@@ -23,6 +23,31 @@ static uint64_t part(int64_t n, int k)
 	return (uint64_t)((n + k - 1) / k);
 }
 
+const char *hi3_plan_quant_name(int q)
+{
+	static const char *const names[] = {"none", "fp8", "int8", "nf4", "nvfp4-mixed"};
+
+	return q >= 0 && q < (int)HI3_ARRAY_SIZE(names) ? names[q] : "unknown";
+}
+
+/* Bytes of a (N, K) layer matrix stored as o asks (expert: a routed expert's). */
+static uint64_t mat(const hi3_plan_opts *o, int expert, uint64_t N, uint64_t K)
+{
+	const uint64_t n = N * K, b = (n + 63) / 64;
+
+	switch (o->quant) {
+	case HI3_PLAN_Q_FP8:
+	case HI3_PLAN_Q_INT8:
+		return n + 4 * N;
+	case HI3_PLAN_Q_NF4:
+		return (n + 1) / 2 + b + 4 * ((b + 255) / 256) + 4 * (16 + 256);
+	case HI3_PLAN_Q_NVFP4_MIXED:
+		return expert ? n / 2 + n / 16 + 8 : n + 8;
+	default:
+		return n * hi3_dtype_size(o->dtype);
+	}
+}
+
 int hi3_plan_compute(const hi3_config *c, const hi3_plan_opts *o, hi3_plan *p, hi3_error *err)
 {
 	const int tp = o->tp > 0 ? o->tp : 1, ep = o->ep > 0 ? o->ep : 1;
@@ -49,12 +74,12 @@ int hi3_plan_compute(const hi3_config *c, const hi3_plan_opts *o, hi3_plan *p, h
 		int64_t qkv = (n_h + 2 * n_kv) * d * H;
 		rep += (uint64_t)2 * H * 4 + (c->use_qk_norm ? (uint64_t)2 * d * 4 : 0);
 		all += (uint64_t)2 * H * 4 + (c->use_qk_norm ? (uint64_t)2 * d * 4 : 0);
-		split += (uint64_t)(n_kv / tp) * (g + 2) * d * H * s + part(H, tp) * n_h * d * s;
-		all += (uint64_t)qkv * s + (uint64_t)H * n_h * d * s;
+		split += mat(o, 0, (uint64_t)(n_kv / tp) * (g + 2) * d, H) + mat(o, 0, part(H, tp), n_h * d);
+		all += mat(o, 0, qkv / H, H) + mat(o, 0, H, n_h * d);
 		if (!hi3_config_is_moe_layer(c, l)) {
 			int64_t I = c->intermediate_size;
-			split += (part(2 * I, tp) * H + part(H, tp) * I) * s;
-			all += (uint64_t)3 * I * H * s;
+			split += mat(o, 0, part(2 * I, tp), H) + mat(o, 0, part(H, tp), I);
+			all += mat(o, 0, 2 * I, H) + mat(o, 0, H, I);
 			continue;
 		}
 		{
@@ -64,15 +89,15 @@ int hi3_plan_compute(const hi3_config *c, const hi3_plan_opts *o, hi3_plan *p, h
 				                     "%d", ep, (long long)E, l);
 			rep += (uint64_t)E * H * 4;
 			all += (uint64_t)E * H * 4;
-			split += (uint64_t)(E / ep) * (part(2 * Ie, tp) * H + part(H, tp) * Ie) * s;
-			all += (uint64_t)E * 3 * Ie * H * s;
+			split += (uint64_t)(E / ep) * (mat(o, 1, part(2 * Ie, tp), H) + mat(o, 1, part(H, tp), Ie));
+			all += (uint64_t)E * (mat(o, 1, 2 * Ie, H) + mat(o, 1, H, Ie));
 			max_I = HI3_MAX(max_I, Ie);
 			max_E = HI3_MAX(max_E, E);
 			max_k = HI3_MAX(max_k, c->moe_topk[l]);
 			if (c->use_mixed_mlp_moe && c->num_shared_expert[l] > 0) {
 				int64_t Is = hi3i_config_shared_width(c, l);
-				split += (part(2 * Is, tp) * H + part(H, tp) * Is) * s;
-				all += (uint64_t)3 * Is * H * s;
+				split += mat(o, 0, part(2 * Is, tp), H) + mat(o, 0, part(H, tp), Is);
+				all += mat(o, 0, 2 * Is, H) + mat(o, 0, H, Is);
 				max_I = HI3_MAX(max_I, Is);
 			}
 		}

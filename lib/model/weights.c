@@ -193,6 +193,14 @@ static int check_fits(hi3_model *m, hi3_error *err)
 	const char *env = getenv("HI3_MEM_LIMIT");
 	const char *what;
 
+	if (m->quant) {
+		/* the layout of the quantized checkpoint (hi3-quant(7)) */
+		const hi3_tensor *wte = hi3_ckpt_find(m->ck, "model.wte.weight");
+		const char *d = hi3i_quant_describe(m->quant);
+		po.dtype = wte ? wte->dtype : HI3_BF16;
+		po.quant = strstr(d, "int8") ? HI3_PLAN_Q_INT8 : strstr(d, "nf4") ? HI3_PLAN_Q_NF4 :
+		           strstr(d, "NVFP4") || strstr(d, "MIXED") ? HI3_PLAN_Q_NVFP4_MIXED : HI3_PLAN_Q_FP8;
+	}
 	if (po.dtype != HI3_F32 && po.dtype != HI3_BF16 && po.dtype != HI3_F16)
 		return 0;
 	if (hi3_plan_compute(&m->cfg, &po, &p, err) != 0)
