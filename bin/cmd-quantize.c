@@ -68,8 +68,8 @@ int cmd_quantize(int argc, char **argv)
 	free(skips);
 	if (rc != 0)
 		return cli_fail(&err);
-	fprintf(stderr, "quantize: %s to %s (%s): %d tensors quantized, %d kept, %d file%s; quantized matrices %s -> "
-	        "%s; max |dequantized - source| %.3g\n", cli.model_dir, out, o.int8 ? "int8" : "fp8", r.quantized, r.kept,
+	cli_info("%s to %s (%s): %d tensors quantized, %d kept, %d file%s; quantized matrices %s -> "
+	        "%s; max |dequantized - source| %.3g", cli.model_dir, out, o.int8 ? "int8" : "fp8", r.quantized, r.kept,
 	        r.shards, r.shards == 1 ? "" : "s", hi3_format_bytes(r.bytes_in, a), hi3_format_bytes(r.bytes_out, b),
 	        r.max_abs_error);
 	return 0;

@@ -60,6 +60,17 @@ for f in $FORMATS; do
 	"
 done
 
+test_expect_success 'inspect names the format, what is quantized per module kind, the activations asked for' '
+	hi3 inspect bnb-nf4-dq >out &&
+	test_grep "quantization: bitsandbytes nf4 (double quantization)" out &&
+	test_grep "routed experts: 8 nf4" out && test_grep "router: 1 F32" out && test_grep "lm_head: 1 BF16" out &&
+	hi3 inspect ct-fp8-channel >out &&
+	test_grep "compressed-tensors fp8 e4m3 (per-channel weight scales, float-quantized)" out &&
+	test_grep "asks for FP8 e4m3 dynamic per-token input activations (W8A8); not applied" out &&
+	hi3 inspect modelopt-mixed >out &&
+	test_grep "routed experts: 8 nvfp4" out && test_grep "attention: 2 fp8" out
+'
+
 test_expect_success 'the quantized model is not the bf16 one it came from' '
 	hi3 -q -m base tokenize-concat req.jsonl -o b.c.st &&
 	hi3 -q -m base prefill b.c.st -o b.k.st --max-new 6 &&

@@ -109,6 +109,7 @@ static const struct field fields[] = {
 	{"auto_map", FT_ANY, FR_IGNORED},
 	{"model_type", FT_ANY, FR_IGNORED},
 	{"torch_dtype", FT_ANY, FR_IGNORED},
+	{"quantization_config", FT_ANY, FR_MODEL},   /* model/quant.c: hi3-quant(7) */
 	{"transformers_version", FT_ANY, FR_IGNORED},
 	{"use_cache", FT_ANY, FR_IGNORED},
 	{"initializer_range", FT_ANY, FR_IGNORED},

@@ -765,3 +765,87 @@ int hi3i_quant_logical_shape(const hi3_ckpt *ck, const char *name, int64_t shape
 	return qfail(&t, name, "packed U8 with neither a bitsandbytes quant state ('%s.quant_state.bitsandbytes__nf4') "
 	             "nor an NVFP4 block scale ('%s.weight_scale', F8_E4M3)", name, t.base);
 }
+
+/* ------------------------------------------------------------- summary */
+
+static const char *kind_of(const char *name)
+{
+	if (!strncmp(name, "model.layers.", 13)) {
+		if (strstr(name, ".self_attn."))
+			return "attention";
+		if (strstr(name, ".mlp.experts."))
+			return "routed experts";
+		if (strstr(name, ".mlp.shared_mlp."))
+			return "shared experts";
+		if (strstr(name, ".mlp.gate."))
+			return "router";
+		if (strstr(name, ".mlp."))
+			return "dense mlp";
+	}
+	if (!strcmp(name, "lm_head.weight"))
+		return "lm_head";
+	if (!strncmp(name, "model.wte.", 10))
+		return "embedding";
+	return "other";
+}
+
+json_t *hi3i_quant_summary(const char *dir, const char *config_json)
+{
+	json_t *o = json_object(), *kinds = json_object();
+	hi3_quant *q = NULL;
+	hi3_ckpt *ck = NULL;
+	hi3_error err = {0};
+	uint64_t saved = 0;
+
+	if (!o || !kinds)
+		goto fail;
+	if (hi3i_quant_open(&q, dir, config_json, &err) != 0) {
+		json_object_set_new(o, "error", json_string(err.msg));
+		goto done;
+	}
+	json_object_set_new(o, "method", json_string(q ? q->desc : "none"));
+	if (!q)
+		goto done;
+	json_object_set_new(o, "file", json_string(q->file));
+	json_object_set_new(o, "activations_asked", json_string(q->acts));
+	if (hi3_ckpt_open(&ck, dir, &err) != 0) {
+		json_object_set_new(o, "error", json_string(err.msg));
+		goto done;
+	}
+	for (int i = 0; i < hi3_ckpt_count(ck); i++) {
+		const hi3_tensor *t = hi3_ckpt_at(ck, i);
+		size_t n = strlen(t->name);
+		hi3_qweight w;
+		json_t *k, *f;
+		const char *how;
+		int r;
+
+		if (n < 8 || strcmp(t->name + n - 7, ".weight") || t->ndim != 2)
+			continue;             /* matrices only (an nf4 weight is (n, 1)) */
+		r = hi3i_quant_weight(q, ck, t->name, &w, &err);
+		if (r < 0) {
+			json_object_set_new(o, "error", json_string(err.msg));
+			break;
+		}
+		how = r ? hi3i_qformat_name(w.format) : hi3_dtype_name(t->dtype);
+		if (!(k = json_object_get(kinds, kind_of(t->name))))
+			json_object_set_new(kinds, kind_of(t->name), k = json_object());
+		f = json_object_get(k, how);
+		json_object_set_new(k, how, json_integer(f ? json_integer_value(f) + 1 : 1));
+		if (r) {
+			/* against bf16: two bytes an element, less the codes */
+			uint64_t bf = (uint64_t)w.N * (uint64_t)w.K * 2;
+			saved += bf > t->nbytes ? bf - t->nbytes : 0;
+		}
+	}
+	json_object_set_new(o, "bytes_saved_vs_bf16", json_integer((json_int_t)saved));
+done:
+	json_object_set_new(o, "kinds", kinds);
+	hi3_ckpt_close(ck);
+	hi3i_quant_close(q);
+	return o;
+fail:
+	json_decref(o);
+	json_decref(kinds);
+	return NULL;
+}

@@ -23,6 +23,7 @@
 #define HI3_MODEL_QUANT_H
 
 #include "backend/quant.h"
+#include <jansson.h>
 #include "format/format.h"
 
 enum hi3_qmethod { HI3_QM_NONE, HI3_QM_BNB, HI3_QM_CT, HI3_QM_MODELOPT };
@@ -50,5 +51,12 @@ int hi3i_quant_weight(const hi3_quant *q, const hi3_ckpt *ck, const char *name, 
  * quant state disagrees with its packed size. For config checks that know
  * no method. */
 int hi3i_quant_logical_shape(const hi3_ckpt *ck, const char *name, int64_t shape[2], hi3_error *err);
+
+/* For hi3 inspect: {"method", "file", "activations_asked", "kinds": {kind:
+ * {how: count}}, "bytes_saved_vs_bf16"} (or "error") of the checkpoint in
+ * dir; kinds: attention, dense mlp, routed experts, shared experts,
+ * router, embedding, lm_head, other; how: fp8, int8, nf4, nvfp4 or the
+ * stored dtype. NULL when out of memory. */
+json_t *hi3i_quant_summary(const char *dir, const char *config_json);
 
 #endif

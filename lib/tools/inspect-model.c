@@ -7,6 +7,7 @@
  */
 #include <string.h>
 #include "cond/cond-internal.h"
+#include "model/quant.h"
 #include "tools/tools.h"
 
 static void set_str(json_t *o, const char *k, const char *v)
@@ -111,6 +112,7 @@ json_t *hi3i_inspect_model(const char *dir)
 	b = NULL;
 	json_object_set_new(o, "max_position_embeddings", json_integer(c.max_position_embeddings));
 	json_object_set_new(o, "image_base_size", json_integer(c.image_base_size));
+	json_object_set_new(o, "quantization", hi3i_quant_summary(dir, c.json));
 	warn = roles = NULL;
 out:
 	json_decref(raw);
@@ -120,6 +122,40 @@ out:
 	hi3_config_release(&c);
 	free(path);
 	return o;
+}
+
+/* The quantization lines (hi3-quant(7)). */
+static void quant_text(FILE *f, json_t *q)
+{
+	const char *k, *h;
+	json_t *v, *n;
+	char b[32];
+
+	if (!q)
+		return;
+	if (json_object_get(q, "error")) {
+		fprintf(f, "  quantization: refused: %s\n", json_string_value(json_object_get(q, "error")));
+		return;
+	}
+	if (!strcmp(json_string_value(json_object_get(q, "method")), "none")) {
+		fprintf(f, "  quantization: none\n");
+		return;
+	}
+	fprintf(f, "  quantization: %s (%s); hi3 computes weight-only; %s fewer than bf16\n",
+	        json_string_value(json_object_get(q, "method")), json_string_value(json_object_get(q, "file")),
+	        hi3_format_bytes((uint64_t)json_integer_value(json_object_get(q, "bytes_saved_vs_bf16")), b));
+	if (json_string_length(json_object_get(q, "activations_asked")))
+		fprintf(f, "    activations: the checkpoint asks for %s; not applied (they stay f32)\n",
+		        json_string_value(json_object_get(q, "activations_asked")));
+	json_object_foreach(json_object_get(q, "kinds"), k, v) {
+		int first = 1;
+		fprintf(f, "    %s:", k);
+		json_object_foreach(v, h, n) {
+			fprintf(f, "%s %lld %s", first ? "" : ",", (long long)json_integer_value(n), h);
+			first = 0;
+		}
+		fputc('\n', f);
+	}
 }
 
 /* The text form: a few lines, every field named once. */
@@ -185,4 +221,5 @@ void hi3i_inspect_model_text(FILE *f, json_t *m)
 		fprintf(f, "%s %lldx%lld", i && i % 8 == 0 ? "\n   " : "", (long long)json_integer_value(json_array_get(v, 0)),
 		        (long long)json_integer_value(json_array_get(v, 1)));
 	fputc('\n', f);
+	quant_text(f, json_object_get(m, "quantization"));
 }
