@@ -246,6 +246,19 @@ static void check_e4m3(void)
 	ok(hi3i_f32_to_e4m3(1.0625f) == 0x38 && hi3i_f32_to_e4m3(1.1875f) == 0x3a &&
 	   hi3i_f32_to_e4m3(0x1p-10f) == 0x00 && hi3i_f32_to_e4m3(0x1.8p-9f) == 0x02,
 	   "e4m3: ties to even (normal and subnormal)");
+	{
+		/* the vector rows (eight at a time) give the scalar decoder's bits, NaN included */
+		uint8_t codes[256];
+		float one = 1.0f, vec[256], ref[256];
+		hi3_qweight q = {.format = HI3_Q_FP8, .N = 1, .K = 256, .codes = codes, .scale = &one,
+		                 .scale_dtype = HI3_F32, .round_to = HI3_F32};
+		for (int c = 0; c < 256; c++) {
+			codes[c] = (uint8_t)c;
+			ref[c] = hi3i_e4m3_to_f32((uint8_t)c);
+		}
+		hi3i_qweight_rows(&q, vec, 256, 0, 1, 0, 256);
+		ok(!memcmp(vec, ref, sizeof(vec)), "e4m3: a row of all 256 codes decodes to the scalar decoder's bits");
+	}
 	ok(hi3i_e2m1_to_f32(7) == 6.0f && hi3i_e2m1_to_f32(9) == -0.5f && hi3i_e2m1_to_f32(3) == 1.5f, "e2m1 values");
 }
 

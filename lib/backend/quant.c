@@ -6,8 +6,8 @@
  * Stored bytes are read with memcpy (or unaligned loads): a tensor of a
  * safetensors file need not be aligned for its dtype. With AVX2 the fp8
  * and int8 rows are dequantized eight at a time by the same operations
- * (a table gather or an integer convert, then the same multiplies and the
- * same rounding), so the values are the scalar loops' bit for bit
+ * (the e4m3 bits rebuilt in lanes, or an integer convert; then the same
+ * multiplies and the same rounding), so the values are the scalar loops' bit for bit
  * (test-gemm compares them).
  */
 #include <math.h>
@@ -147,15 +147,33 @@ T_AVX2 static inline __m256 round_bf16_8(__m256 v)
 	return _mm256_castsi256_ps(_mm256_and_si256(_mm256_blendv_epi8(r, q, nan), _mm256_set1_epi32((int)0xffff0000u)));
 }
 
-/* d[k] = lut[c[k]] * s (rounded to bf16 when bf), eight at a time; returns how many. */
+/* Eight e4m3 codes as f32, the table's bits (a gather is slow on some
+ * cores): normal codes by moving the exponent and mantissa bits (bias 7 to
+ * 127), subnormal ones (exponent 0) as mantissa * 2^-9, 0x7f and 0xff as
+ * the table's NaN (positive); the sign bit put back last. */
+T_AVX2 static inline __m256 e4m3_8(const uint8_t *c)
+{
+	const __m256i u = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c));
+	const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24);
+	const __m256i em = _mm256_and_si256(u, _mm256_set1_epi32(0x7f));
+	const __m256i norm = _mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23));
+	const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-9f));
+	__m256i mag = _mm256_blendv_epi8(norm, _mm256_castps_si256(sub), _mm256_cmpgt_epi32(_mm256_set1_epi32(8), em));
+
+	const __m256i nan = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
+
+	mag = _mm256_blendv_epi8(mag, _mm256_set1_epi32(0x7fc00000), nan);
+	return _mm256_castsi256_ps(_mm256_or_si256(mag, _mm256_andnot_si256(nan, sign)));
+}
+
+/* d[k] = e4m3(c[k]) * s (rounded to bf16 when bf), eight at a time; returns how many. */
 T_AVX2 static int fp8_run_avx2(float *d, const uint8_t *c, int nk, float s, int bf)
 {
 	const __m256 vs = _mm256_set1_ps(s);
 	int k = 0;
 
 	for (; k + 8 <= nk; k += 8) {
-		__m256i i = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + k)));
-		__m256 v = _mm256_mul_ps(_mm256_i32gather_ps(e4m3_lut, i, 4), vs);
+		__m256 v = _mm256_mul_ps(e4m3_8(c + k), vs);
 		_mm256_storeu_ps(d + k, bf ? round_bf16_8(v) : v);
 	}
 	return k;
