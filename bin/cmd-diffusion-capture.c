@@ -18,6 +18,10 @@ static const struct cli_help help = {
 	"tokens. Classifier-free guidance combines the cond and uncond rows,\n"
 	"v = v_u + g (v_c - v_u), when g > 1. x_T and the SDE noise come from each\n"
 	"request's seed through the counter-based generator, or from --noise FILE.\n"
+	"An SDE step scores its sample with a trainer's kernel (--sde-kernel:\n"
+	"flow-grpo, cps, dance-grpo; hi3-diffusion-capture(1), SDE KERNELS), recorded\n"
+	"in the trajectory with eta and the reduction. --ablate restores one of\n"
+	"upstream's batching defects at every step and records it.\n"
 	"Steps, guidance and shift default to the model's generation_config.json.\n"
 	"With --png DIR the final latents are decoded by the model's VAE into\n"
 	"DIR/row-<i>.png; --decode TRAJ does that for an existing trajectory.\n"
@@ -30,6 +34,21 @@ static const struct cli_help help = {
 
 static const struct cli_choice samplers[] = {{"euler", HI3_SAMPLER_EULER, NULL}, {"sde", HI3_SAMPLER_SDE, NULL},
                                              {NULL, 0, NULL}};
+static const struct cli_choice kernels[] = {{"flow-grpo", HI3_SDE_FLOW_GRPO, NULL}, {"cps", HI3_SDE_CPS, NULL},
+                                            {"dance-grpo", HI3_SDE_DANCE_GRPO, NULL}, {NULL, 0, NULL}};
+static const struct cli_choice reductions[] = {{"mean", HI3_LOGP_MEAN, NULL}, {"sum", HI3_LOGP_SUM, NULL},
+                                               {NULL, 0, NULL}};
+static const struct cli_choice defects[] = {
+	{"pos-pad", HI3_ABLATE_POS_PAD, "--ablate pos-pad: pad columns write their K/V at cache slot 0, over the row's "
+	 "first token, as upstream's zero-padded position ids did; the trajectory records it"},
+	{"rope-pad", HI3_ABLATE_ROPE_PAD, "--ablate rope-pad: pad columns take position 0 and a zero RoPE table, as "
+	 "UniRL's ragged concat did; the trajectory records it"},
+	{"rope-1d", HI3_ABLATE_ROPE_1D, "--ablate rope-1d: image tokens take 1-D RoPE, as UniRL's replay did before its "
+	 "ROPE-FIX; the trajectory records it"},
+	{"eoi", HI3_ABLATE_EOI, "--ablate eoi: every token after row 0's <timestep> attends every key, <eoi> too, as "
+	 "upstream's flash-attention branch does; the trajectory records it"},
+	{NULL, 0, NULL},
+};
 static const struct cli_choice dtypes[] = {{"f32", HI3_F32, NULL}, {"bf16", HI3_BF16, NULL}, {"f16", HI3_F16, NULL},
                                            {NULL, 0, NULL}};
 
@@ -60,10 +79,10 @@ out:
 
 int cmd_diffusion_capture(int argc, char **argv)
 {
-	hi3_diffusion_opts o = {.eta = 1.0, .progress = cli_progress_fn, .progress_ctx = "diffusion steps"};
+	hi3_diffusion_opts o = {.progress = cli_progress_fn, .progress_ctx = "diffusion steps"};
 	hi3_diffusion_stats st;
 	int64_t sde[4096];
-	int n_sde = 0, latent = HI3_F32, cfg_dt = HI3_F32, n_eta = 0, json = 0;
+	int n_sde = 0, latent = HI3_F32, cfg_dt = HI3_F32, n_eta = 0, json = 0, n_kernel = 0, n_reduce = 0;
 	const char *out = NULL, *png = NULL, *decode = NULL;
 	hi3_model *m = NULL;
 	hi3_cond *c = NULL;
@@ -80,9 +99,15 @@ int cmd_diffusion_capture(int argc, char **argv)
 		           "(default: diff_guidance_scale)", .given = &o.have_guidance),
 		OPT_DOUBLE(0, "flow-shift", &o.flow_shift, 0.0, 1e6, "S", "the schedule's shift, sigma = S s / (1 + "
 		           "(S - 1) s) (default: flow_shift)", .flags = CLI_OPT_LO_OPEN, .given = &o.have_flow_shift),
-		OPT_CHOICE(0, "sampler", &o.sampler, samplers, "euler (default, upstream's) or sde (Flow-GRPO's; a "
-		           "log-prob per SDE step)"),
-		OPT_DOUBLE(0, "eta", &o.eta, 0.0, 1e6, "E", "the SDE's noise scale (default 1)", .given = &n_eta),
+		OPT_CHOICE(0, "sampler", &o.sampler, samplers, "euler (default, upstream's) or sde (a log-prob per SDE "
+		           "step)"),
+		OPT_CHOICE(0, "sde-kernel", &o.sde_kernel, kernels, "the SDE step and log-prob, as the trainer computes "
+		           "it: flow-grpo (default; Flow-GRPO's and UniRL's), cps (coefficients-preserving sampling) or "
+		           "dance-grpo (DanceGRPO's)", .given = &n_kernel),
+		OPT_DOUBLE(0, "eta", &o.eta, 0.0, 1e6, "E", "the SDE's noise scale (default: the kernel's, 1 for "
+		           "flow-grpo, 0.7 for cps, 0.3 for dance-grpo)", .given = &n_eta),
+		OPT_CHOICE(0, "logprob-reduce", &o.logprob_reduce, reductions, "how a step's log-densities become its "
+		           "log-prob: mean (every kernel's own) or sum over the latent's elements", .given = &n_reduce),
 		OPT_INT_LIST(0, "sde-steps", sde, &n_sde, 0, 99999, "LIST", "the steps taken by the SDE, e.g. 2,3,4 (a "
 		             "window); the others are Euler (default: every step)"),
 		OPT_CHOICE(0, "latent-dtype", &latent, dtypes, "how latents are stored and read back before each "
@@ -93,6 +118,9 @@ int cmd_diffusion_capture(int argc, char **argv)
 		OPT_STRING(0, "noise", &o.noise, "FILE", "x_T (B, C, h, w) and sde_noise (B, K, C, h, w) from this "
 		           "safetensors file (a trajectory is one) instead of the rows' seeds"),
 		OPT_FLAG(0, "capture-velocity", &o.capture_velocity, "store every row's prediction (velocity, T x R)"),
+		OPT_GROUP_DEFECTS(),
+		OPT_CHOICE(0, "ablate", &o.ablate, defects, "restore one upstream defect in every step and record it in "
+		           "the trajectory: pos-pad, rope-pad, rope-1d or eoi (hi3-batching(7))"),
 		OPT_GROUP("output:"),
 		OPT_STRING('o', "output", &out, "TRAJ", "the trajectory to write (atomically)"),
 		OPT_STRING(0, "png", &png, "DIR", "decode the final latents with the VAE into DIR/row-<i>.png"),
@@ -123,8 +151,10 @@ int cmd_diffusion_capture(int argc, char **argv)
 		return cli_usage_error("-o TRAJ is required");
 	if (n_sde && o.sampler != HI3_SAMPLER_SDE)
 		return cli_usage_error("--sde-steps needs --sampler sde");
-	if (n_eta && o.sampler != HI3_SAMPLER_SDE)
-		return cli_usage_error("--eta needs --sampler sde");
+	if ((n_eta || n_kernel || n_reduce) && o.sampler != HI3_SAMPLER_SDE)
+		return cli_usage_error("--%s needs --sampler sde", n_eta ? "eta" : n_kernel ? "sde-kernel" : "logprob-reduce");
+	if (!n_eta)
+		o.eta = hi3_sde_kernel_eta(o.sde_kernel);
 	o.sde_steps = n_sde ? sde : NULL;
 	o.n_sde_steps = n_sde;
 	o.latent_dtype = (hi3_dtype)latent;

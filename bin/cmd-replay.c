@@ -7,7 +7,7 @@
 
 static const struct cli_help help = {
 	.usage = {"hi3 replay -m MODEL [options] COND SEG -o REPLAY",
-	          "hi3 replay -m MODEL [--threshold X] COND TRAJ -o REPLAY"},
+	          "hi3 replay -m MODEL [--threshold X] [--as-captured] COND TRAJ -o REPLAY"},
 	.description =
 	"Recompute, teacher-forced, the log-prob of every response token of the segment\n"
 	"SEG (made by 'hi3 decode' from COND): for each row one causal forward over its\n"
@@ -27,7 +27,13 @@ static const struct cli_help help = {
 	"velocity at the recorded x_i by a stateless forward over the whole sequence,\n"
 	"the transition mean and the log-prob of the recorded x_{i+1}; REPLAY holds\n"
 	"sde_logp (B, K), and the report gives per row and overall the mean and max\n"
-	"|replay - rollout| log-prob.\n",
+	"|replay - rollout| log-prob. The step uses the trajectory's SDE kernel, eta\n"
+	"and reduction. A trajectory captured with an upstream defect restored\n"
+	"(diffusion-capture --ablate) is replayed with the same defect, and the report\n"
+	"says so: a defect that acts through the KV cache (pos-pad, rope-pad, eoi)\n"
+	"then shows its own rollout/replay gap; --as-captured follows the capture's\n"
+	"path instead (its step 0 over the whole sequence into the cache, then KV\n"
+	"reuse) and reproduces the captured log-probs.\n",
 	.operands = "COND and SEG", .min_operands = 2, .max_operands = 2,
 };
 
@@ -47,8 +53,11 @@ static char *format_of(const char *path, hi3_error *err)
 	return f;
 }
 
-static int replay_trajectory(const char *cond, const char *traj, const char *out, double threshold, int text_opts)
+static int replay_trajectory(const char *cond, const char *traj, const char *out, double threshold, int text_opts,
+                             int as_captured)
 {
+	hi3_diffusion_replay_opts o = {.as_captured = as_captured, .progress = cli_progress_fn,
+	                               .progress_ctx = "replay SDE steps"};
 	hi3_diffusion_replay_report rep = {0};
 	hi3_trajectory *t = NULL;
 	hi3_model *m = NULL;
@@ -59,16 +68,22 @@ static int replay_trajectory(const char *cond, const char *traj, const char *out
 	int rc;
 
 	if (text_opts)
-		return cli_usage_error("a trajectory replay takes only --threshold and -o (the other options are for "
-		                       "segments)");
+		return cli_usage_error("a trajectory replay takes only --threshold, --as-captured and -o (the other "
+		                       "options are for segments)");
 	if (hi3_cond_open(&c, cond, &err) || hi3_trajectory_open(&t, traj, &err) || cli_open_model(&m, &err) ||
-	    hi3_diffusion_replay_to_file(m, c, t, traj, out, &rep, cli_progress_fn, "replay SDE steps", &err) ||
+	    hi3_diffusion_replay_to_file(m, c, t, traj, &o, out, &rep, &err) ||
 	    hi3_diffusion_replay_report_json(&rep, &report, &len, &err)) {
 		cli_progress_end();
 		rc = cli_fail(&err);
 		goto out;
 	}
 	cli_progress_end();
+	if (rep.ablate)
+		cli_warn("%s was captured with the %s defect restored (diffusion-capture --ablate %s): replayed with it "
+		         "too, %s", traj, hi3_ablation_name(rep.ablate), hi3_ablation_name(rep.ablate), as_captured ?
+		         "along the capture's path" : rep.ablate == HI3_ABLATE_ROPE_1D ? "statelessly (this defect acts "
+		         "alike with and without the KV cache)" : "statelessly: a gap is the defect's own rollout/replay "
+		         "mismatch (--as-captured follows the capture's path)");
 	rc = fwrite(report, 1, len, stdout) == len ? 0 : HI3_ERR_RUNTIME;
 	if (threshold >= 0 && !(rep.max_abs <= threshold)) {
 		cli_warn("max |replay - rollout| SDE log-prob %.3g exceeds --threshold %.3g", rep.max_abs, threshold);
@@ -96,7 +111,7 @@ int cmd_replay(int argc, char **argv)
 	struct cli_trace trace = {0};
 	char *report = NULL;
 	size_t len = 0;
-	int rc, weights_given = 0, record = 0, text_opts = 0;
+	int rc, weights_given = 0, record = 0, text_opts = 0, as_captured = 0;
 	char *format;
 	struct cli_option options[] = {
 		OPT_GLOBALS(),
@@ -110,6 +125,8 @@ int cmd_replay(int argc, char **argv)
 		           "expert weights from the router (default) or use the recorded ones",
 		           .given = &weights_given),
 		OPT_DOUBLE(0, "threshold", &threshold, 0.0, 1e30, "X", "exit 1 when the max |gap| exceeds X"),
+		OPT_FLAG(0, "as-captured", &as_captured, "a trajectory: follow the capture's path (step 0 over the whole "
+		         "sequence, then KV reuse) instead of a stateless forward per SDE step"),
 		OPT_DOUBLE(0, "is-cap", &o.is_cap, 1.0, 1e30, "C", "the importance-ratio cap of the mismatch metrics: "
 		           "the shares of ratios above C and below 1/C, and the clamp of std and ESS (default 2, as TIS "
 		           "uses)", .flags = CLI_OPT_LO_OPEN),
@@ -128,9 +145,11 @@ int cmd_replay(int argc, char **argv)
 		return cli_fail(&err);
 	if (!strcmp(format, HI3_FORMAT_TRAJECTORY)) {
 		free(format);
-		return replay_trajectory(argv[0], argv[1], out, threshold, text_opts + weights_given);
+		return replay_trajectory(argv[0], argv[1], out, threshold, text_opts + weights_given, as_captured);
 	}
 	free(format);
+	if (as_captured)
+		return cli_usage_error("--as-captured is for a trajectory (SEG is a segment)");
 	if (hi3_cond_open(&c, argv[0], &err) != 0 || hi3_segment_open(&s, argv[1], &err) != 0 ||
 	    cli_open_model(&m, &err) != 0 ||
 	    cli_trace_open(&trace, m, (const char *[]){argv[0], argv[1], out, NULL}, &o.trace, &err) != 0) {

@@ -227,6 +227,10 @@ typedef struct hi3_trajectory {
 	const float *velocity;        /* (T, R, C, h, w) each row's prediction before guidance, or NULL */
 	/* metadata (NULL: absent) */
 	const char *sampler;          /* "euler" or "sde" */
+	const char *sde_kernel;       /* "flow-grpo", "cps" or "dance-grpo" (sde; absent: flow-grpo) */
+	const char *logprob_reduce;   /* "mean" or "sum" (sde; absent: mean) */
+	const char *ablate;           /* the upstream defect the capture restored: "pos-pad", "rope-pad", "rope-1d",
+	                               * "eoi"; NULL: none */
 	double eta, guidance, flow_shift;
 	int kv_reuse;
 	const char *cfg_dtype;        /* the guidance combination's dtype: "f32", "bf16", "f16" */

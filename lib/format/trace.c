@@ -60,7 +60,7 @@ static const struct hi3i_fmeta meta[] = {
 	{"pad_positions", "text", 0, -1}, {"kv_dtype", "text", 0, -1}, {"decode_mask", "text", 0, -1},
 	{"token_placement", "text", 0, -1}, {"mode", "text", 0, -1}, {"routing", "text", 0, -1},
 	{"trace_step", "text", 0, -1}, {"steps", "text", 0, -1}, {"denoised_rows", "text", 0, -1},
-	{"kv_reuse", "text", 0, -1},
+	{"kv_reuse", "text", 0, -1}, {"ablate", "pos-pad|rope-pad|rope-1d|eoi", 0, -1},
 	{0},
 };
 const struct hi3i_format hi3i_format_trace = {

@@ -7,7 +7,9 @@
  * steps, increasing, in [0, T); sde_logp the log-prob of latents[:, i + 1]
  * given latents[:, i]; x_T and sde_noise the noise as drawn (or read);
  * velocity (diffusion-capture --capture-velocity) each conditions row's
- * prediction before guidance.
+ * prediction before guidance. sde_kernel and logprob_reduce are written
+ * for the sde sampler (absent: flow-grpo, mean), ablate only when the
+ * capture restored an upstream defect.
  *
  * A --noise file is read here too: any safetensors file with x_T
  * (B, C, h, w) F32 and, for SDE steps, sde_noise (B, K, C, h, w) F32 -- a
@@ -37,6 +39,8 @@ static const struct hi3i_fmeta meta[] = {
 	{"model_fingerprint", "text", 0, F(model_fingerprint)},
 	{"conditions_hash", "text", 0, F(conditions_hash)},
 	{"sampler", "euler|sde", 0, F(sampler)},
+	{"sde_kernel", "flow-grpo|cps|dance-grpo", 0, F(sde_kernel)},
+	{"logprob_reduce", "mean|sum", 0, F(logprob_reduce)},
 	{"eta", "number", 1, -1},
 	{"guidance", "number", 1, -1},
 	{"flow_shift", "number", 1, -1},
@@ -44,6 +48,7 @@ static const struct hi3i_fmeta meta[] = {
 	{"latent_dtype", "f32|bf16|f16", 1, -1},
 	{"kv_reuse", "on|off", 0, -1},
 	{"cfg_dtype", "text", 0, F(cfg_dtype)},
+	{"ablate", "pos-pad|rope-pad|rope-1d|eoi", 0, F(ablate)},
 	{"variant", "text", 0, F(variant)},
 	{"noise", "text", 0, F(noise)},
 	{"rows", "int", 1, -1},
@@ -162,10 +167,11 @@ int hi3_trajectory_write(const hi3_trajectory *t, const char *path, hi3_error *e
 	char eta[40], g[40], sh[40], steps[16], rows[16];
 	const char *m[][2] = {
 		{"model_fingerprint", t->model_fingerprint}, {"conditions_hash", t->conditions_hash},
-		{"sampler", t->sampler}, {"eta", eta}, {"guidance", g}, {"flow_shift", sh}, {"steps", steps},
+		{"sampler", t->sampler}, {"sde_kernel", t->sde_kernel}, {"logprob_reduce", t->logprob_reduce},
+		{"eta", eta}, {"guidance", g}, {"flow_shift", sh}, {"steps", steps},
 		{"latent_dtype", latent_dtype_name(t->latent_dtype)}, {"kv_reuse", t->kv_reuse ? "on" : "off"},
-		{"cfg_dtype", t->cfg_dtype}, {"variant", t->variant}, {"noise", t->noise}, {"rows", rows},
-		{"requests", t->requests}, {"seeds", t->seeds},
+		{"cfg_dtype", t->cfg_dtype}, {"ablate", t->ablate}, {"variant", t->variant}, {"noise", t->noise},
+		{"rows", rows}, {"requests", t->requests}, {"seeds", t->seeds},
 	};
 
 	if (check(t, path, err))

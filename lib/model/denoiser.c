@@ -261,8 +261,8 @@ static void put_token(struct hi3i_denoiser *dn, size_t i, int r, int64_t t)
 	if ((dn->o.defects & HI3I_DN_EOI) && t > dn->ts0)
 		dn->hi[i] = dn->L - 1;
 	/* rule 1: K/V of column t at slot position_ids[t] (t itself, pads
-	 * included; 0 for pads under --pad-positions=zero) */
-	dn->slot[i] = c->position_ids[ct];
+	 * included; 0 for pads under --pad-positions=zero or the pos-pad defect) */
+	dn->slot[i] = (dn->o.defects & HI3I_DN_POS_ZERO) && t >= c->real_pos[r] ? 0 : c->position_ids[ct];
 	dn->zero[i] = (dn->o.defects & HI3I_DN_ROPE_ZERO) && t >= c->real_pos[r];
 }
 

@@ -14,11 +14,12 @@
 #include "core/internal.h"
 #include "model/hi3-model.h"
 
-/* The upstream defects the denoiser can restore (parity --ablate). */
+/* The upstream defects the denoiser can restore (diffusion-capture and parity --ablate). */
 enum {
 	HI3I_DN_ROPE_1D = 1,      /* image tokens take 1-D RoPE (t, t) */
 	HI3I_DN_EOI = 2,          /* the flash-attention branch: queries after row 0's <timestep> attend every key */
 	HI3I_DN_ROPE_ZERO = 4,    /* pad columns: a zero RoPE table (q = k = 0) */
+	HI3I_DN_POS_ZERO = 8,     /* pad columns: position id 0, so their K/V go to cache slot 0 */
 };
 
 struct hi3i_dn_opts {

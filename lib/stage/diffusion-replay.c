@@ -35,29 +35,49 @@ void hi3_diffusion_replay_report_release(hi3_diffusion_replay_report *rep)
 	memset(rep, 0, sizeof(*rep));
 }
 
-int hi3_diffusion_replay(hi3_model *m, const hi3_cond *c, const hi3_trajectory *t, float *logp,
-                         hi3_diffusion_replay_report *rep, hi3_progress_fn progress, void *progress_ctx,
+/* The trajectory's kernel, reduction and ablation, from its metadata
+ * (absent: flow-grpo, mean, none; the format module checked the names). */
+static int recorded(const hi3_trajectory *t, const char *path, hi3_diffusion_replay_report *rep, hi3_error *err)
+{
+	rep->sde_kernel = t->sde_kernel ? hi3_sde_kernel_of(t->sde_kernel) : HI3_SDE_FLOW_GRPO;
+	rep->logprob_reduce = t->logprob_reduce ? hi3_logprob_reduce_of(t->logprob_reduce) : HI3_LOGP_MEAN;
+	rep->ablate = t->ablate ? hi3_ablation_of(t->ablate) : HI3_ABLATE_NONE;
+	if (rep->sde_kernel < 0 || rep->logprob_reduce < 0 || rep->ablate < 0 ||
+	    (rep->ablate && !hi3i_diffusion_defects(rep->ablate)))
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: __metadata__ sde_kernel '%s', logprob_reduce '%s', ablate "
+		                     "'%s': not all known", path, t->sde_kernel ? t->sde_kernel : "",
+		                     t->logprob_reduce ? t->logprob_reduce : "", t->ablate ? t->ablate : "");
+	if (t->K && !(t->eta > 0.0) && rep->sde_kernel != HI3_SDE_CPS)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: %d SDE steps of the %s kernel with eta %g", path, t->K,
+		                     hi3_sde_kernel_name(rep->sde_kernel), t->eta);
+	return 0;
+}
+
+int hi3_diffusion_replay(hi3_model *m, const hi3_cond *c, const hi3_trajectory *t,
+                         const hi3_diffusion_replay_opts *o, float *logp, hi3_diffusion_replay_report *rep,
                          hi3_error *err)
 {
 	const char *path = t->st ? hi3_st_path(t->st) : "the trajectory";
-	struct hi3i_dn_opts dno = {.kv_reuse = 0};
+	struct hi3i_dn_opts dno = {0};
 	struct hi3i_denoiser *dn = NULL;
 	struct hi3i_dn_geometry g;
 	const size_t n = (size_t)t->C * t->h * t->w;
 	float *x = NULL, *xn = NULL, *v = NULL, *vg = NULL, *mu = NULL;  /* (B n), (B n), (R n), (B n), (n) */
 	hi3_dtype cfg_dt;
 	double t0 = hi3i_now();
-	int rows, rc = -1;
+	int rows, rc = -1, cached = 0;
 
 	memset(rep, 0, sizeof(*rep));
 	if (hi3i_check_made_by(path, t->model_fingerprint, hi3i_model_facts(m), err) ||
-	    hi3i_check_made_from(path, t->conditions_hash, c, err))
+	    hi3i_check_made_from(path, t->conditions_hash, c, err) || recorded(t, path, rep, err))
 		return -1;
 	if (dtype_of(t->cfg_dtype, &cfg_dt))
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: __metadata__ 'cfg_dtype': expected f32, bf16 or f16, found "
 		                     "'%s'", path, t->cfg_dtype);
-	if (t->K && !(t->eta > 0.0))
-		return hi3_error_set(err, HI3_ERR_INPUT, "%s: %d SDE steps with eta %g", path, t->K, t->eta);
+	/* the capture's path: the cache of its step 0, then KV reuse */
+	rep->as_captured = o->as_captured;
+	dno.kv_reuse = o->as_captured && t->kv_reuse;
+	dno.defects = hi3i_diffusion_defects(rep->ablate);
 	if (hi3i_diffusion_denoiser(&dn, m, c, &dno, err))
 		return -1;
 	hi3i_denoiser_geometry(dn, &g);
@@ -82,16 +102,24 @@ int hi3_diffusion_replay(hi3_model *m, const hi3_cond *c, const hi3_trajectory *
 			const int i = (int)t->sde_steps[k];
 			struct hi3i_sde sd;
 
-			for (int b = 0; b < t->B; b++)
-				for (size_t e = 0; e < n; e++) {
-					x[(size_t)b * n + e] = hi3_trajectory_latent(t, ((size_t)b * (t->T + 1) + i) * n + e);
-					xn[(size_t)b * n + e] = hi3_trajectory_latent(t, ((size_t)b * (t->T + 1) + i + 1) * n + e);
+			for (int s = dno.kv_reuse && !cached && i > 0 ? 0 : i; s <= i; s += i) {
+				for (int b = 0; b < t->B; b++)
+					for (size_t e = 0; e < n; e++)
+						x[(size_t)b * n + e] = hi3_trajectory_latent(t, ((size_t)b * (t->T + 1) + s) * n + e);
+				if (hi3i_denoise(dn, x, rows, t->timesteps[s], t->sigmas[s + 1] * 1000.0f, gv,
+				                 !dno.kv_reuse || !cached, v, err)) {
+					hi3_error_prefix(err, "%s step %d", s == i ? "SDE" : "the cache of", s);
+					goto out;
 				}
-			if (hi3i_denoise(dn, x, rows, t->timesteps[i], t->sigmas[i + 1] * 1000.0f, gv, 1, v, err)) {
-				hi3_error_prefix(err, "SDE step %d", i);
-				goto out;
+				cached = 1;
+				if (i == 0)
+					break;
 			}
-			hi3i_sde_coeffs(t->sigmas[i], t->sigmas[i + 1], t->sigmas[1], (float)t->eta, &sd);
+			for (int b = 0; b < t->B; b++)
+				for (size_t e = 0; e < n; e++)
+					xn[(size_t)b * n + e] = hi3_trajectory_latent(t, ((size_t)b * (t->T + 1) + i + 1) * n + e);
+			hi3i_sde_coeffs(rep->sde_kernel, rep->logprob_reduce, t->sigmas[i], t->sigmas[i + 1], t->sigmas[1],
+			                t->eta, &sd);
 			for (int b = 0; b < t->B; b++) {
 				const float *vb = v + (size_t)b * n;
 				hi3_diffusion_replay_row *r = &rep->rows[b];
@@ -111,8 +139,8 @@ int hi3_diffusion_replay(hi3_model *m, const hi3_cond *c, const hi3_trajectory *
 					r->worst = k;
 				}
 			}
-			if (progress)
-				progress(progress_ctx, k + 1, t->K);
+			if (o->progress)
+				o->progress(o->progress_ctx, k + 1, t->K);
 		}
 	}
 	for (int b = 0; b < t->B; b++) {
@@ -139,14 +167,14 @@ out:
 }
 
 int hi3_diffusion_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_trajectory *t, const char *traj_path,
-                                 const char *path, hi3_diffusion_replay_report *rep, hi3_progress_fn progress,
-                                 void *progress_ctx, hi3_error *err)
+                                 const hi3_diffusion_replay_opts *o, const char *path,
+                                 hi3_diffusion_replay_report *rep, hi3_error *err)
 {
 	float *logp = hi3i_calloc((size_t)t->B * HI3_MAX(t->K, 1), sizeof(float), err);
 	char hash[17];
 	int rc = -1;
 
-	if (!logp || hi3_diffusion_replay(m, c, t, logp, rep, progress, progress_ctx, err))
+	if (!logp || hi3_diffusion_replay(m, c, t, o, logp, rep, err))
 		goto out;
 	hi3i_cond_hash(c, hash);
 	rc = hi3i_replay_sde_write(path, t->B, t->K, logp, t->sde_steps, hi3_model_fingerprint(m), hash, traj_path,
@@ -178,7 +206,10 @@ int hi3_diffusion_replay_report_json(const hi3_diffusion_replay_report *rep, cha
 	json_object_set_new(ov, "worst_row", json_integer(rep->worst_row));
 	json_object_set_new(ov, "worst_step", json_integer(rep->worst_step));
 	json_object_set_new(root, "mode", json_string("diffusion"));
-	json_object_set_new(root, "forward", json_string("stateless"));
+	json_object_set_new(root, "forward", json_string(rep->as_captured ? "as-captured" : "stateless"));
+	json_object_set_new(root, "sde_kernel", json_string(hi3_sde_kernel_name(rep->sde_kernel)));
+	json_object_set_new(root, "logprob_reduce", json_string(hi3_logprob_reduce_name(rep->logprob_reduce)));
+	json_object_set_new(root, "ablate", json_string(hi3_ablation_name(rep->ablate)));
 	json_object_set_new(root, "rows", rows);
 	json_object_set_new(root, "overall", ov);
 	json_object_set_new(root, "seconds", json_real(rep->seconds));

@@ -111,12 +111,32 @@ static int resolve(const hi3_model *m, const hi3_diffusion_opts *o, struct setti
 	return 0;
 }
 
-static unsigned defects_of(int ablate)
+static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad", "rope-pad",
+                                             "rope-1d", "eoi"};
+
+const char *hi3_ablation_name(int a)
+{
+	return a >= 0 && a < (int)HI3_ARRAY_SIZE(ablation_names) ? ablation_names[a] : "?";
+}
+
+int hi3_ablation_of(const char *s)
+{
+	for (int i = 0; s && i < (int)HI3_ARRAY_SIZE(ablation_names); i++)
+		if (!strcmp(s, ablation_names[i]))
+			return i;
+	return -1;
+}
+
+/* The denoiser's defects of a diffusion ablation (pos-pad: pads write
+ * cache slot 0, as conditions made with --pad-positions=zero already do;
+ * rope-pad: that and a zero RoPE table for pads). */
+unsigned hi3i_diffusion_defects(int ablate)
 {
 	switch (ablate) {
 	case HI3_ABLATE_ROPE_1D: return HI3I_DN_ROPE_1D;
 	case HI3_ABLATE_EOI: return HI3I_DN_EOI;
-	case HI3_ABLATE_ROPE_PAD: return HI3I_DN_ROPE_ZERO;
+	case HI3_ABLATE_POS_PAD: return HI3I_DN_POS_ZERO;
+	case HI3_ABLATE_ROPE_PAD: return HI3I_DN_ROPE_ZERO | HI3I_DN_POS_ZERO;
 	default: return 0;
 	}
 }
@@ -129,7 +149,10 @@ static const char *dtype_label(hi3_dtype dt)
 int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_opts *o, const char *traj_path,
                           hi3_diffusion_stats *st, hi3_error *err)
 {
-	struct hi3i_dn_opts dno = {.kv_reuse = !o->no_kv_reuse, .defects = defects_of(o->ablate)};
+	/* conditions whose pads have position 0 carry the pos-pad defect: say so */
+	const char *pp = hi3_cond_meta(c, "pad_positions");
+	const int ablate = o->ablate == HI3_ABLATE_NONE && pp && !strcmp(pp, "zero") ? HI3_ABLATE_POS_PAD : o->ablate;
+	struct hi3i_dn_opts dno = {.kv_reuse = !o->no_kv_reuse, .defects = hi3i_diffusion_defects(ablate)};
 	struct hi3i_denoiser *dn = NULL;
 	struct hi3i_dn_geometry g;
 	struct settings s;
@@ -147,10 +170,21 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 		return hi3_error_set(err, HI3_ERR_USAGE, "latent dtype: expected f32, bf16 or f16");
 	if (o->cfg_dtype != HI3_F32 && o->cfg_dtype != HI3_BF16 && o->cfg_dtype != HI3_F16)
 		return hi3_error_set(err, HI3_ERR_USAGE, "guidance dtype: expected f32, bf16 or f16");
+	if (!hi3_sde_kernel_name(o->sde_kernel) || !hi3_logprob_reduce_name(o->logprob_reduce))
+		return hi3_error_set(err, HI3_ERR_USAGE, "SDE kernel %d, log-prob reduction %d: unknown", o->sde_kernel,
+		                     o->logprob_reduce);
 	if (!(o->eta >= 0.0) || !isfinite(o->eta))
 		return hi3_error_set(err, HI3_ERR_USAGE, "eta %g: expected a finite number >= 0", o->eta);
+	if (ablate != HI3_ABLATE_NONE && !hi3i_diffusion_defects(ablate))
+		return hi3_error_set(err, HI3_ERR_USAGE, "--ablate %s is not a diffusion defect (pos-pad, rope-pad, rope-1d "
+		                     "or eoi)", hi3_ablation_name(ablate));
 	if (resolve(m, o, &s, err))
 		goto out;
+	if (s.K && !(o->eta > 0.0) && o->sde_kernel != HI3_SDE_CPS) {
+		hi3_error_set(err, HI3_ERR_USAGE, "eta 0 with SDE steps: the %s kernel's std is 0, its log-prob undefined "
+		              "(the euler sampler takes no noise)", hi3_sde_kernel_name(o->sde_kernel));
+		goto out;
+	}
 	{
 		double te = hi3i_now();
 		if (hi3i_diffusion_denoiser(&dn, m, c, &dno, err))
@@ -174,7 +208,8 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 		if (hi3i_trace_stage_meta(o->trace, "diffusion-capture", c, err) ||
 		    hi3_trace_set_meta(o->trace, "trace_step", v0, err) || hi3_trace_set_meta(o->trace, "steps", v1, err) ||
 		    hi3_trace_set_meta(o->trace, "denoised_rows", v2, err) ||
-		    hi3_trace_set_meta(o->trace, "kv_reuse", o->no_kv_reuse ? "off" : "on", err))
+		    hi3_trace_set_meta(o->trace, "kv_reuse", o->no_kv_reuse ? "off" : "on", err) ||
+		    (ablate && hi3_trace_set_meta(o->trace, "ablate", hi3_ablation_name(ablate), err)))
 			goto out;
 	}
 	if (!(sig = hi3i_malloc(sizeof(float) * (size_t)(s.T + 1), err)) ||
@@ -234,26 +269,17 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 			if (vel)
 				memcpy(vel + (size_t)i * g.R * n, v, sizeof(float) * (size_t)rows * n);
 			for (int b = 0; b < g.B; b++) {
-				const float *vb = v + (size_t)b * n;
-				float *xb = x + (size_t)b * n;
-				if (rows == g.R && g.cfg == 2) {
-					hi3i_cfg_combine(vb, v + (size_t)(g.B + b) * n, n, s.g, o->cfg_dtype, vg + (size_t)b * n);
-					vb = vg + (size_t)b * n;
-				}
-				if (s.is_sde[i] >= 0) {
-					struct hi3i_sde sd;
-					int k = s.is_sde[i];
-					hi3i_sde_coeffs(sig[i], sig[i + 1], sig[1], (float)o->eta, &sd);
-					hi3i_sde_mean(xb, vb, n, &sd, mu);
-					hi3i_sde_sample(mu, noise + ((size_t)b * s.K + k) * n, n, &sd, xn);
-					for (size_t e = 0; e < n; e++)
-						xn[e] = hi3i_round_to(xn[e], o->latent_dtype);
-					lp[(size_t)b * s.K + k] = hi3i_sde_logp(xn, mu, n, &sd);
-				} else {
-					hi3i_euler(xb, vb, n, sig[i], sig[i + 1], xn);
-					for (size_t e = 0; e < n; e++)
-						xn[e] = hi3i_round_to(xn[e], o->latent_dtype);
-				}
+				const int k = s.is_sde[i], cfg = rows == g.R && g.cfg == 2;
+				struct hi3i_sde sd;
+				float *xb = x + (size_t)b * n, l;
+
+				if (k >= 0)
+					hi3i_sde_coeffs(o->sde_kernel, o->logprob_reduce, sig[i], sig[i + 1], sig[1], o->eta, &sd);
+				l = hi3i_flow_row(xb, v + (size_t)b * n, cfg ? v + (size_t)(g.B + b) * n : NULL, s.g, o->cfg_dtype,
+				                  k >= 0 ? &sd : NULL, k >= 0 ? noise + ((size_t)b * s.K + k) * n : NULL, sig[i],
+				                  sig[i + 1], o->latent_dtype, n, vg + (size_t)b * n, mu, xn);
+				if (k >= 0)
+					lp[(size_t)b * s.K + k] = l;
 				memcpy(xb, xn, sizeof(float) * n);
 			}
 			if (i == 0)
@@ -286,6 +312,9 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 		.B = g.B, .R = g.R, .T = s.T, .K = s.K, .C = g.Z, .h = g.h, .w = g.w, .latent_dtype = o->latent_dtype,
 		.latents = lat, .sigmas = sig, .timesteps = tst, .sde_steps = s.sde, .sde_logp = lp, .x_T = x_T,
 		.sde_noise = noise, .velocity = vel, .sampler = o->sampler == HI3_SAMPLER_SDE ? "sde" : "euler",
+		.sde_kernel = o->sampler == HI3_SAMPLER_SDE ? hi3_sde_kernel_name(o->sde_kernel) : NULL,
+		.logprob_reduce = o->sampler == HI3_SAMPLER_SDE ? hi3_logprob_reduce_name(o->logprob_reduce) : NULL,
+		.ablate = ablate ? hi3_ablation_name(ablate) : NULL,
 		.eta = o->sampler == HI3_SAMPLER_SDE ? o->eta : 0.0, .guidance = s.g, .flow_shift = s.shift,
 		.kv_reuse = !o->no_kv_reuse, .cfg_dtype = dtype_label(o->cfg_dtype),
 		.variant = hi3_variant_name(hi3_variant_of(hi3_model_config(m), hi3_model_gen_defaults(m), NULL, 0)),

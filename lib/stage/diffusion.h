@@ -31,21 +31,36 @@ void hi3i_cfg_combine(const float *vc, const float *vu, size_t n, double g, hi3_
 /* out (n) = x + (sigma_next - sigma) v */
 void hi3i_euler(const float *x, const float *v, size_t n, float sigma, float sigma_next, float *out);
 
-/* One SDE step's coefficients (Flow-GRPO). */
+/* One SDE step's coefficients, by kernel (enum hi3_sde_kernel). */
 struct hi3i_sde {
-	float dt;                 /* sigma_next - sigma (< 0) */
-	float std_t;              /* eta sqrt(sigma / (1 - sigma')), sigma' = sigma_max at sigma 1 */
-	float a, b;               /* mean = x a + (v b) dt */
-	float std;                /* of the transition: std_t sqrt(-dt) */
+	int kernel, reduce;       /* enum hi3_sde_kernel, HI3_LOGP_MEAN or HI3_LOGP_SUM */
+	float sigma, dt;          /* dt = sigma_next - sigma (< 0) */
+	float std_t;              /* flow-grpo: eta sqrt(sigma / (1 - sigma')), sigma' = sigma_max at sigma 1 */
+	float a, b;               /* flow-grpo: mean = x a + (v b) dt; cps: mean = x0 a + x1 b */
+	float one_m, s2, c;       /* 1 - sigma; dance-grpo: sigma^2, -eta^2 / 2 */
+	float std;                /* what multiplies the noise: the transition's std */
+	float two_var, log_std;   /* 2 std^2 and log std of the log-density (not cps) */
 };
-void hi3i_sde_coeffs(float sigma, float sigma_next, float sigma_max, float eta, struct hi3i_sde *s);
+void hi3i_sde_coeffs(int kernel, int reduce, float sigma, float sigma_next, float sigma_max, double eta,
+                     struct hi3i_sde *s);
 void hi3i_sde_mean(const float *x, const float *v, size_t n, const struct hi3i_sde *s, float *mu);
 /* out (n) = mu + std xi */
 void hi3i_sde_sample(const float *mu, const float *xi, size_t n, const struct hi3i_sde *s, float *out);
-/* The mean over n of the Gaussian log-density of xn around mu. */
+/* The kernel's log-density of xn around mu, reduced over the n elements. */
 float hi3i_sde_logp(const float *xn, const float *mu, size_t n, const struct hi3i_sde *s);
 
+/* One row's step: the guided velocity of vc and vu into vg (vu NULL: vc
+ * alone), then the Euler step (sd NULL) or the SDE step with noise xi
+ * (mean into mu), the result rounded to lat_dt into xn; returns the SDE
+ * step's log-prob of xn as stored (0 for Euler). All (n). */
+float hi3i_flow_row(const float *x, const float *vc, const float *vu, double g, hi3_dtype cfg_dt,
+                    const struct hi3i_sde *sd, const float *xi, float sigma, float sigma_next, hi3_dtype lat_dt,
+                    size_t n, float *vg, float *mu, float *xn);
+
 /* -------------------------------------------------------- diffusion.c */
+
+/* The denoiser's defects (HI3I_DN_*) of a diffusion ablation (enum hi3_ablation). */
+unsigned hi3i_diffusion_defects(int ablate);
 
 /* hi3i_denoiser_open (model/denoiser.h) for the gen_image rows of c, after
  * the checks that need the model (the conditions made for it, pixels for

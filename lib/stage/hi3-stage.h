@@ -197,6 +197,30 @@ int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *le
 
 enum hi3_diffusion_sampler { HI3_SAMPLER_EULER, HI3_SAMPLER_SDE };
 
+/* The SDE step a trainer's log-prob is computed with (hi3-diffusion-capture(1),
+ * SDE KERNELS): each as its project's code computes it. */
+enum hi3_sde_kernel {
+	HI3_SDE_FLOW_GRPO,            /* Flow-GRPO sde_type "sde" (UniRL's FlowSDEStrategy): the default */
+	HI3_SDE_CPS,                  /* coefficients-preserving sampling (Flow-GRPO sde_type "cps", FlowCPS) */
+	HI3_SDE_DANCE_GRPO,           /* DanceGRPO's flux_step with its SDE solver */
+};
+/* How a step's per-element log-densities become its log-prob. */
+enum hi3_logprob_reduce {
+	HI3_LOGP_KERNEL = 0,          /* the kernel's own: the mean for all three */
+	HI3_LOGP_MEAN,
+	HI3_LOGP_SUM,
+};
+/* "flow-grpo", "cps", "dance-grpo"; NULL for another value. */
+const char *hi3_sde_kernel_name(int kernel);
+/* The kernel of that name, or -1. */
+int hi3_sde_kernel_of(const char *name);
+/* The kernel's own eta: 1 for flow-grpo (UniRL's), 0.7 for cps (Flow-GRPO's
+ * noise_level), 0.3 for dance-grpo (DanceGRPO's scripts). */
+double hi3_sde_kernel_eta(int kernel);
+/* "mean" or "sum" (HI3_LOGP_KERNEL: the mean); -1 from _of for another name. */
+const char *hi3_logprob_reduce_name(int reduce);
+int hi3_logprob_reduce_of(const char *name);
+
 typedef struct hi3_diffusion_opts {
 	int steps;                    /* T; 0: generation_config's diff_infer_steps */
 	int have_guidance;            /* else generation_config's diff_guidance_scale */
@@ -204,7 +228,9 @@ typedef struct hi3_diffusion_opts {
 	int have_flow_shift;          /* else generation_config's flow_shift */
 	double flow_shift;
 	int sampler;                  /* enum hi3_diffusion_sampler */
-	double eta;                   /* the SDE's noise scale (1) */
+	int sde_kernel;               /* enum hi3_sde_kernel */
+	double eta;                   /* the SDE's noise scale (hi3_sde_kernel_eta of the kernel) */
+	int logprob_reduce;           /* enum hi3_logprob_reduce */
 	const int64_t *sde_steps;     /* the SDE steps, increasing; NULL: every step */
 	int n_sde_steps;
 	hi3_dtype latent_dtype;       /* F32 (default), BF16, F16: rounded to before each log-prob */
@@ -212,7 +238,8 @@ typedef struct hi3_diffusion_opts {
 	int no_kv_reuse;              /* every step over the whole sequence */
 	const char *noise;            /* a safetensors file with x_T and sde_noise, or NULL: the rows' seeds */
 	int capture_velocity;         /* record velocity (T, R, C, h, w) */
-	int ablate;                   /* enum hi3_ablation: a diffusion defect restored (parity) */
+	int ablate;                   /* enum hi3_ablation: a diffusion defect restored, recorded in the
+	                               * trajectory (pos-pad, rope-pad, rope-1d, eoi) */
 	hi3_trace *trace;             /* record the forward pass of step trace_step (rows: the conditions'
 	                               * rows, cond then uncond; positions: columns), or NULL */
 	int trace_step;               /* in [0, T) */
@@ -251,16 +278,32 @@ typedef struct hi3_diffusion_replay_report {
 	hi3_diffusion_replay_row *rows;  /* (B) */
 	double mean_abs, max_abs, seconds;
 	int worst_row, worst_step;    /* the step index (not its place in sde_steps); -1 when K = 0 */
+	int as_captured;              /* the capture's path was followed (hi3_diffusion_replay_opts) */
+	int ablate;                   /* enum hi3_ablation: the defect the trajectory was captured with, restored */
+	int sde_kernel, logprob_reduce;  /* the trajectory's */
 } hi3_diffusion_replay_report;
 
-int hi3_diffusion_replay(hi3_model *m, const hi3_cond *c, const hi3_trajectory *t, float *logp,
-                         hi3_diffusion_replay_report *rep, hi3_progress_fn progress, void *progress_ctx,
+typedef struct hi3_diffusion_replay_opts {
+	/* 0: every SDE step by a stateless forward over the whole sequence,
+	 * as a trainer recomputes it; 1: the capture's own path (its step 0
+	 * over the whole sequence into the cache, then KV reuse), which
+	 * reproduces the captured log-probs under a defect that acts through
+	 * the cache (pos-pad, rope-pad, eoi) */
+	int as_captured;
+	hi3_progress_fn progress;     /* per SDE step */
+	void *progress_ctx;
+} hi3_diffusion_replay_opts;
+
+/* A trajectory captured with an ablation (its metadata 'ablate') is
+ * replayed with the same defect restored; the report says which. */
+int hi3_diffusion_replay(hi3_model *m, const hi3_cond *c, const hi3_trajectory *t,
+                         const hi3_diffusion_replay_opts *o, float *logp, hi3_diffusion_replay_report *rep,
                          hi3_error *err);
 /* hi3_diffusion_replay, then the replay file at path (hi3.replay with
  * sde_logp (B, K) and sde_steps (K)), atomically; traj_path is recorded. */
 int hi3_diffusion_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_trajectory *t, const char *traj_path,
-                                 const char *path, hi3_diffusion_replay_report *rep, hi3_progress_fn progress,
-                                 void *progress_ctx, hi3_error *err);
+                                 const hi3_diffusion_replay_opts *o, const char *path,
+                                 hi3_diffusion_replay_report *rep, hi3_error *err);
 void hi3_diffusion_replay_report_release(hi3_diffusion_replay_report *rep);
 int hi3_diffusion_replay_report_json(const hi3_diffusion_replay_report *rep, char **text, size_t *len,
                                      hi3_error *err);
@@ -286,6 +329,11 @@ enum hi3_ablation {
 	HI3_ABLATE_ROPE_1D,           /* image tokens take 1-D RoPE (the replay before UniRL's ROPE-FIX) */
 	HI3_ABLATE_EOI,               /* tokens after <timestep> attend every key, <eoi> too (flash attention) */
 };
+/* "none", "decode-mask", "token-placement", "pos-pad", "rope-pad", "rope-1d",
+ * "eoi"; "?" for another value. */
+const char *hi3_ablation_name(int ablation);
+/* The ablation of that name, or -1. */
+int hi3_ablation_of(const char *name);
 
 /* -------------------------------------------- conditions and the model */
 

@@ -24,20 +24,14 @@
 #include "model/model.h"
 #include "tools/tools.h"
 
-static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad", "rope-pad",
-                                             "rope-1d", "eoi"};
-
 const char *hi3_parity_ablation_name(int a)
 {
-	return a >= 0 && a < (int)HI3_ARRAY_SIZE(ablation_names) ? ablation_names[a] : "?";
+	return hi3_ablation_name(a);
 }
 
 int hi3_parity_ablation_parse(const char *s)
 {
-	for (int i = 0; i < (int)HI3_ARRAY_SIZE(ablation_names); i++)
-		if (!strcmp(s, ablation_names[i]))
-			return i;
-	return -1;
+	return hi3_ablation_of(s);
 }
 
 struct run {

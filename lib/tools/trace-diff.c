@@ -346,9 +346,19 @@ void hi3_trace_diff_free(hi3_trace_diff *d)
 
 /* ---------------------------------------------------------------- report */
 
+static const char *meta_of(char **meta, int n, const char *key);
+
 /* What a first difference at this point says, its upstream agreeing. */
-static const char *hint(const hi3_trace_diff_point *f)
+static const char *hint(const hi3_trace_diff *d, const hi3_trace_diff_point *f)
 {
+	const char *sa = meta_of(d->meta_a, d->n_meta_a, "stage"), *sb = meta_of(d->meta_b, d->n_meta_b, "stage");
+
+	if (f->kind == HI3_TRACE_ATTN && f->status == HI3_DIFF_OVER && sa && sb && !strcmp(sa, "diffusion-capture") &&
+	    !strcmp(sb, "diffusion-capture"))
+		return "q, k and v agree but the attention output does not: the keys and values it read (at a step after "
+		       "the first with KV reuse, the cache as step 0's whole-sequence pass left it: pads writing slot 0 "
+		       "(ablate pos-pad, rope-pad), zero-RoPE keys of pads (rope-pad), stale <eoi>), the mask (ablate "
+		       "eoi), or the attention's reduction";
 	if (f->status == HI3_DIFF_DTYPE || f->status == HI3_DIFF_SHAPE)
 		return "the traces store this point with another dtype or shape: other models, or other trace settings";
 	switch (f->kind) {
@@ -414,7 +424,8 @@ static void about(FILE *f, char **meta, int n)
 		{"stage", "%s"}, {"backend", ", %s"}, {"batch_invariant", ", batch-invariant %s"},
 		{"weight_dtype", ", %s weights"}, {"kv_dtype", ", kv %s"}, {"mode", ", %s"}, {"routing", ", routing %s"},
 		{"decode_mask", ", decode-mask %s"}, {"token_placement", ", token-placement %s"},
-		{"pad_positions", ", pad-positions %s"}, {"rows", ", %s rows"}, {"forward_shapes", ", forward %s"},
+		{"pad_positions", ", pad-positions %s"}, {"ablate", ", ablate %s"}, {"trace_step", ", step %s"},
+		{"rows", ", %s rows"}, {"forward_shapes", ", forward %s"},
 		{"model_fingerprint", ", model %s"},
 	};
 
@@ -535,7 +546,7 @@ static void text_report(FILE *f, const hi3_trace_diff *d)
 			fprintf(f, "  what it depends on agrees%s: the points before it at position %lld, and every point "
 			        "at earlier positions\n", d->opts.tol > 0 ? " within tolerance" : " bitwise",
 			        (long long)p->first.pos);
-		fprintf(f, "  %s\n", hint(p));
+		fprintf(f, "  %s\n", hint(d, p));
 	}
 	/* the table: tokens and embed, the layers, the head */
 	fprintf(f, "\nmax |A - B| by layer and point (ids: tokens that differ, \"3t\"; * the first difference):\n");
@@ -633,7 +644,7 @@ static json_t *report_json(const hi3_trace_diff *d)
 		json_object_set_new(fo, "kind", p->kind >= 0 ? json_string(hi3_trace_kind_name(p->kind)) : json_string("tokens"));
 		json_object_set_new(fo, "layer", p->layer >= 0 ? json_integer(p->layer) : json_null());
 		json_object_set_new(fo, "status", json_string(status_name(p->status)));
-		json_object_set_new(fo, "hint", json_string(hint(p)));
+		json_object_set_new(fo, "hint", json_string(hint(d, p)));
 		json_object_set_new(root, "first", fo);
 	} else {
 		json_object_set_new(root, "first", json_null());
