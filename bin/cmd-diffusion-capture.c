@@ -1,12 +1,16 @@
 /* cmd-diffusion-capture.c -- hi3 diffusion-capture: text-to-image by flow
  * matching, the trajectory for RL, and the VAE decode to PNG. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli.h"
 #include "commands.h"
 
 static const struct cli_help help = {
-	.usage = {"hi3 diffusion-capture -m MODEL [options] [--trace FILE [--trace-step S]] COND -o TRAJ [--png DIR]",
+	.usage = {"hi3 diffusion-capture -m MODEL [options] [--trace FILE [--trace-step S]] [--resume] COND -o TRAJ "
+	          "[--png DIR]",
 	          "hi3 diffusion-capture -m MODEL --decode TRAJ --png DIR"},
 	.description =
 	"Generate the image of every gen_image row of the conditions file COND by flow\n"
@@ -22,6 +26,9 @@ static const struct cli_help help = {
 	"flow-grpo, cps, dance-grpo; hi3-diffusion-capture(1), SDE KERNELS), recorded\n"
 	"in the trajectory with eta and the reduction. --ablate restores one of\n"
 	"upstream's batching defects at every step and records it.\n"
+	"Every completed step is committed to TRAJ.partial (removed at the end):\n"
+	"after a kill at any point, --resume continues from there and writes the\n"
+	"same trajectory and PNGs as an uninterrupted run.\n"
 	"Steps, guidance and shift default to the model's generation_config.json.\n"
 	"With --png DIR the final latents are decoded by the model's VAE into\n"
 	"DIR/row-<i>.png; --decode TRAJ does that for an existing trajectory.\n"
@@ -88,7 +95,8 @@ int cmd_diffusion_capture(int argc, char **argv)
 	hi3_cond *c = NULL;
 	hi3_error err = {0};
 	struct cli_trace trace = {0};
-	int rc, n_tstep = 0;
+	int rc, n_tstep = 0, no_ckpt = 0, captured;
+	char *ckpt = NULL;
 	struct cli_option options[] = {
 		OPT_STRING('m', "model", &cli.model_dir, "DIR", "model directory"),
 		OPT_GROUP("sampling:"),
@@ -125,6 +133,9 @@ int cmd_diffusion_capture(int argc, char **argv)
 		OPT_STRING('o', "output", &out, "TRAJ", "the trajectory to write (atomically)"),
 		OPT_STRING(0, "png", &png, "DIR", "decode the final latents with the VAE into DIR/row-<i>.png"),
 		OPT_STRING(0, "decode", &decode, "TRAJ", "decode this trajectory (with --png) instead of generating"),
+		OPT_FLAG(0, "resume", &o.resume, "continue a killed capture from TRAJ.partial, its last committed step "
+		         "(the same options; without the file: from the start)"),
+		OPT_FLAG(0, "no-checkpoint", &no_ckpt, "keep no TRAJ.partial (a killed capture then starts again)"),
 		OPT_JSON(&json, "print a JSON summary on standard output"),
 		OPT_TRACE(&trace),
 		OPT_INT(0, "trace-step", &o.trace_step, 0, 99999, "S", "trace the forward pass of denoising step S "
@@ -161,27 +172,44 @@ int cmd_diffusion_capture(int argc, char **argv)
 	o.cfg_dtype = (hi3_dtype)cfg_dt;
 	if (n_tstep && !trace.path)
 		return cli_usage_error("--trace-step needs --trace FILE");
-	if (cli_open_cond_model(argv[0], &c, &m, &err))
+	if (o.resume && (no_ckpt || trace.path))
+		return cli_usage_error("--resume takes %s", no_ckpt ? "the checkpoint (not --no-checkpoint)" : "no --trace "
+		                       "(the traced step may be done already)");
+	if (!no_ckpt && strcmp(out, "-")) {
+		if (!(ckpt = malloc(strlen(out) + 9)))
+			return cli_fail(&(hi3_error){HI3_ERR_RUNTIME, "out of memory"});
+		sprintf(ckpt, "%s.partial", out);
+		o.checkpoint = ckpt;
+	}
+	if (cli_open_cond_model(argv[0], &c, &m, &err)) {
+		free(ckpt);
 		return cli_fail(&err);
-	rc = cli_trace_open(&trace, m, (const char *[]){argv[0], out, o.noise, NULL}, &o.trace, &err);
+	}
+	rc = cli_trace_open(&trace, m, (const char *[]){argv[0], out, o.noise, ckpt, NULL}, &o.trace, &err);
 	if (rc == 0)
 		rc = hi3_diffusion_capture(m, c, &o, out, &st, &err);
+	captured = rc == 0;
 	cli_progress_end();
 	if (rc == 0)
 		rc = cli_trace_write(&trace, o.trace, &err);
 	if (rc == 0) {
 		if (st.cond_images)
 			cli_info("%d cond images encoded in %.3f s", st.cond_images, st.encode_seconds);
+		if (o.resume && st.checkpoint_found)
+			cli_info("resumed from %s at step %d of %d", ckpt, st.resumed_from, st.T);
+		else if (o.resume)
+			cli_info("no checkpoint %s: from step 0", ckpt);
 		cli_info("%d requests (%d rows, L %d), %d x %d latent tokens, %d steps (%d SDE) in %.3f s: step 0 %.3f s, "
-		         "later steps %.3f s each (%s) into %s", st.B, st.R, (int)st.L, st.h, st.w, st.T, st.K, st.seconds,
-		         st.step0_seconds, st.step_seconds, o.no_kv_reuse ? "whole sequence" : "KV reuse", out);
+		         "later steps %.3f s each (%s), checkpoint %.3f s, into %s", st.B, st.R, (int)st.L, st.h, st.w, st.T,
+		         st.K, st.seconds, st.step0_seconds, st.step_seconds, o.no_kv_reuse ? "whole sequence" : "KV reuse",
+		         st.checkpoint_seconds, out);
 		if (json)
 			printf("{\"requests\": %d, \"rows\": %d, \"L\": %lld, \"image_tokens\": %lld, \"steps\": %d, "
 			       "\"sde_steps\": %d, \"kv_reuse\": %s, \"seconds\": %.6f, \"step0_s\": %.6f, \"step_s\": %.6f, "
-			       "\"cond_images\": %d, \"encode_s\": %.6f}\n",
+			       "\"cond_images\": %d, \"encode_s\": %.6f, \"resumed_from\": %d, \"checkpoint_s\": %.6f}\n",
 			       st.B, st.R, (long long)st.L, (long long)st.image_tokens, st.T, st.K,
 			       o.no_kv_reuse ? "false" : "true", st.seconds, st.step0_seconds, st.step_seconds, st.cond_images,
-			       st.encode_seconds);
+			       st.encode_seconds, st.resumed_from, st.checkpoint_seconds);
 	}
 	hi3_cond_close(c);
 	c = NULL;
@@ -195,6 +223,10 @@ int cmd_diffusion_capture(int argc, char **argv)
 		}
 		hi3_trajectory_close(t);
 	}
+	/* the trajectory is written (and its PNGs, or why not): the checkpoint has served */
+	if (captured && ckpt && unlink(ckpt) != 0 && errno != ENOENT)
+		cli_warn("%s: cannot remove: %s", ckpt, strerror(errno));
+	free(ckpt);
 	hi3_trace_free(o.trace);
 	cli_close_model(m);
 	return rc ? cli_fail(&err) : 0;

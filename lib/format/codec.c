@@ -111,7 +111,7 @@ static void get(const void *obj, int off, void *v, size_t n)
 
 const struct hi3i_format *const hi3i_formats[] = {
 	&hi3i_format_conditions, &hi3i_format_kv, &hi3i_format_segment, &hi3i_format_replay, &hi3i_format_replay_sde,
-	&hi3i_format_trace, &hi3i_format_trajectory, &hi3i_format_noise, NULL,
+	&hi3i_format_trace, &hi3i_format_trajectory, &hi3i_format_diffusion_checkpoint, &hi3i_format_noise, NULL,
 };
 
 const char hi3i_codec_zeros[1];

@@ -66,7 +66,8 @@ struct hi3i_format {
  * --noise file diffusion-capture reads, have their own), and all of them,
  * NULL-terminated. */
 extern const struct hi3i_format hi3i_format_conditions, hi3i_format_kv, hi3i_format_segment, hi3i_format_replay,
-	hi3i_format_replay_sde, hi3i_format_trace, hi3i_format_trajectory, hi3i_format_noise;
+	hi3i_format_replay_sde, hi3i_format_trace, hi3i_format_trajectory, hi3i_format_diffusion_checkpoint,
+	hi3i_format_noise;
 extern const struct hi3i_format *const hi3i_formats[];
 
 /* Open path (hi3_st_open flags) as a file of format f: the format and

@@ -23,6 +23,7 @@ extern "C" {
 #define HI3_FORMAT_REPLAY "hi3.replay"
 #define HI3_FORMAT_TRACE "hi3.trace"
 #define HI3_FORMAT_TRAJECTORY "hi3.trajectory"
+#define HI3_FORMAT_DIFFUSION_CHECKPOINT "hi3.diffusion-checkpoint"
 
 /* The largest model the stage files hold: layers (trace points are named
  * layer.L.*), and experts per layer (expert ids are I16 in routing

@@ -11,29 +11,48 @@
  * for the sde sampler (absent: flow-grpo, mean), ablate only when the
  * capture restored an upstream defect.
  *
+ * A capture's checkpoint (format hi3.diffusion-checkpoint) is a trajectory
+ * file as well, with one more tensor, steps_done (1) I64: the steps whose
+ * latents (and log-probs, velocities) are complete. It is mapped writable
+ * and updated in place as the KV file is (format/kv.h): a step's payload,
+ * a flush, then the commit word in one aligned 8-byte store, and a flush;
+ * a kill at any point leaves the steps up to the last commit intact.
+ *
  * A --noise file is read here too: any safetensors file with x_T
  * (B, C, h, w) F32 and, for SDE steps, sde_noise (B, K, C, h, w) F32 -- a
  * trajectory is one.
  */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include "format/format.h"
+#include "format/trajectory.h"
 
 enum { B_, T_, C_, H_, W_, K_, R_, N_DIMS };
 static const char *const letters[] = {"B", "T", "C", "h", "w", "K", "R", NULL};
 
+/* The checkpoint: the trajectory (first, so that its fields' offsets are
+ * the trajectory's) and the commit word. */
+struct ckpt {
+	hi3_trajectory t;
+	int64_t *done;
+};
+
 #define F(x) (int)offsetof(hi3_trajectory, x)
-static const struct hi3i_ftensor tensors[] = {
-	{"latents", "F32 BF16 F16", "B,T+1,C,h,w", 0, F(latents), F(latent_dtype)},
-	{"sigmas", "F32", "T+1", 0, F(sigmas), -1},
-	{"timesteps", "F32", "T", 0, F(timesteps), -1},
-	{"sde_steps", "I64", "K", 0, F(sde_steps), -1},
-	{"sde_logp", "F32", "B,K", 0, F(sde_logp), -1},
-	{"x_T", "F32", "B,C,h,w", 0, F(x_T), -1},
-	{"sde_noise", "F32", "B,K,C,h,w", 0, F(sde_noise), -1},
-	{"velocity", "F32", "T,R,C,h,w", HI3I_FT_LATER, F(velocity), -1},
-	{0},
+#define TRAJECTORY_TENSORS \
+	{"latents", "F32 BF16 F16", "B,T+1,C,h,w", 0, F(latents), F(latent_dtype)}, \
+	{"sigmas", "F32", "T+1", 0, F(sigmas), -1}, \
+	{"timesteps", "F32", "T", 0, F(timesteps), -1}, \
+	{"sde_steps", "I64", "K", 0, F(sde_steps), -1}, \
+	{"sde_logp", "F32", "B,K", 0, F(sde_logp), -1}, \
+	{"x_T", "F32", "B,C,h,w", 0, F(x_T), -1}, \
+	{"sde_noise", "F32", "B,K,C,h,w", 0, F(sde_noise), -1}, \
+	{"velocity", "F32", "T,R,C,h,w", HI3I_FT_LATER, F(velocity), -1}
+enum { VELOCITY = 7 };
+static const struct hi3i_ftensor tensors[] = {TRAJECTORY_TENSORS, {0}};
+static const struct hi3i_ftensor ckpt_tensors[] = {
+	TRAJECTORY_TENSORS, {"steps_done", "I64", "1", 0, (int)offsetof(struct ckpt, done), -1}, {0},
 };
 static const struct hi3i_fmeta meta[] = {
 	{"model_fingerprint", "text", 0, F(model_fingerprint)},
@@ -58,6 +77,8 @@ static const struct hi3i_fmeta meta[] = {
 };
 #undef F
 const struct hi3i_format hi3i_format_trajectory = {HI3_FORMAT_TRAJECTORY, "TRAJECTORY", letters, tensors, meta, 0};
+const struct hi3i_format hi3i_format_diffusion_checkpoint = {HI3_FORMAT_DIFFUSION_CHECKPOINT, "DIFFUSION CHECKPOINT",
+                                                             letters, ckpt_tensors, meta, 0};
 
 /* The --noise file: any safetensors file with these (a trajectory is one). */
 static const struct hi3i_ftensor noise_tensors[] = {
@@ -91,9 +112,11 @@ static int check(const hi3_trajectory *t, const char *path, hi3_error *err)
 	return 0;
 }
 
-int hi3_trajectory_open(hi3_trajectory **out, const char *path, hi3_error *err)
+/* A trajectory of format f (the finished file, or a capture's checkpoint,
+ * whose obj has the commit word after the trajectory). */
+static int open_as(const struct hi3i_format *f, hi3_trajectory **out, const char *path, int flags, hi3_error *err)
 {
-	hi3_trajectory *t = hi3i_calloc(1, sizeof(*t), err);
+	hi3_trajectory *t = hi3i_calloc(1, f == &hi3i_format_trajectory ? sizeof(*t) : sizeof(struct ckpt), err);
 	int64_t dims[N_DIMS] = {-1, -1, -1, -1, -1, -1, -1}, x;
 	const hi3_tensor *vel;
 	const char *v;
@@ -101,7 +124,7 @@ int hi3_trajectory_open(hi3_trajectory **out, const char *path, hi3_error *err)
 	*out = NULL;
 	if (!t)
 		return -1;
-	if (hi3i_codec_open(&hi3i_format_trajectory, path, HI3_ST_READ, t, dims, &t->st, err))
+	if (hi3i_codec_open(f, path, flags, t, dims, &t->st, err))
 		goto fail;
 	v = hi3_st_meta(t->st, "latent_dtype");
 	if (strcmp(v, latent_dtype_name(t->latent_dtype))) {
@@ -126,7 +149,7 @@ int hi3_trajectory_open(hi3_trajectory **out, const char *path, hi3_error *err)
 	}
 	t->R = (int)(dims[R_] = x);
 	if (hi3_st_find(t->st, "velocity")) {
-		if (hi3i_codec_get(&hi3i_format_trajectory, t->st, &tensors[7], dims, &vel, err))
+		if (hi3i_codec_get(f, t->st, &f->t[VELOCITY], dims, &vel, err))
 			goto fail;
 		t->velocity = vel->data;
 	}
@@ -142,6 +165,11 @@ int hi3_trajectory_open(hi3_trajectory **out, const char *path, hi3_error *err)
 fail:
 	hi3_trajectory_close(t);
 	return -1;
+}
+
+int hi3_trajectory_open(hi3_trajectory **out, const char *path, hi3_error *err)
+{
+	return open_as(&hi3i_format_trajectory, out, path, HI3_ST_READ, err);
 }
 
 void hi3_trajectory_close(hi3_trajectory *t)
@@ -161,8 +189,10 @@ float hi3_trajectory_latent(const hi3_trajectory *t, size_t i)
 	}
 }
 
-int hi3_trajectory_write(const hi3_trajectory *t, const char *path, hi3_error *err)
+/* Write obj (a trajectory, or a checkpoint) as format f. */
+static int write_as(const struct hi3i_format *f, const void *obj, const char *path, hi3_error *err)
 {
+	const hi3_trajectory *t = obj;
 	const int64_t dims[N_DIMS] = {t->B, t->T, t->C, t->h, t->w, t->K, t->R};
 	char eta[40], g[40], sh[40], steps[16], rows[16];
 	const char *m[][2] = {
@@ -181,7 +211,53 @@ int hi3_trajectory_write(const hi3_trajectory *t, const char *path, hi3_error *e
 	snprintf(sh, sizeof(sh), "%.17g", t->flow_shift);
 	snprintf(steps, sizeof(steps), "%d", t->T);
 	snprintf(rows, sizeof(rows), "%d", t->R);
-	return hi3i_codec_write(&hi3i_format_trajectory, t, dims, m, HI3_ARRAY_SIZE(m), path, err);
+	return hi3i_codec_write(f, obj, dims, m, HI3_ARRAY_SIZE(m), path, err);
+}
+
+int hi3_trajectory_write(const hi3_trajectory *t, const char *path, hi3_error *err)
+{
+	return write_as(&hi3i_format_trajectory, t, path, err);
+}
+
+/* ------------------------------------------------------------ checkpoint */
+
+int hi3i_traj_ckpt_create(const char *path, const hi3_trajectory *t, hi3_error *err)
+{
+	int64_t zero = 0;
+	struct ckpt c = {*t, &zero};
+
+	return write_as(&hi3i_format_diffusion_checkpoint, &c, path, err);
+}
+
+int hi3i_traj_ckpt_open(hi3_trajectory **out, int64_t **done, const char *path, hi3_error *err)
+{
+	if (open_as(&hi3i_format_diffusion_checkpoint, out, path, HI3_ST_RDWR, err))
+		return -1;
+	*done = ((struct ckpt *)*out)->done;
+	if (hi3i_st_lock((*out)->st, err))
+		goto fail;
+	if (**done < 0 || **done > (*out)->T) {
+		hi3_error_set(err, HI3_ERR_INPUT, "%s: tensor 'steps_done': %lld, expected 0 to %d steps", path,
+		              (long long)**done, (*out)->T);
+		goto fail;
+	}
+	return 0;
+fail:
+	hi3_trajectory_close(*out);
+	*out = NULL;
+	return -1;
+}
+
+int hi3i_traj_ckpt_commit(hi3_trajectory *t, int64_t *done, int64_t steps, hi3_error *err)
+{
+	const hi3_tensor *first = hi3_st_at(t->st, 0);
+
+	/* the step's payload, then its commit word */
+	if (first && hi3_st_sync(t->st, first->data, hi3_st_file_size(t->st) - 8 - hi3_st_header_size(t->st), err))
+		return -1;
+	atomic_thread_fence(memory_order_seq_cst);
+	__atomic_store_n(done, steps, __ATOMIC_SEQ_CST);
+	return hi3_st_sync(t->st, done, sizeof(*done), err);
 }
 
 int hi3i_noise_read(const char *path, int B, int C, int h, int w, int K, float *x_T, float *sde_noise,

@@ -16,11 +16,15 @@
  * channels, h x w latent grid, T steps, K SDE steps.
  */
 #include <math.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "format/conditions.h"
 #include "format/format.h"
 #include "format/provenance.h"
 #include "format/trace.h"
+#include "format/trajectory.h"
 #include "stage/files.h"
 #include "model/model.h"
 #include "stage/diffusion.h"
@@ -146,6 +150,130 @@ static const char *dtype_label(hi3_dtype dt)
 	return dt == HI3_BF16 ? "bf16" : dt == HI3_F16 ? "f16" : "f32";
 }
 
+/*
+ * Fault injection for the crash tests: HI3_TEST_KILL_AT=S:C makes the
+ * capture kill itself with SIGKILL at step S (0 <= S < T) after the step's
+ * latents are written into the checkpoint, before (C = 0) or after (C = 1)
+ * its commit; S = T: before (0) or after (1) the trajectory is written.
+ */
+static void test_kill_point(int step, int committed)
+{
+	static int parsed;
+	static long long at_step = -1, at_commit = 0;
+	const char *v;
+
+	if (!parsed) {
+		parsed = 1;
+		v = getenv("HI3_TEST_KILL_AT");
+		if (v && sscanf(v, "%lld:%lld", &at_step, &at_commit) < 1)
+			at_step = -1;
+	}
+	if (at_step == step && at_commit == committed)
+		raise(SIGKILL);
+}
+
+/* latents[:, step] of every request = x (B n), in the latent dtype. */
+static void put_step(void *lat, hi3_dtype dt, int B, int T, size_t n, int step, const float *x)
+{
+	for (int b = 0; b < B; b++)
+		for (size_t k = 0; k < n; k++) {
+			size_t at = ((size_t)b * (T + 1) + step) * n + k;
+			float f = x[(size_t)b * n + k];
+			if (dt == HI3_F32)
+				((float *)lat)[at] = f;
+			else
+				((uint16_t *)lat)[at] = dt == HI3_BF16 ? hi3_f32_to_bf16(f) : hi3_f32_to_f16(f);
+		}
+}
+
+static int same_text(const char *a, const char *b)
+{
+	return a == b || (a && b && !strcmp(a, b));
+}
+
+/* The checkpoint ck was made by this run's settings (tr, before any step):
+ * the same dimensions, metadata, schedule, noise and x_T. */
+static int ckpt_matches(const hi3_trajectory *ck, const hi3_trajectory *tr, const char *path, hi3_error *err)
+{
+	const size_t n = (size_t)tr->C * tr->h * tr->w, es = hi3_dtype_size(tr->latent_dtype);
+	const char *what = NULL;
+
+	if (ck->B != tr->B || ck->R != tr->R || ck->T != tr->T || ck->K != tr->K || ck->C != tr->C ||
+	    ck->h != tr->h || ck->w != tr->w || ck->latent_dtype != tr->latent_dtype)
+		what = "shape (requests, rows, steps, SDE steps, latents or their dtype)";
+	else if (!same_text(ck->model_fingerprint, tr->model_fingerprint) ||
+	         !same_text(ck->conditions_hash, tr->conditions_hash) || !same_text(ck->requests, tr->requests) ||
+	         !same_text(ck->seeds, tr->seeds) || !same_text(ck->variant, tr->variant))
+		what = "model or conditions";
+	else if (!same_text(ck->sampler, tr->sampler) || !same_text(ck->sde_kernel, tr->sde_kernel) ||
+	         !same_text(ck->logprob_reduce, tr->logprob_reduce) || ck->eta != tr->eta ||
+	         ck->guidance != tr->guidance || ck->flow_shift != tr->flow_shift || ck->kv_reuse != tr->kv_reuse ||
+	         !same_text(ck->cfg_dtype, tr->cfg_dtype) || !same_text(ck->ablate, tr->ablate) ||
+	         !ck->velocity != !tr->velocity)
+		what = "sampler settings (sampler, SDE kernel, eta, reduction, guidance, shift, KV reuse, guidance dtype, "
+		       "ablation or --capture-velocity)";
+	else if (!same_text(ck->noise, tr->noise) ||
+	         memcmp(ck->sigmas, tr->sigmas, sizeof(float) * (size_t)(tr->T + 1)) ||
+	         memcmp(ck->sde_steps, tr->sde_steps, sizeof(int64_t) * (size_t)tr->K) ||
+	         memcmp(ck->x_T, tr->x_T, sizeof(float) * tr->B * n) ||
+	         memcmp(ck->sde_noise, tr->sde_noise, sizeof(float) * tr->B * (size_t)tr->K * n))
+		what = "schedule or noise";
+	for (int b = 0; !what && b < tr->B; b++)
+		if (memcmp((const char *)ck->latents + (size_t)b * (tr->T + 1) * n * es,
+		           (const char *)tr->latents + (size_t)b * (tr->T + 1) * n * es, n * es))
+			what = "x_T as stored";
+	if (what)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: the checkpoint of another run: its %s differs from this "
+		                     "run's (resume with the options of that run, or run without --resume to start "
+		                     "again)", path, what);
+	return 0;
+}
+
+/* The step this run starts at: with o->resume, the checkpoint's completed
+ * steps (their latents, log-probs and velocities copied into tr's arrays);
+ * else 0, the checkpoint made afresh. *ck is the checkpoint, open. */
+static int ckpt_begin(const hi3_diffusion_opts *o, hi3_trajectory *tr, hi3_trajectory **ck, int64_t **done,
+                      int *s0, int *found, hi3_error *err)
+{
+	const size_t n = (size_t)tr->C * tr->h * tr->w, es = hi3_dtype_size(tr->latent_dtype);
+
+	*s0 = 0;
+	*found = o->resume && access(o->checkpoint, F_OK) == 0;
+	if (*found) {
+		if (hi3i_traj_ckpt_open(ck, done, o->checkpoint, err) || ckpt_matches(*ck, tr, o->checkpoint, err))
+			return -1;
+		*s0 = (int)**done;
+		memcpy((void *)tr->latents, (*ck)->latents, es * tr->B * (size_t)(tr->T + 1) * n);
+		memcpy((void *)tr->sde_logp, (*ck)->sde_logp, sizeof(float) * tr->B * (size_t)tr->K);
+		if (tr->velocity)
+			memcpy((void *)tr->velocity, (*ck)->velocity, sizeof(float) * (size_t)tr->T * tr->R * n);
+		return 0;
+	}
+	return hi3i_traj_ckpt_create(o->checkpoint, tr, err) || hi3i_traj_ckpt_open(ck, done, o->checkpoint, err);
+}
+
+/* Step i done: its latents, log-probs and velocities into the checkpoint,
+ * then the commit word. */
+static int ckpt_step(hi3_trajectory *ck, int64_t *done, const hi3_trajectory *tr, int i, int k, hi3_error *err)
+{
+	const size_t n = (size_t)tr->C * tr->h * tr->w, es = hi3_dtype_size(tr->latent_dtype);
+
+	for (int b = 0; b < tr->B; b++) {
+		size_t at = ((size_t)b * (tr->T + 1) + i + 1) * n * es;
+		memcpy((char *)ck->latents + at, (const char *)tr->latents + at, n * es);
+		if (k >= 0)
+			((float *)ck->sde_logp)[(size_t)b * tr->K + k] = tr->sde_logp[(size_t)b * tr->K + k];
+	}
+	if (tr->velocity)
+		memcpy((float *)ck->velocity + (size_t)i * tr->R * n, tr->velocity + (size_t)i * tr->R * n,
+		       sizeof(float) * tr->R * n);
+	test_kill_point(i, 0);
+	if (hi3i_traj_ckpt_commit(ck, done, i + 1, err))
+		return -1;
+	test_kill_point(i, 1);
+	return 0;
+}
+
 int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_opts *o, const char *traj_path,
                           hi3_diffusion_stats *st, hi3_error *err)
 {
@@ -156,14 +284,15 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 	struct hi3i_denoiser *dn = NULL;
 	struct hi3i_dn_geometry g;
 	struct settings s;
-	hi3_trajectory tr = {0};
+	hi3_trajectory tr = {0}, *ck = NULL;
 	float *sig = NULL, *tst = NULL, *x_T = NULL, *noise = NULL, *lp = NULL, *vel = NULL, *v = NULL, *vg = NULL;
 	float *x = NULL, *xn = NULL, *mu = NULL;
+	int64_t *done = NULL;
 	void *lat = NULL;
 	char hash[17], *seeds = NULL;
-	double t0 = hi3i_now(), t_step0 = 0.0, t_rest = 0.0;
+	double t0 = hi3i_now(), t_step0 = 0.0, t_rest = 0.0, t_ck = 0.0;
 	size_t n, es;
-	int rows, rc = -1;
+	int rows, rc = -1, s0 = 0;
 
 	memset(st, 0, sizeof(*st));
 	if (o->latent_dtype != HI3_F32 && o->latent_dtype != HI3_BF16 && o->latent_dtype != HI3_F16)
@@ -178,6 +307,9 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 	if (ablate != HI3_ABLATE_NONE && !hi3i_diffusion_defects(ablate))
 		return hi3_error_set(err, HI3_ERR_USAGE, "--ablate %s is not a diffusion defect (pos-pad, rope-pad, rope-1d "
 		                     "or eoi)", hi3_ablation_name(ablate));
+	if (o->resume && (!o->checkpoint || o->trace))
+		return hi3_error_set(err, HI3_ERR_USAGE, "resume: %s", o->trace ? "a resumed capture takes no trace (the "
+		                     "traced step may be done already)" : "no checkpoint file to resume from");
 	if (resolve(m, o, &s, err))
 		goto out;
 	if (s.K && !(o->eta > 0.0) && o->sde_kernel != HI3_SDE_CPS) {
@@ -216,7 +348,7 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 	    !(tst = hi3i_malloc(sizeof(float) * (size_t)s.T, err)) || !(x_T = hi3i_malloc(sizeof(float) * g.B * n, err)) ||
 	    !(noise = hi3i_calloc((size_t)g.B * HI3_MAX(s.K, 1) * n, sizeof(float), err)) ||
 	    !(lp = hi3i_calloc((size_t)g.B * HI3_MAX(s.K, 1), sizeof(float), err)) ||
-	    !(lat = hi3i_malloc(es * g.B * (size_t)(s.T + 1) * n, err)) ||
+	    !(lat = hi3i_calloc((size_t)g.B * (s.T + 1) * n, es, err)) ||
 	    !(v = hi3i_malloc(sizeof(float) * (size_t)g.R * n, err)) || !(vg = hi3i_malloc(sizeof(float) * g.B * n, err)) ||
 	    !(x = hi3i_malloc(sizeof(float) * g.B * n, err)) || !(xn = hi3i_malloc(sizeof(float) * n, err)) ||
 	    !(mu = hi3i_malloc(sizeof(float) * n, err)) ||
@@ -238,26 +370,56 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 		}
 	}
 	/* latents[:, 0] = x_T as stored */
-	for (int b = 0; b < g.B; b++)
-		for (size_t i = 0; i < n; i++) {
-			float q = hi3i_round_to(x_T[(size_t)b * n + i], o->latent_dtype);
-			x[(size_t)b * n + i] = q;
-		}
+	for (size_t i = 0; i < (size_t)g.B * n; i++)
+		x[i] = hi3i_round_to(x_T[i], o->latent_dtype);
+	put_step(lat, o->latent_dtype, g.B, s.T, n, 0, x);
+	hi3i_cond_hash(c, hash);
+	{
+		size_t off = 0, cap = (size_t)g.B * 24 + 4;
+		if (!(seeds = hi3i_malloc(cap, err)))
+			goto out;
+		for (int b = 0; b < g.B; b++)
+			off += (size_t)snprintf(seeds + off, cap - off, "%s%lld", b ? ", " : "[", (long long)c->seeds[b]);
+		snprintf(seeds + off, cap - off, "]");
+	}
+	tr = (hi3_trajectory){
+		.B = g.B, .R = g.R, .T = s.T, .K = s.K, .C = g.Z, .h = g.h, .w = g.w, .latent_dtype = o->latent_dtype,
+		.latents = lat, .sigmas = sig, .timesteps = tst, .sde_steps = s.sde, .sde_logp = lp, .x_T = x_T,
+		.sde_noise = noise, .velocity = vel, .sampler = o->sampler == HI3_SAMPLER_SDE ? "sde" : "euler",
+		.sde_kernel = o->sampler == HI3_SAMPLER_SDE ? hi3_sde_kernel_name(o->sde_kernel) : NULL,
+		.logprob_reduce = o->sampler == HI3_SAMPLER_SDE ? hi3_logprob_reduce_name(o->logprob_reduce) : NULL,
+		.ablate = ablate ? hi3_ablation_name(ablate) : NULL,
+		.eta = o->sampler == HI3_SAMPLER_SDE ? o->eta : 0.0, .guidance = s.g, .flow_shift = s.shift,
+		.kv_reuse = !o->no_kv_reuse, .cfg_dtype = dtype_label(o->cfg_dtype),
+		.variant = hi3_variant_name(hi3_variant_of(hi3_model_config(m), hi3_model_gen_defaults(m), NULL, 0)),
+		.noise = o->noise ? o->noise : "philox", .model_fingerprint = hi3_model_fingerprint(m),
+		.conditions_hash = hash, .requests = c->requests, .seeds = seeds,
+	};
+	if (o->checkpoint) {
+		double tc = hi3i_now();
+		if (ckpt_begin(o, &tr, &ck, &done, &s0, &st->checkpoint_found, err))
+			goto out;
+		t_ck += hi3i_now() - tc;
+		for (int b = 0; b < g.B; b++)
+			for (size_t e = 0; e < n; e++)
+				x[(size_t)b * n + e] = hi3_trajectory_latent(&tr, ((size_t)b * (s.T + 1) + s0) * n + e);
+	}
 	{
 		const float gv = hi3_bf16_to_f32(hi3_f32_to_bf16((float)(1000.0 * s.g)));   /* upstream: a bf16 tensor */
-		for (int i = 0; i < s.T; i++) {
+		if (s0 > 0 && s0 < s.T && !o->no_kv_reuse) {
+			/* the cache of step 0, made again: its whole-sequence pass at
+			 * x_T (the later steps rewrite only their own slots) */
+			for (size_t e = 0; e < (size_t)g.B * n; e++)
+				vg[e] = hi3_trajectory_latent(&tr, (e / n) * (s.T + 1) * n + e % n);
+			if (hi3i_denoise(dn, vg, rows, tst[0], sig[1] * 1000.0f, gv, 1, v, err)) {
+				hi3_error_prefix(err, "the cache of step 0");
+				goto out;
+			}
+		}
+		for (int i = s0; i < s.T; i++) {
 			double ts = hi3i_now();
 			int full = i == 0 || o->no_kv_reuse;
 
-			for (int b = 0; b < g.B; b++)
-				for (size_t k = 0; k < n; k++) {
-					size_t at = ((size_t)b * (s.T + 1) + i) * n + k;
-					if (o->latent_dtype == HI3_F32)
-						((float *)lat)[at] = x[(size_t)b * n + k];
-					else
-						((uint16_t *)lat)[at] = o->latent_dtype == HI3_BF16 ? hi3_f32_to_bf16(x[(size_t)b * n + k])
-						                                                    : hi3_f32_to_f16(x[(size_t)b * n + k]);
-				}
 			if (o->trace && i == o->trace_step && hi3i_denoiser_trace(dn, o->trace, err))
 				goto out;
 			if (hi3i_denoise(dn, x, rows, tst[i], sig[i + 1] * 1000.0f, gv, full, v, err)) {
@@ -282,6 +444,13 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 					lp[(size_t)b * s.K + k] = l;
 				memcpy(xb, xn, sizeof(float) * n);
 			}
+			put_step(lat, o->latent_dtype, g.B, s.T, n, i + 1, x);
+			if (ck) {
+				double tc = hi3i_now();
+				if (ckpt_step(ck, done, &tr, i, s.is_sde[i], err))
+					goto out;
+				t_ck += hi3i_now() - tc;
+			}
 			if (i == 0)
 				t_step0 = hi3i_now() - ts;
 			else
@@ -290,39 +459,10 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 				o->progress(o->progress_ctx, i + 1, s.T);
 		}
 	}
-	for (int b = 0; b < g.B; b++)
-		for (size_t k = 0; k < n; k++) {
-			size_t at = ((size_t)b * (s.T + 1) + s.T) * n + k;
-			if (o->latent_dtype == HI3_F32)
-				((float *)lat)[at] = x[(size_t)b * n + k];
-			else
-				((uint16_t *)lat)[at] = o->latent_dtype == HI3_BF16 ? hi3_f32_to_bf16(x[(size_t)b * n + k])
-				                                                    : hi3_f32_to_f16(x[(size_t)b * n + k]);
-		}
-	hi3i_cond_hash(c, hash);
-	{
-		size_t off = 0, cap = (size_t)g.B * 24 + 4;
-		if (!(seeds = hi3i_malloc(cap, err)))
-			goto out;
-		for (int b = 0; b < g.B; b++)
-			off += (size_t)snprintf(seeds + off, cap - off, "%s%lld", b ? ", " : "[", (long long)c->seeds[b]);
-		snprintf(seeds + off, cap - off, "]");
-	}
-	tr = (hi3_trajectory){
-		.B = g.B, .R = g.R, .T = s.T, .K = s.K, .C = g.Z, .h = g.h, .w = g.w, .latent_dtype = o->latent_dtype,
-		.latents = lat, .sigmas = sig, .timesteps = tst, .sde_steps = s.sde, .sde_logp = lp, .x_T = x_T,
-		.sde_noise = noise, .velocity = vel, .sampler = o->sampler == HI3_SAMPLER_SDE ? "sde" : "euler",
-		.sde_kernel = o->sampler == HI3_SAMPLER_SDE ? hi3_sde_kernel_name(o->sde_kernel) : NULL,
-		.logprob_reduce = o->sampler == HI3_SAMPLER_SDE ? hi3_logprob_reduce_name(o->logprob_reduce) : NULL,
-		.ablate = ablate ? hi3_ablation_name(ablate) : NULL,
-		.eta = o->sampler == HI3_SAMPLER_SDE ? o->eta : 0.0, .guidance = s.g, .flow_shift = s.shift,
-		.kv_reuse = !o->no_kv_reuse, .cfg_dtype = dtype_label(o->cfg_dtype),
-		.variant = hi3_variant_name(hi3_variant_of(hi3_model_config(m), hi3_model_gen_defaults(m), NULL, 0)),
-		.noise = o->noise ? o->noise : "philox", .model_fingerprint = hi3_model_fingerprint(m),
-		.conditions_hash = hash, .requests = c->requests, .seeds = seeds,
-	};
+	test_kill_point(s.T, 0);
 	if (hi3_trajectory_write(&tr, traj_path, err))
 		goto out;
+	test_kill_point(s.T, 1);
 	st->B = g.B;
 	st->R = g.R;
 	st->T = s.T;
@@ -331,11 +471,14 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 	st->w = g.w;
 	st->L = c->L;
 	st->image_tokens = (int64_t)g.h * g.w;
+	st->resumed_from = s0;
+	st->checkpoint_seconds = t_ck;
 	st->seconds = hi3i_now() - t0;
 	st->step0_seconds = t_step0;
-	st->step_seconds = s.T > 1 ? t_rest / (s.T - 1) : t_step0;
+	st->step_seconds = s.T - HI3_MAX(s0, 1) > 0 ? t_rest / (s.T - HI3_MAX(s0, 1)) : t_step0;
 	rc = 0;
 out:
+	hi3_trajectory_close(ck);
 	hi3i_denoiser_close(dn);
 	free(s.is_sde), free(s.sde), free(sig), free(tst), free(x_T), free(noise), free(lp), free(lat), free(v);
 	free(vg), free(x), free(xn), free(mu), free(vel), free(seeds);

@@ -243,6 +243,9 @@ typedef struct hi3_diffusion_opts {
 	hi3_trace *trace;             /* record the forward pass of step trace_step (rows: the conditions'
 	                               * rows, cond then uncond; positions: columns), or NULL */
 	int trace_step;               /* in [0, T) */
+	const char *checkpoint;       /* the completed steps kept in this file (format hi3.diffusion-checkpoint), in
+	                               * place, so that a killed capture resumes; NULL: none */
+	int resume;                   /* continue from the checkpoint when it exists (it must be of this run) */
 	hi3_progress_fn progress;     /* per step */
 	void *progress_ctx;
 } hi3_diffusion_opts;
@@ -253,12 +256,19 @@ typedef struct hi3_diffusion_stats {
 	double seconds, step0_seconds, step_seconds;  /* total, the first step, the mean of the others */
 	int cond_images;              /* the conditions' cond images (image editing) */
 	double encode_seconds;        /* making their rows (the encoders), before the first step */
+	int checkpoint_found;         /* o->resume found the checkpoint */
+	int resumed_from;             /* the steps it held already */
+	double checkpoint_seconds;    /* writing and flushing the checkpoint */
 } hi3_diffusion_stats;
 
 /* Denoise the gen_image rows of c from noise (the rows' seeds, or
  * o->noise) by flow matching, and write the trajectory at traj_path
  * (hi3.trajectory), atomically. The conditions must be gen_image rows
- * made for m, of one image size. */
+ * made for m, of one image size. With o->checkpoint every completed step
+ * is committed there first (the caller removes the file when it is done
+ * with the trajectory); with o->resume a capture killed at any point
+ * continues from its last committed step and writes the same trajectory
+ * as an uninterrupted run. */
 int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_opts *o, const char *traj_path,
                           hi3_diffusion_stats *st, hi3_error *err);
 

@@ -7,7 +7,7 @@
  * Where the format is known, an element is named by what its dimensions
  * mean (kv: row, head, slot, col; segment: row and position via cu_seqlens;
  * trace: the token's row and position, then col, or slot and col;
- * trajectory: row, step, channel, y, x).
+ * trajectory and a capture's checkpoint: row, step, channel, y, x).
  *
  * Shapes: B rows, n_kv heads, C cache slots, d head dim, L prompt columns,
  * V vocabulary, T packed tokens.
@@ -106,7 +106,7 @@ static int side_open(struct side *s, const char *path, int need_rows, hi3_error 
 			s->tpos = p->data;
 			s->tn = r->shape[0];
 		}
-	} else if (!strcmp(s->format, HI3_FORMAT_TRAJECTORY)) {
+	} else if (!strcmp(s->format, HI3_FORMAT_TRAJECTORY) || !strcmp(s->format, HI3_FORMAT_DIFFUSION_CHECKPOINT)) {
 		s->kind = K_TRAJ;
 		if ((t = hi3_st_find(s->st, "latents")) && t->ndim == 5)
 			s->B = t->shape[0];
