@@ -39,6 +39,12 @@ char *hi3i_strdup(const char *s);
 /* printf into a fresh heap string. */
 char *hi3i_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Fault injection for the crash tests (decode, diffusion-capture):
+ * HI3_TEST_KILL_AT=S:C in the environment makes the process kill itself
+ * with SIGKILL when it reaches the point (step S, sub-point C) of its stage;
+ * each stage says what its points are. */
+void hi3i_test_kill_point(long long step, long long sub);
+
 /* 64-bit FNV-1a, continued from h (start with HI3_HASH_INIT). */
 #define HI3_HASH_INIT 0xcbf29ce484222325ULL
 uint64_t hi3i_hash(uint64_t h, const void *data, size_t n);

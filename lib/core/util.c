@@ -6,6 +6,9 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -173,6 +176,22 @@ int hi3i_parse_f64(const char *s, double *out)
 		return -1;
 	*out = v;
 	return 0;
+}
+
+void hi3i_test_kill_point(long long step, long long sub)
+{
+	static int parsed;
+	static long long at_step = -1, at_sub = 0;
+	const char *v;
+
+	if (!parsed) {
+		parsed = 1;
+		v = getenv("HI3_TEST_KILL_AT");
+		if (v && sscanf(v, "%lld:%lld", &at_step, &at_sub) < 1)
+			at_step = -1;
+	}
+	if (at_step == step && at_sub == sub)
+		raise(SIGKILL);
 }
 
 double hi3i_now(void)

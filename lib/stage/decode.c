@@ -14,7 +14,6 @@
  * The recorded log-prob is always that of the unmodified logits.
  */
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -23,27 +22,6 @@
 #include "format/trace.h"
 #include "model/model.h"
 #include "stage/vocab.h"
-
-/*
- * Fault injection for the crash tests: HI3_TEST_KILL_AT=S:R makes the
- * process kill itself with SIGKILL during step S of this call, after the
- * step's payload is written and R rows are committed (R = 0: before any).
- */
-static void test_kill_point(int64_t step, int committed)
-{
-	static int parsed;
-	static long long at_step = -1, at_rows = 0;
-	const char *v;
-
-	if (!parsed) {
-		parsed = 1;
-		v = getenv("HI3_TEST_KILL_AT");
-		if (v && sscanf(v, "%lld:%lld", &at_step, &at_rows) < 1)
-			at_step = -1;
-	}
-	if (at_step == step && at_rows == committed)
-		raise(SIGKILL);
-}
 
 static int is_stop(const hi3_cond *c, const hi3_decode_opts *o, int row, int64_t tok)
 {
@@ -416,7 +394,9 @@ static int run_step(struct run *r, int64_t step, hi3_decode_stats *stats, int *d
 	for (int i = 0; i < r->B; i++) {
 		if (kv->finished[i] || kv->gen_len[i] >= r->limit)
 			continue;
-		test_kill_point(step, committed++);
+		/* the crash tests' kill point HI3_TEST_KILL_AT=S:R: during step S of this
+		 * call, its payload written, R rows committed (0: before any) */
+		hi3i_test_kill_point(step, committed++);
 		hi3i_kv_commit(kv, i, kv->gen_len[i] + 1, r->stop_now[i]);
 		stats->tokens++;
 	}

@@ -16,7 +16,6 @@
  * channels, h x w latent grid, T steps, K SDE steps.
  */
 #include <math.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -150,28 +149,6 @@ static const char *dtype_label(hi3_dtype dt)
 	return dt == HI3_BF16 ? "bf16" : dt == HI3_F16 ? "f16" : "f32";
 }
 
-/*
- * Fault injection for the crash tests: HI3_TEST_KILL_AT=S:C makes the
- * capture kill itself with SIGKILL at step S (0 <= S < T) after the step's
- * latents are written into the checkpoint, before (C = 0) or after (C = 1)
- * its commit; S = T: before (0) or after (1) the trajectory is written.
- */
-static void test_kill_point(int step, int committed)
-{
-	static int parsed;
-	static long long at_step = -1, at_commit = 0;
-	const char *v;
-
-	if (!parsed) {
-		parsed = 1;
-		v = getenv("HI3_TEST_KILL_AT");
-		if (v && sscanf(v, "%lld:%lld", &at_step, &at_commit) < 1)
-			at_step = -1;
-	}
-	if (at_step == step && at_commit == committed)
-		raise(SIGKILL);
-}
-
 /* latents[:, step] of every request = x (B n), in the latent dtype. */
 static void put_step(void *lat, hi3_dtype dt, int B, int T, size_t n, int step, const float *x)
 {
@@ -253,7 +230,10 @@ static int ckpt_begin(const hi3_diffusion_opts *o, hi3_trajectory *tr, hi3_traje
 }
 
 /* Step i done: its latents, log-probs and velocities into the checkpoint,
- * then the commit word. */
+ * then the commit word. The crash tests' kill points
+ * (hi3i_test_kill_point, HI3_TEST_KILL_AT=S:C): at step S (0 <= S < T)
+ * after its payload is written, before (C = 0) or after (C = 1) its commit;
+ * S = T: before (0) or after (1) the trajectory is written. */
 static int ckpt_step(hi3_trajectory *ck, int64_t *done, const hi3_trajectory *tr, int i, int k, hi3_error *err)
 {
 	const size_t n = (size_t)tr->C * tr->h * tr->w, es = hi3_dtype_size(tr->latent_dtype);
@@ -267,10 +247,10 @@ static int ckpt_step(hi3_trajectory *ck, int64_t *done, const hi3_trajectory *tr
 	if (tr->velocity)
 		memcpy((float *)ck->velocity + (size_t)i * tr->R * n, tr->velocity + (size_t)i * tr->R * n,
 		       sizeof(float) * tr->R * n);
-	test_kill_point(i, 0);
+	hi3i_test_kill_point(i, 0);
 	if (hi3i_traj_ckpt_commit(ck, done, i + 1, err))
 		return -1;
-	test_kill_point(i, 1);
+	hi3i_test_kill_point(i, 1);
 	return 0;
 }
 
@@ -459,10 +439,10 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 				o->progress(o->progress_ctx, i + 1, s.T);
 		}
 	}
-	test_kill_point(s.T, 0);
+	hi3i_test_kill_point(s.T, 0);
 	if (hi3_trajectory_write(&tr, traj_path, err))
 		goto out;
-	test_kill_point(s.T, 1);
+	hi3i_test_kill_point(s.T, 1);
 	st->B = g.B;
 	st->R = g.R;
 	st->T = s.T;
