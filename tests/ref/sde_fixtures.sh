@@ -8,7 +8,8 @@
 # noise as CASE.ref; then each case through the projects' own functions
 # (sde_kernels_ref.py upstream), which must agree with the re-implementation.
 # Needs HI3 (the hi3 binary) and PYTHON_REF (the Python of /work/venv), and
-# for the upstream check the mirrors of UniRL, FlowCPS and DanceGRPO.
+# for the upstream check the mirrors of UniRL, FlowCPS and DanceGRPO
+# (UPSTREAM_MIRRORS) and, optionally, FLOW_GRPO_SDE (sde_kernels_ref.py).
 set -euo pipefail
 out=$1
 here=$(cd "$(dirname "$0")" && pwd)

@@ -51,10 +51,13 @@ trajectory's cfg dtype, as upstream's pipeline (and hi3) combine.
       against OUT without Python.
   sde_kernels_ref.py upstream TRAJ
       the same steps through the projects' own functions, taken from the
-      mirrors of UniRL (FlowSDEStrategy), FlowCPS (sde_step_with_logprob)
-      and DanceGRPO (flux_step) where they are, and their agreement with this
-      re-implementation (a check of the re-implementation, not needed for
-      the fixtures).
+      git mirrors under UPSTREAM_MIRRORS (one OWNER+NAME/repo each) of UniRL
+      (FlowSDEStrategy), FlowCPS (sde_step_with_logprob) and DanceGRPO
+      (flux_step), and with FLOW_GRPO_SDE naming a copy of flow_grpo 54809b5's
+      sd3_sde_with_logprob.py (snapshots older than sde_type lack the cps
+      branch) its sde_step_with_logprob with sde_type "sde" and "cps"; each
+      must agree bitwise with this re-implementation (a check of the
+      re-implementation, not needed for the fixtures).
 
 Needs the Python of /work/venv (torch, numpy, safetensors).
 """
@@ -218,7 +221,7 @@ def cmd_fixture(args):
 
 # ------------------------------------------------------------ upstream check
 
-MIRRORS = "/work/.mirror"
+MIRRORS = os.environ.get("UPSTREAM_MIRRORS", "/work/.mirror")
 
 
 def source(repo, commit, path):
@@ -238,6 +241,28 @@ def function(src, name, cls=None):
     return "\n".join(line[indent:] for line in lines)
 
 
+def flow_grpo_fn(ns, sde_type):
+    """Flow-GRPO's sde_step_with_logprob (exec'd into ns) as a kernel."""
+    class Sched:
+        def __init__(self, sigmas):
+            self.sigmas = sigmas
+
+        def index_for_timestep(self, t):
+            return int(t)
+
+    def fn(x, v, sigmas, i, eta, noise=None, prev=None):
+        ts = torch.full((x.shape[0],), i)
+        kw = {} if sde_type is None else {"sde_type": sde_type}
+        got, lp, mu, std = ns["sde_step_with_logprob"](Sched(sigmas), v, ts, x, noise_level=eta,
+                                                       prev_sample=x if prev is None else prev, **kw)
+        if prev is None:
+            if sde_type == "sde":
+                std = std * torch.sqrt(-1 * (sigmas[i + 1] - sigmas[i]))
+            return mu + std * noise, mu, None
+        return got, mu, lp
+    return fn
+
+
 def cmd_upstream(args):
     import typing
     meta, t = load(args.traj)
@@ -246,11 +271,22 @@ def cmd_upstream(args):
         print(json.dumps({"kernel": kernel, "latent_dtype": meta["latent_dtype"],
                           "not_checked": "the projects' functions reduce by the mean"}))
         return
-    ns = {"math": math, "torch": torch, "Optional": typing.Optional, "Union": typing.Union,
-          "Tuple": typing.Tuple, "List": typing.List, "GeneratorLike": typing.Any,
-          "FlowMatchEulerDiscreteScheduler": object, "randn_tensor": None}
+
+    def namespace():
+        return {"math": math, "torch": torch, "Optional": typing.Optional, "Union": typing.Union,
+                "Tuple": typing.Tuple, "List": typing.List, "GeneratorLike": typing.Any,
+                "FlowMatchEulerDiscreteScheduler": object, "randn_tensor": None}
     view = lambda x: (-1,) + (1,) * (x.ndim - 1)  # noqa: E731
+    checks = []
+    if kernel in ("flow-grpo", "cps") and os.environ.get("FLOW_GRPO_SDE"):
+        # yifan123/flow_grpo 54809b5's file (mirrors may hold a snapshot
+        # from before sde_type): FLOW_GRPO_SDE names a copy of it
+        ns = namespace()
+        with open(os.environ["FLOW_GRPO_SDE"]) as f:
+            exec(function(f.read(), "sde_step_with_logprob"), ns)
+        checks.append(("flow_grpo 54809b5", flow_grpo_fn(ns, "sde" if kernel == "flow-grpo" else "cps")))
     if kernel == "flow-grpo":
+        ns = namespace()
         src = source("Tencent-Hunyuan+UniRL", "1a7b501", "unirl/sde/kernels.py")
         exec(function(src, "step", "FlowSDEStrategy"), ns)
         exec(function(src, "compute_log_prob", "FlowSDEStrategy"), ns)
@@ -265,25 +301,14 @@ def cmd_upstream(args):
             if prev is None:
                 return mu + std * noise, mu, None
             return prev, mu, ns["compute_log_prob"](None, prev, mu, std)
+        checks.append(("UniRL 1a7b501", fn))
     elif kernel == "cps":
+        ns = namespace()
         src = source("IamCreateAI+FlowCPS", "b402c7a", "flow_grpo/diffusers_patch/sd3_sde_with_logprob.py")
         exec(function(src, "sde_step_with_logprob"), ns)
-
-        class Sched:
-            def __init__(self, sigmas):
-                self.sigmas = sigmas
-
-            def index_for_timestep(self, t):
-                return int(t)
-
-        def fn(x, v, sigmas, i, eta, noise=None, prev=None):
-            ts = torch.full((x.shape[0],), i)
-            got, lp, mu, std = ns["sde_step_with_logprob"](Sched(sigmas), v, ts, x, noise_level=eta,
-                                                           prev_sample=x if prev is None else prev)
-            if prev is None:
-                return mu + std * noise, mu, None
-            return got, mu, lp
+        checks.append(("FlowCPS b402c7a", flow_grpo_fn(ns, None)))
     else:
+        ns = namespace()
         src = source("XueZeyue+DanceGRPO", "15cc71d", "fastvideo/train_grpo_flux.py")
         exec(function(src, "flux_step"), ns)
 
@@ -293,12 +318,18 @@ def cmd_upstream(args):
                 return mu + noise * (eta * math.sqrt(sigmas[i] - sigmas[i + 1])), mu, None
             got, _, lp = ns["flux_step"](v, x, eta, sigmas, i, prev, True, True)
             return got, mu, lp
+        checks.append(("DanceGRPO 15cc71d", fn))
     ours = run(meta, t)
-    theirs = run(meta, t, kernel_fn=fn)
-    res = {"kernel": kernel, "latent_dtype": meta["latent_dtype"], "next_equal": bool(torch.equal(ours[0], theirs[0])),
-           "mean_equal": bool(torch.equal(ours[1], theirs[1])), "logp_equal": bool(torch.equal(ours[2], theirs[2]))}
-    print(json.dumps(res))
-    if not all(res[k] for k in ("next_equal", "mean_equal", "logp_equal")):
+    ok = True
+    for name, fn in checks:
+        theirs = run(meta, t, kernel_fn=fn)
+        res = {"kernel": kernel, "against": name, "latent_dtype": meta["latent_dtype"],
+               "next_equal": bool(torch.equal(ours[0], theirs[0])),
+               "mean_equal": bool(torch.equal(ours[1], theirs[1])),
+               "logp_equal": bool(torch.equal(ours[2], theirs[2]))}
+        print(json.dumps(res))
+        ok = ok and all(res[k] for k in ("next_equal", "mean_equal", "logp_equal"))
+    if not ok:
         sys.exit(1)
 
 
