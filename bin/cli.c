@@ -269,6 +269,27 @@ int cli_open_cond_model(const char *cond_path, hi3_cond **c, hi3_model **m, hi3_
 	return 0;
 }
 
+#ifdef HI3_MPI
+/* The communicator of the activations on device buffers, for the cuda
+ * backend: NCCL on GPUs (none when ranks share a GPU, or without NCCL: the
+ * activations then go through host buffers), MPI on the CUDA emulator's
+ * device memory; HI3_PAR_COMM=host keeps them in host buffers. */
+static int open_device_comm(hi3_error *err)
+{
+	const char *how = getenv("HI3_PAR_COMM");
+
+	if (strcmp(cli.backend, "cuda") != 0 || (how && !strcmp(how, "host")))
+		return 0;
+	if (how && *how && strcmp(how, "device") != 0)
+		return hi3_error_set(err, HI3_ERR_USAGE, "HI3_PAR_COMM: '%s' is not host or device", how);
+#ifdef HI3_CUDA_EMU
+	return hi3_comm_mpi_device(&par.dev, par.comm, err);
+#else
+	return hi3_comm_nccl_open(&par.dev, par.comm, err) < 0 ? -1 : 0;
+#endif
+}
+#endif
+
 const hi3_par *cli_parallel(hi3_error *err)
 {
 	if (!cli.parallel)
@@ -297,6 +318,8 @@ const hi3_par *cli_parallel(hi3_error *err)
 		              par.tp, par.ep, par.tp * par.ep, par.comm->size);
 		return NULL;
 	}
+	if (open_device_comm(err) != 0)
+		return NULL;
 	return &par;
 #else
 	hi3_error_set(err, HI3_ERR_USAGE, "--parallel: this hi3 is built without MPI; run the layout as 'mpirun -np "
@@ -311,10 +334,20 @@ int cli_parallel_end(int rc)
 		return rc;
 	par_state = 0;
 	if (rc != 0 && par.comm->size > 1)
-		par.comm->ops->abort(par.comm, rc, NULL);
-	if (!cli.quiet)
-		fprintf(stderr, "hi3 %s: rank %d of %d: %.3f s in collectives, %.3f MiB received\n", cli_voice.cmd ? cli_voice.cmd : "",
-		        par.comm->rank, par.comm->size, par.comm->seconds, (double)par.comm->bytes / 1048576.0);
+		(par.dev ? par.dev : par.comm)->ops->abort(par.dev ? par.dev : par.comm, rc, NULL);
+	if (!cli.quiet) {
+		/* the totals, then the device buffers' share */
+		const hi3_comm *d = par.dev;
+		fprintf(stderr, "hi3 %s: rank %d of %d: %.3f s in collectives, %.3f MiB received", cli_voice.cmd ? cli_voice.cmd : "",
+		        par.comm->rank, par.comm->size, par.comm->seconds + (d ? d->seconds : 0),
+		        (double)(par.comm->bytes + (d ? d->bytes : 0)) / 1048576.0);
+		if (d)
+			fprintf(stderr, " (%s: %.3f s, %.3f MiB)", d->name, d->seconds, (double)d->bytes / 1048576.0);
+		fputc('\n', stderr);
+	}
+	if (par.dev)
+		par.dev->ops->destroy(par.dev);
+	par.dev = NULL;
 	par.comm->ops->destroy(par.comm);
 	par.comm = NULL;
 	return rc;

@@ -17,7 +17,9 @@ static const struct cli_help help = {
 	"decode and replay refuse, before reading a weight, a layout whose weights\n"
 	"do not fit in a rank's memory (hi3-parallel(7)). The quantized dtypes count\n"
 	"the layers' matrices as hi3-quant(7)'s formats store them, with their scales\n"
-	"(embeddings and lm_head bf16, norms and routers f32).\n",
+	"(embeddings and lm_head bf16, norms and routers f32). With --backend cuda,\n"
+	"what one GPU holds: the cache without the KV file's decode record (host), the\n"
+	"gathers' buffers in device memory (NCCL).\n",
 	.footer = "Exit status: 0 it fits (or no --mem), 1 it does not fit, 2 usage (a layout that does not divide).\n",
 };
 
@@ -112,6 +114,7 @@ int cmd_plan(int argc, char **argv)
 	}
 	o.tp = par.tp;
 	o.ep = par.ep;
+	o.cuda = !strcmp(cli.backend, "cuda");
 	if (hi3_plan_compute(&cfg, &o, &p, &err) != 0) {
 		rc = cli_fail(&err);
 		goto out;
@@ -120,16 +123,16 @@ int cmd_plan(int argc, char **argv)
 		printf("{\"config\": \"%s\", \"ranks\": %d, \"tp\": %d, \"ep\": %d, \"batch\": %d, \"max_len\": %lld, "
 		       "\"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"per_rank\": {\"weights\": %llu, \"weights_split\": %llu, "
 		       "\"weights_replicated\": %llu, \"kv\": %llu, \"activations\": %llu, \"total\": %llu}, "
-		       "\"weights_all\": %llu, \"mem\": %llu, \"fits\": %s}\n",
+		       "\"weights_all\": %llu, \"mem\": %llu, \"fits\": %s, \"backend\": \"%s\"}\n",
 		       path, ranks, o.tp, o.ep, o.batch, (long long)o.max_len, dtype_name(&o),
 		       o.kv_dtype == HI3_F32 ? "f32" : "bf16", (unsigned long long)p.weights, (unsigned long long)p.weights_split,
 		       (unsigned long long)p.weights_replicated, (unsigned long long)p.kv,
 		       (unsigned long long)p.activations, (unsigned long long)p.total, (unsigned long long)p.weights_all,
-		       (unsigned long long)o.mem, !o.mem ? "null" : p.fits ? "true" : "false");
+		       (unsigned long long)o.mem, !o.mem ? "null" : p.fits ? "true" : "false", o.cuda ? "cuda" : "cpu");
 	} else {
-		printf("plan: %s, %d rank%s (tp=%d, ep=%d), batch %d, max_len %lld, weights %s, kv %s\n", path, ranks,
+		printf("plan: %s, %d rank%s (tp=%d, ep=%d), batch %d, max_len %lld, weights %s, kv %s%s\n", path, ranks,
 		       ranks == 1 ? "" : "s", o.tp, o.ep, o.batch, (long long)o.max_len, dtype_name(&o),
-		       o.kv_dtype == HI3_F32 ? "f32" : "bf16");
+		       o.kv_dtype == HI3_F32 ? "f32" : "bf16", o.cuda ? ", cuda (one GPU a rank)" : "");
 		printf("per rank:\n");
 		printf("  weights      %12s  (split %s, on every rank %s; all weights %s)\n", B(0, p.weights),
 		       B(1, p.weights_split), B(2, p.weights_replicated), B(3, p.weights_all));

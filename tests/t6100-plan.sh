@@ -33,6 +33,21 @@ test_expect_success 'the layout: --parallel, or the largest tp dividing the rank
 	test "$(J tp <p16.json)" = 8 && test "$(J ep <p16.json)" = 2
 '
 
+test_expect_success '--backend cuda: one GPU a rank; the decode record stays on the host; the pods fit' '
+	hi3 -m rel plan --ranks 8 --batch 8 --max-len 4096 --json >c8.json &&
+	hi3 --backend cuda -m rel plan --ranks 8 --batch 8 --max-len 4096 --json >g8.json &&
+	test "$(J backend <c8.json)" = cpu && test "$(J backend <g8.json)" = cuda &&
+	test "$(J per_rank/weights <g8.json)" = "$(J per_rank/weights <c8.json)" &&
+	test $(($(J per_rank/kv <c8.json) - $(J per_rank/kv <g8.json))) = $((8 * 133120 * 4 * 2)) &&
+	cp -r "$REL/instruct" inst &&
+	for pod in 2:141G 4:80G 8:96G; do
+		for m in rel inst; do
+			hi3 --backend cuda -m $m plan --ranks ${pod%%:*} --batch 8 --max-len 4096 --mem ${pod#*:} >pod.txt &&
+			test_grep -q "cuda (one GPU a rank)" pod.txt && test_grep -q ": fits" pod.txt || return 1
+		done
+	done
+'
+
 test_expect_success 'bad layouts and sizes: exit 2, saying which' '
 	test_must_fail 2 hi3 -m rel plan --ranks 3 --parallel tp=3 --batch 1 --max-len 64 2>err &&
 	test_grep -q "tp=3 does not divide num_key_value_heads 8" err &&

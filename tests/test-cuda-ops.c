@@ -332,6 +332,13 @@ static void test_gather_scatter(void)
 	dacc = dev_copy(acc, sizeof(float) * rows * w);
 	gpu->ops->scatter(gpu, dacc, dpart, di1, n, w);
 	check("scatter 4 rows into 10 (the rest untouched)", dacc, ref, (size_t)rows * w, 0.0);
+	/* copy2d: a (3, 5) block of src (row stride w) into a copy of acc at
+	 * (row 4, column 11) (the gathers' placing of a rank's block) */
+	memcpy(ref, acc, sizeof(float) * rows * w);
+	cpu->ops->copy2d(cpu, ref + 4 * w + 11, (size_t)w, src + 2 * w + 1, (size_t)w, 3, 5);
+	dacc = dev_copy(acc, sizeof(float) * rows * w);   /* (check freed the last one) */
+	gpu->ops->copy2d(gpu, dacc + 4 * w + 11, (size_t)w, dsrc + 2 * w + 1, (size_t)w, 3, 5);
+	check("copy2d of a (3, 5) block between row strides (the rest untouched)", dacc, ref, (size_t)rows * w, 0.0);
 	gpu->ops->free(gpu, dsrc);
 	gpu->ops->free(gpu, dpart);
 	gpu->ops->free(gpu, di1);
@@ -552,10 +559,13 @@ static void test_attention_cache(const struct shape *s, hi3_dtype dt, int M)
 
 /* kv_attach copies a host cache up, kv_layer points into the copy, ops
  * write it there, kv_sync_host brings back what they wrote: a few slots
- * (gathered on the device), most of the cache (copied whole), or nothing. */
+ * (gathered on the device), most of the cache (copied whole), or nothing.
+ * With kv heads [h0, h0 + nh) of the cache (a tensor-parallel rank's), the
+ * copy holds those, and the sync writes back those and no other. */
 struct mirror_test {
 	struct shape s;
-	struct hi3_dims dm;
+	struct hi3_dims dm;       /* the attached heads' */
+	int h0, nh;
 	int L, B, C, W;
 	size_t ln;                /* floats of one K or V of one layer */
 	float *host[4], *ref[4];  /* K0 V0 K1 V1: the attached cache, and the CPU's copy */
@@ -568,11 +578,17 @@ static void mirror_store(struct mirror_test *t, int l, const int32_t *row, const
 {
 	float *qkv = randn((size_t)M * t->W, 1.0f);
 	void *dqkv = dev_copy(qkv, sizeof(float) * M * t->W), *drow = dev_copy(row, sizeof(*row) * M);
-	void *dslot = dev_copy(slot, sizeof(*slot) * M), *dk, *dv;
+	void *dslot = dev_copy(slot, sizeof(*slot) * M);
+	hi3_kvcache ref = t->kv;
+	void *rk[2] = {t->ref[0], t->ref[2]}, *rv[2] = {t->ref[1], t->ref[3]};
+	hi3_kv_dst dd, cd;
 
-	gpu->ops->kv_layer(gpu, &t->kv, l, &dk, &dv);
-	gpu->ops->kv_store(gpu, &(hi3_kv_dst){dk, dv, HI3_F32, t->C}, dqkv, drow, dslot, &t->dm, M);
-	cpu->ops->kv_store(cpu, &(hi3_kv_dst){t->ref[2 * l], t->ref[2 * l + 1], HI3_F32, t->C}, qkv, row, slot, &t->dm, M);
+	ref.k = rk;
+	ref.v = rv;
+	gpu->ops->kv_layer(gpu, &t->kv, l, t->h0, t->nh, &dd);
+	cpu->ops->kv_layer(cpu, &ref, l, t->h0, t->nh, &cd);
+	gpu->ops->kv_store(gpu, &dd, dqkv, drow, dslot, &t->dm, M);
+	cpu->ops->kv_store(cpu, &cd, qkv, row, slot, &t->dm, M);
 	free(qkv);
 	gpu->ops->free(gpu, dqkv);
 	gpu->ops->free(gpu, drow);
@@ -588,16 +604,19 @@ static int mirror_same(const struct mirror_test *t)
 	return same;
 }
 
-static void test_kv_mirror(void)
+static void test_kv_mirror(int h0, int nh)
 {
-	struct mirror_test t = {.s = {4, 2, 32, 1}, .L = 2, .B = 3, .C = 8};
+	struct mirror_test t = {.s = {4, 2, 32, 1}, .h0 = h0, .nh = nh, .L = 2, .B = 3, .C = 8};
 	int32_t row1[3] = {1, 0, 1}, row2[2] = {2, 2}, rowf[24];
 	int64_t slot1[3] = {2, 7, 3}, slot2[2] = {5, 0}, slotf[24];
 	hi3_error err = {0};
 	int untouched = 1;
 
 	t.dm = dims_of(&t.s);
-	t.W = (t.s.n_h + 2 * t.s.n_kv) * t.s.d;
+	t.dm.n_kv = nh;
+	t.dm.n_h = nh * (t.s.n_h / t.s.n_kv);
+	t.W = (t.dm.n_h + 2 * t.dm.n_kv) * t.s.d;
+	diag("the KV mirror of kv heads [%d, %d) of %d", h0, h0 + nh, t.s.n_kv);
 	t.ln = (size_t)t.B * t.s.n_kv * t.C * t.s.d;
 	for (int i = 0; i < 4; i++) {
 		t.host[i] = randn(t.ln, 1.0f);
@@ -607,7 +626,8 @@ static void test_kv_mirror(void)
 	t.k[0] = t.host[0], t.v[0] = t.host[1], t.k[1] = t.host[2], t.v[1] = t.host[3];
 	t.kv = (hi3_kvcache){.n_layers = t.L, .B = t.B, .n_kv = t.s.n_kv, .C = t.C, .d = t.s.d, .dtype = HI3_F32,
 	                     .k = t.k, .v = t.v};
-	ok(gpu->ops->kv_attach(gpu, &t.kv, &err) == 0, "kv_attach: %s", err.msg[0] ? err.msg : "copied to the device");
+	ok(gpu->ops->kv_attach(gpu, &t.kv, h0, nh, &err) == 0, "kv_attach: %s",
+	   err.msg[0] ? err.msg : "copied to the device");
 	mirror_store(&t, 1, row1, slot1, 3);
 	for (int i = 0; i < 4; i++)               /* the host copy is untouched until a sync */
 		untouched &= i < 2 ? !memcmp(t.host[i], t.ref[i], t.ln * sizeof(float))
@@ -938,7 +958,8 @@ int main(void)
 		test_attention_cache(&shapes[i], HI3_BF16, 3);
 		test_attention_cache(&shapes[i], HI3_F32, 40);
 	}
-	test_kv_mirror();
+	test_kv_mirror(0, 2);
+	test_kv_mirror(1, 1);
 	test_image_ops();
 	test_errors();
 	gpu->ops->destroy(gpu);

@@ -56,12 +56,14 @@ typedef struct hi3_kv_dst {
 	int C;
 	int64_t row_stride;       /* elements from one cache row to the next; 0: n_kv C d. A rank of a
 	                           * tensor-parallel layout stores its kv heads (k, v at its first head)
-	                           * into the whole cache (hi3-parallel(7)); CPU only */
+	                           * of a cache that holds more (hi3-parallel(7)) */
 } hi3_kv_dst;
 
 struct hi3_dims {
-	int H, n_h, n_kv, d;
+	int H, n_h, n_kv, d;      /* n_h, n_kv: this rank's heads (all of them in one process) */
 	float eps;
+	int kv_all;               /* the model's kv heads: a backend that splits work by its amount
+	                           * counts these, so that every layout splits alike (0: n_kv) */
 };
 
 /* A convolution of stride 1 with zero padding k/2 on each side (odd
@@ -133,11 +135,21 @@ typedef struct hi3_backend_ops {
 	 * -v reports their rate); 0, or -1 with err set */
 	int (*weights_done)(struct hi3_backend *be, hi3_error *err);
 
-	/* the KV cache: device view of a host cache (CPU: the host memory) */
-	int (*kv_attach)(struct hi3_backend *be, hi3_kvcache *kv, hi3_error *err);
+	/* the KV cache: device view of kv heads [h0, h0 + nh) of every row of
+	 * a host cache (all of them in one process; a tensor-parallel rank's
+	 * own). CPU: the host memory itself; CUDA: a device copy of those
+	 * heads, which kv_sync_host writes back (no other head of the host
+	 * cache is written: other ranks write theirs into the same file) */
+	int (*kv_attach)(struct hi3_backend *be, hi3_kvcache *kv, int h0, int nh, hi3_error *err);
 	void (*kv_detach)(struct hi3_backend *be, hi3_kvcache *kv);
-	void (*kv_layer)(struct hi3_backend *be, hi3_kvcache *kv, int layer, void **k, void **v);
+	/* where layer's K and V of heads [h0, h0 + nh), as attached, are: dst
+	 * k, v at head h0 of row 0, dtype, C and the row stride */
+	void (*kv_layer)(struct hi3_backend *be, hi3_kvcache *kv, int layer, int h0, int nh, hi3_kv_dst *dst);
 	int (*kv_sync_host)(struct hi3_backend *be, hi3_kvcache *kv, hi3_error *err);
+	/* optional: wait for every op enqueued before it (a collective on
+	 * device buffers then reads them from outside the backend's stream);
+	 * 0, or -1 with be->err set. CUDA: cudaStreamSynchronize */
+	int (*sync)(struct hi3_backend *be);
 
 	/* ops */
 	/* y (M, N) = x (M, K) . W^T, W (N, K)
@@ -154,6 +166,12 @@ typedef struct hi3_backend_ops {
 	 * CPU: cpu_rmsnorm; CUDA: kernels/rmsnorm.cu */
 	void (*rmsnorm)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M, int n,
 	                float eps);
+	/* dst (rows, cols) with row stride ldd = src (rows, cols) with row
+	 * stride lds, floats (the blocks of a gathered product); optional (the
+	 * model calls it only with a communicator on device buffers).
+	 * CPU: cpu_copy2d; CUDA: cudaMemcpy2DAsync */
+	void (*copy2d)(struct hi3_backend *be, float *dst, size_t ldd, const float *src, size_t lds, int rows,
+	               int cols);
 	/* x (n) = 0.  CPU: cpu_zero; CUDA: cudaMemsetAsync */
 	void (*zero)(struct hi3_backend *be, float *x, size_t n);
 	/* x (n) += y (n).  CPU: cpu_add; CUDA: kernels/elementwise.cu */

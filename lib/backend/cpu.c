@@ -160,10 +160,12 @@ static void cpu_weight_free(hi3_backend *be, hi3_wt *w)
 	free(w);
 }
 
-static int cpu_kv_attach(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
+static int cpu_kv_attach(hi3_backend *be, hi3_kvcache *kv, int h0, int nh, hi3_error *err)
 {
 	(void)be;
 	(void)kv;
+	(void)h0;
+	(void)nh;
 	(void)err;
 	return 0;
 }
@@ -174,11 +176,18 @@ static void cpu_kv_detach(hi3_backend *be, hi3_kvcache *kv)
 	(void)kv;
 }
 
-static void cpu_kv_layer(hi3_backend *be, hi3_kvcache *kv, int layer, void **k, void **v)
+static void cpu_kv_layer(hi3_backend *be, hi3_kvcache *kv, int layer, int h0, int nh, hi3_kv_dst *dst)
 {
+	/* the host cache itself: the heads' first one, rows of all n_kv heads */
+	const size_t off = (size_t)h0 * (size_t)kv->C * (size_t)kv->d * hi3_dtype_size(kv->dtype);
+
 	(void)be;
-	*k = kv->k[layer];
-	*v = kv->v[layer];
+	HI3_ASSERT(h0 >= 0 && nh >= 1 && h0 + nh <= kv->n_kv);
+	dst->k = (char *)kv->k[layer] + off;
+	dst->v = (char *)kv->v[layer] + off;
+	dst->dtype = kv->dtype;
+	dst->C = kv->C;
+	dst->row_stride = (int64_t)kv->n_kv * kv->C * kv->d;
 }
 
 static int cpu_kv_sync_host(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
@@ -298,6 +307,13 @@ static void cpu_zero(hi3_backend *be, float *x, size_t n)
 {
 	(void)be;
 	memset(x, 0, n * sizeof(float));
+}
+
+static void cpu_copy2d(hi3_backend *be, float *dst, size_t ldd, const float *src, size_t lds, int rows, int cols)
+{
+	(void)be;
+	for (int i = 0; i < rows; i++)
+		memmove(dst + (size_t)i * ldd, src + (size_t)i * lds, sizeof(float) * (size_t)cols);
 }
 
 static void cpu_add(hi3_backend *be, float *x, const float *y, size_t n)
@@ -692,6 +708,7 @@ static const hi3_backend_ops cpu_ops = {
 	.embed = cpu_embed,
 	.rmsnorm = cpu_rmsnorm,
 	.zero = cpu_zero,
+	.copy2d = cpu_copy2d,
 	.add = cpu_add,
 	.rope_qk = cpu_rope_qk,
 	.kv_store = cpu_kv_store,

@@ -1,6 +1,7 @@
 /*
- * cuda.c -- the CUDA backend: the ops table of backend.h on one GPU
- * (device 0; choose another with CUDA_VISIBLE_DEVICES). The kernels live in
+ * cuda.c -- the CUDA backend: the ops table of backend.h on one GPU (the
+ * current device: 0, or the one hi3-mpi's NCCL communicator chose for its
+ * rank; choose another with CUDA_VISIBLE_DEVICES). The kernels live in
  * kernels/, one .cu file per op family; this file holds the host side:
  * device memory, weights, the KV cache mirror, and one wrapper per op.
  *
@@ -18,7 +19,8 @@
  *    weights are F32; embedding rows keep F32, BF16 or F16.
  *  - The KV cache lives on the device: kv_attach copies a host cache (the
  *    mmap'd KV file) up, kv_sync_host copies it back, so files stay the
- *    interface. kv_store notes, per cache row, the first and last slot it
+ *    interface. A rank of a tensor-parallel layout mirrors its own kv heads
+ *    only, and writes back only those (the other ranks write theirs). kv_store notes, per cache row, the first and last slot it
  *    wrote since the last sync, and the sync copies only those (one gather
  *    kernel, one copy): a decode step moves its new slots, not the cache.
  *  - batch_invariant is not offered: cuBLAS may pick another algorithm, and
@@ -125,12 +127,14 @@ _Static_assert((int)HI3K_F32 == (int)HI3_F32 && (int)HI3K_F16 == (int)HI3_F16 &&
 #define UPLOAD_CHUNK ((size_t)64 << 20) /* weight uploads: each of the two pinned buffers */
 #define MIB(x) ((double)(x) / 1048576.0)
 
-/* A host KV cache and its device copy. */
+/* A host KV cache and the device copy of its heads [h0, h0 + nh). */
 struct kv_mirror {
 	hi3_kvcache *kv;
 	hi3_kvcache shape;        /* kv as attached: its dims must not change */
-	unsigned char *mem;       /* (n_layers, 2, B, n_kv, C, d): K then V of each layer */
+	int h0, nh;               /* the heads mirrored: all of them, or a tensor-parallel rank's */
+	unsigned char *mem;       /* (n_layers, 2, B, nh, C, d): K then V of each layer */
 	size_t layer_bytes;       /* one K or V of one layer */
+	size_t head_bytes;        /* one head of one row: C d elements */
 	size_t total;             /* bytes of mem */
 	int32_t *dirty;           /* (B, 2) device: first and last slot written since the last sync */
 	int32_t *dirty_h;         /* (B, 2) host */
@@ -557,30 +561,57 @@ static void kv_mirror_free(struct kv_mirror *m)
 	free(m);
 }
 
-static int cu_kv_attach(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
+/* Copy the mirrored heads of layer l's K (part 0) or V (part 1) between
+ * the host cache and the mirror: one block of nh heads per row. */
+static int kv_copy_heads(struct cuda *c, struct kv_mirror *m, int l, int part, int up, hi3_error *err)
+{
+	hi3_kvcache *kv = m->kv;
+	unsigned char *host = part ? kv->v[l] : kv->k[l], *dev = m->mem + (2 * (size_t)l + (size_t)part) * m->layer_bytes;
+	const size_t hrow = (size_t)kv->n_kv * m->head_bytes, drow = (size_t)m->nh * m->head_bytes;
+
+	if (!m->layer_bytes)
+		return 0;
+	host += (size_t)m->h0 * m->head_bytes;
+	if (up)
+		return CUDA_CHECK(err, cudaMemcpy2DAsync(dev, drow, host, hrow, drow, (size_t)kv->B, cudaMemcpyHostToDevice,
+		                                         c->stream));
+	return CUDA_CHECK(err, cudaMemcpy2DAsync(host, hrow, dev, drow, drow, (size_t)kv->B, cudaMemcpyDeviceToHost,
+	                                         c->stream));
+}
+
+static int cu_kv_attach(hi3_backend *be, hi3_kvcache *kv, int h0, int nh, hi3_error *err)
 {
 	struct cuda *c = be->ctx;
 	struct kv_mirror *m;
 	size_t lb, total;
 	char what[256];
 
-	if (find_kv(c, kv))
+	if ((m = find_kv(c, kv))) {
+		if (m->h0 != h0 || m->nh != nh)
+			return hi3_error_set(err, HI3_ERR_USAGE, "KV cache attached with kv heads [%d, %d), now asked for "
+			                     "[%d, %d)", m->h0, m->h0 + m->nh, h0, h0 + nh);
 		return 0;
+	}
 	if (kv->dtype != HI3_F32 && kv->dtype != HI3_BF16)
 		return hi3_error_set(err, HI3_ERR_INPUT, "KV cache dtype %s (expected F32 or BF16)", hi3_dtype_name(kv->dtype));
-	lb = (size_t)kv->B * (size_t)kv->n_kv * (size_t)kv->C * (size_t)kv->d * hi3_dtype_size(kv->dtype);
+	if (h0 < 0 || nh < 1 || h0 + nh > kv->n_kv)
+		return hi3_error_set(err, HI3_ERR_USAGE, "KV cache: kv heads [%d, %d) of %d", h0, h0 + nh, kv->n_kv);
+	lb = (size_t)kv->B * (size_t)nh * (size_t)kv->C * (size_t)kv->d * hi3_dtype_size(kv->dtype);
 	total = 2 * (size_t)kv->n_layers * lb;
 	if (!(m = hi3i_calloc(1, sizeof(*m), err)))
 		return -1;
 	if (cudaMalloc((void **)&m->mem, total ? total : 256) != cudaSuccess) {
 		m->mem = NULL;
-		snprintf(what, sizeof(what), "the KV cache (%d layers, %d rows, %d kv heads, %d slots, head dim %d, %s)",
-		         kv->n_layers, kv->B, kv->n_kv, kv->C, kv->d, hi3_dtype_name(kv->dtype));
+		snprintf(what, sizeof(what), "the KV cache (%d layers, %d rows, %d of %d kv heads, %d slots, head dim %d, "
+		         "%s)", kv->n_layers, kv->B, nh, kv->n_kv, kv->C, kv->d, hi3_dtype_name(kv->dtype));
 		oom(err, total, what);
 		goto fail;
 	}
 	m->kv = kv;
 	m->shape = *kv;
+	m->h0 = h0;
+	m->nh = nh;
+	m->head_bytes = (size_t)kv->C * (size_t)kv->d * hi3_dtype_size(kv->dtype);
 	m->layer_bytes = lb;
 	m->total = total;
 	if (!(m->dirty_h = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)kv->B, err)))
@@ -591,10 +622,8 @@ static int cu_kv_attach(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 		    "the KV cache bookkeeping");
 		goto fail;
 	}
-	for (int l = 0; l < kv->n_layers && lb; l++)
-		if (CUDA_CHECK(err, cudaMemcpyAsync(m->mem + 2 * l * lb, kv->k[l], lb, cudaMemcpyHostToDevice, c->stream)) ||
-		    CUDA_CHECK(err, cudaMemcpyAsync(m->mem + (2 * l + 1) * lb, kv->v[l], lb, cudaMemcpyHostToDevice,
-		                                    c->stream))) {
+	for (int l = 0; l < kv->n_layers; l++)
+		if (kv_copy_heads(c, m, l, 0, 1, err) || kv_copy_heads(c, m, l, 1, 1, err)) {
 			hi3_error_prefix(err, "copying the KV cache to the GPU");
 			goto fail;
 		}
@@ -623,17 +652,20 @@ static void cu_kv_detach(hi3_backend *be, hi3_kvcache *kv)
 		}
 }
 
-static void cu_kv_layer(hi3_backend *be, hi3_kvcache *kv, int layer, void **k, void **v)
+static void cu_kv_layer(hi3_backend *be, hi3_kvcache *kv, int layer, int h0, int nh, hi3_kv_dst *dst)
 {
 	struct kv_mirror *m = find_kv(be->ctx, kv);
 
-	HI3_ASSERT(m && layer >= 0 && layer < kv->n_layers);
+	HI3_ASSERT(m && layer >= 0 && layer < kv->n_layers && h0 == m->h0 && nh == m->nh);
 	/* a cache of another shape at the same address: its owner did not
 	 * call hi3_model_drop_cache on the old one */
 	HI3_ASSERT(kv->n_layers == m->shape.n_layers && kv->B == m->shape.B && kv->n_kv == m->shape.n_kv &&
 	           kv->C == m->shape.C && kv->d == m->shape.d && kv->dtype == m->shape.dtype);
-	*k = m->mem + 2 * (size_t)layer * m->layer_bytes;
-	*v = m->mem + (2 * (size_t)layer + 1) * m->layer_bytes;
+	dst->k = m->mem + 2 * (size_t)layer * m->layer_bytes;
+	dst->v = m->mem + (2 * (size_t)layer + 1) * m->layer_bytes;
+	dst->dtype = kv->dtype;
+	dst->C = kv->C;
+	dst->row_stride = (int64_t)m->nh * kv->C * kv->d;
 }
 
 /* Copy the slots written since the last sync, gathered on the device:
@@ -643,7 +675,7 @@ static int kv_sync_ranges(struct cuda *c, struct kv_mirror *m, const int32_t *ra
 {
 	hi3_kvcache *kv = m->kv;
 	const size_t es = hi3_dtype_size(kv->dtype), dw = (size_t)kv->d * es / 4;
-	const size_t block_words = (size_t)kv->n_kv * slots * dw, bytes = 2 * (size_t)kv->n_layers * block_words * 4;
+	const size_t block_words = (size_t)m->nh * slots * dw, bytes = 2 * (size_t)kv->n_layers * block_words * 4;
 	void *doff = m->ranges, *dr = (int64_t *)m->ranges + kv->B;
 
 	if (bytes > m->pack_cap) {
@@ -672,7 +704,7 @@ static int kv_sync_ranges(struct cuda *c, struct kv_mirror *m, const int32_t *ra
 	if (CUDA_CHECK(err, cudaMemcpyAsync(dr, ranges, sizeof(int32_t) * 3 * (size_t)n, cudaMemcpyHostToDevice,
 	                                    c->stream)) ||
 	    CUDA_CHECK(err, cudaMemcpyAsync(doff, offs, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream)) ||
-	    CUDA_CHECK(err, HI3K(kv_pack)(c->stream, m->pack, m->mem, m->layer_bytes, kv->n_layers, kv->n_kv, kv->C, kv->d,
+	    CUDA_CHECK(err, HI3K(kv_pack)(c->stream, m->pack, m->mem, m->layer_bytes, kv->n_layers, m->nh, kv->C, kv->d,
 	                                  (int)es, dr, doff, n, block_words)) ||
 	    CUDA_CHECK(err, cudaMemcpyAsync(m->pack_h, m->pack, bytes, cudaMemcpyDeviceToHost, c->stream)) ||
 	    CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
@@ -682,9 +714,9 @@ static int kv_sync_ranges(struct cuda *c, struct kv_mirror *m, const int32_t *ra
 			const uint32_t *blk = (const uint32_t *)m->pack_h + (2 * (size_t)l + part) * block_words;
 			unsigned char *host = part ? kv->v[l] : kv->k[l];
 			for (int i = 0; i < n; i++)
-				for (int j = 0; j < kv->n_kv; j++) {
+				for (int j = 0; j < m->nh; j++) {
 					const int row = ranges[3 * i], lo = ranges[3 * i + 1], cnt = ranges[3 * i + 2];
-					size_t off = (((size_t)row * kv->n_kv + (size_t)j) * (size_t)kv->C + (size_t)lo) * dw * 4;
+					size_t off = (((size_t)row * kv->n_kv + (size_t)(m->h0 + j)) * (size_t)kv->C + (size_t)lo) * dw * 4;
 					memcpy(host + off, blk + (size_t)offs[i] + (size_t)j * (size_t)cnt * dw, (size_t)cnt * dw * 4);
 				}
 		}
@@ -697,12 +729,11 @@ static int cu_kv_sync_host(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 	struct kv_mirror *m = find_kv(c, kv);
 	int32_t *ranges = NULL;
 	int64_t *offs = NULL;
-	size_t lb, slots = 0, dw;
+	size_t slots = 0, dw;
 	int n = 0, rc = -1;
 
 	if (!m)
 		return 0;
-	lb = m->layer_bytes;
 	dw = (size_t)kv->d * hi3_dtype_size(kv->dtype) / 4;
 	if (CUDA_CHECK(err, cudaMemcpyAsync(m->dirty_h, m->dirty, sizeof(int32_t) * 2 * (size_t)kv->B,
 	                                    cudaMemcpyDeviceToHost, c->stream)) ||
@@ -718,7 +749,7 @@ static int cu_kv_sync_host(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 		ranges[3 * n] = r;
 		ranges[3 * n + 1] = lo;
 		ranges[3 * n + 2] = hi - lo + 1;
-		offs[n] = (int64_t)((size_t)kv->n_kv * slots * dw);
+		offs[n] = (int64_t)((size_t)m->nh * slots * dw);
 		slots += (size_t)(hi - lo + 1);
 		n++;
 	}
@@ -726,11 +757,8 @@ static int cu_kv_sync_host(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 		if (kv_sync_ranges(c, m, ranges, offs, n, slots, err) != 0)
 			goto out;
 	} else if (slots) {      /* most of the cache: copy it whole */
-		for (int l = 0; l < kv->n_layers && lb; l++)
-			if (CUDA_CHECK(err, cudaMemcpyAsync(kv->k[l], m->mem + 2 * l * lb, lb, cudaMemcpyDeviceToHost,
-			                                    c->stream)) ||
-			    CUDA_CHECK(err, cudaMemcpyAsync(kv->v[l], m->mem + (2 * l + 1) * lb, lb, cudaMemcpyDeviceToHost,
-			                                    c->stream)))
+		for (int l = 0; l < kv->n_layers; l++)
+			if (kv_copy_heads(c, m, l, 0, 0, err) || kv_copy_heads(c, m, l, 1, 0, err))
 				goto out;
 		if (CUDA_CHECK(err, cudaStreamSynchronize(c->stream)))
 			goto out;
@@ -840,6 +868,24 @@ static void cu_zero(hi3_backend *be, float *x, size_t n)
 	op_done(c, "zero");
 }
 
+static int cu_sync(hi3_backend *be)
+{
+	struct cuda *c = be->ctx;
+
+	return OP_CHECK(c, cudaStreamSynchronize(c->stream));
+}
+
+static void cu_copy2d(hi3_backend *be, float *dst, size_t ldd, const float *src, size_t lds, int rows, int cols)
+{
+	struct cuda *c = be->ctx;
+
+	if (rows <= 0 || cols <= 0)
+		return;
+	OP_CHECK(c, cudaMemcpy2DAsync(dst, ldd * sizeof(float), src, lds * sizeof(float), (size_t)cols * sizeof(float),
+	                              (size_t)rows, cudaMemcpyDeviceToDevice, c->stream));
+	op_done(c, "copy2d");
+}
+
 static void cu_add(hi3_backend *be, float *x, const float *y, size_t n)
 {
 	struct cuda *c = be->ctx;
@@ -881,8 +927,9 @@ static void cu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv
 	if (M <= 0)
 		return;
 	if (dst->row_stride && dst->row_stride != (int64_t)dm->n_kv * dst->C * dm->d) {
-		hi3i_backend_fail(be, "kv_store: a cache of other kv heads than the layer's (tensor parallel) is not "
-		                  "supported on cuda");
+		/* the mirror holds exactly the heads it was attached with */
+		hi3i_backend_fail(be, "kv_store: a cache of %lld elements a row for %d kv heads of %d slots: the "
+		                  "mirror of other heads than the call's", (long long)dst->row_stride, dm->n_kv, dst->C);
 		return;
 	}
 	if (!grow(c, &c->keep, &c->keep_cap, (size_t)M, "the KV store plan"))
@@ -908,8 +955,9 @@ static void cu_attention(hi3_backend *be, float *out, const float *qkv, const hi
 
 	if (M <= 0 || check_dims(c, dm))
 		return;
-	if (!self) {              /* enough blocks for every multiprocessor, twice */
-		int blocks = M * dm->n_kv, want = 2 * c->n_sm;
+	if (!self) {              /* enough blocks for every multiprocessor, twice, counted over the
+		                           * model's kv heads: every layout splits the keys alike */
+		int blocks = M * (dm->kv_all > 0 ? dm->kv_all : dm->n_kv), want = 2 * c->n_sm;
 		nsplit = blocks >= want ? 1 : HI3_MIN((want + blocks - 1) / blocks, 64);
 		if (nsplit > 1 &&
 		    !(part = grow(c, &c->part, &c->part_cap,
@@ -1167,6 +1215,8 @@ static const hi3_backend_ops cuda_ops = {
 	.embed = cu_embed,
 	.rmsnorm = cu_rmsnorm,
 	.zero = cu_zero,
+	.copy2d = cu_copy2d,
+	.sync = cu_sync,
 	.add = cu_add,
 	.rope_qk = cu_rope_qk,
 	.kv_store = cu_kv_store,
@@ -1196,7 +1246,7 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	const char *sync = getenv("HI3_CUDA_SYNC"), *chunk = getenv("HI3_CUDA_UPLOAD_CHUNK");
 	size_t up_chunk = UPLOAD_CHUNK;
 	cudaError_t e;
-	int n = 0;
+	int n = 0, dev = 0;
 
 	(void)threads;
 	(void)batch_invariant;
@@ -1225,16 +1275,17 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 		goto fail;
 	c->be = be;
 	c->up_chunk = up_chunk;
-	if (CUDA_CHECK(err, cudaSetDevice(0)) || CUDA_CHECK(err, cudaGetDeviceProperties(&prop, 0)) ||
+	if (CUDA_CHECK(err, cudaGetDevice(&dev)) || CUDA_CHECK(err, cudaSetDevice(dev)) ||
+	    CUDA_CHECK(err, cudaGetDeviceProperties(&prop, dev)) ||
 	    CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
 	    CUBLAS_CHECK(err, cublasCreate(&c->blas)) || CUBLAS_CHECK(err, cublasSetStream(c->blas, c->stream)) ||
 	    CUBLAS_CHECK(err, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH)))
 		goto fail;
 	if ((e = HI3K(probe)()) != cudaSuccess) {
-		hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: GPU 0 (%s, compute capability %d.%d) cannot run "
+		hi3_error_set(err, HI3_ERR_RUNTIME, "--backend cuda: GPU %d (%s, compute capability %d.%d) cannot run "
 		              "this build's kernels: %s (configure with CUDA_ARCH='-gencode arch=compute_%d%d,code=sm_%d%d')",
-		              prop.name, prop.major, prop.minor, cudaGetErrorString(e), prop.major, prop.minor, prop.major,
-		              prop.minor);
+		              dev, prop.name, prop.major, prop.minor, cudaGetErrorString(e), prop.major, prop.minor,
+		              prop.major, prop.minor);
 		goto fail;
 	}
 	if (cudaHostAlloc((void **)&c->stage, STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess) {
@@ -1243,7 +1294,7 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	}
 	c->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
 	c->sync_each = sync && *sync && strcmp(sync, "0") != 0;
-	hi3_log(HI3_LOG_DEBUG, "cuda: GPU 0: %s, compute capability %d.%d, %d multiprocessors, %.1f GiB", prop.name,
+	hi3_log(HI3_LOG_DEBUG, "cuda: GPU %d: %s, compute capability %d.%d, %d multiprocessors, %.1f GiB", dev, prop.name,
 	        prop.major, prop.minor, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30));
 	be->name = "cuda";
 	be->ops = &cuda_ops;

@@ -354,8 +354,13 @@ static int moe_experts_alltoall(hi3_model *m, const struct hi3_layer_w *L, float
 				be->ops->scatter_add(be, y, m->w.ye + (size_t)off * H, m->w.idx + off, m->w.scale + off, ecnt[e],
 				                     H);
 		if (L->has_shared && mt > 0) {
-			if (mlp_forward(m, &L->shared, m->w.ys + (size_t)a * H, h + (size_t)a * H, m->w.sab, m->w.smid, mt,
-			                err) != 0)
+			/* a backend that is not batch invariant (CUDA: cuBLAS or the
+			 * gemv kernel by the number of rows) computes this group's
+			 * rows of the shared MLP as a product of all M rows, the one
+			 * product of one process, so that they keep its bits */
+			const int all = !be->batch_invariant;
+			if (mlp_forward(m, &L->shared, m->w.ys + (all ? 0 : (size_t)a * H), h + (all ? 0 : (size_t)a * H),
+			                m->w.sab, m->w.smid, all ? M : mt, err) != 0)
 				goto out;
 			be->ops->add(be, y + (size_t)a * H, m->w.ys + (size_t)a * H, (size_t)mt * H);
 		}
@@ -785,7 +790,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		if (m->attached)
 			be->ops->kv_detach(be, m->attached);
 		m->attached = NULL;
-		if (be->ops->kv_attach(be, kv, err) != 0)
+		if (be->ops->kv_attach(be, kv, sh->kv0, sh->n_kv, err) != 0)
 			return -1;
 		m->attached = kv;
 	}
@@ -844,21 +849,11 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		be->ops->rope_qk(be, m->w.qkv, m->w.pos, m->theta, L->qn, L->kn, &m->dims, M);
 		rope_zero_apply(m, &rz, m->w.qkv);
 		point(b->trace, HI3_TRACE_Q, l, m->w.qkv, (int)W);    /* q, k and v */
-		if (kv) {
-			be->ops->kv_layer(be, kv, l, &dst.k, &dst.v);
-			dst.dtype = kv->dtype;
-			dst.C = kv->C;
-			if (sh->tp > 1) {
-				/* this rank's kv heads of the whole cache */
-				size_t off = (size_t)sh->kv0 * kv->C * d * hi3_dtype_size(kv->dtype);
-				dst.k = (char *)dst.k + off;
-				dst.v = (char *)dst.v + off;
-				dst.row_stride = (int64_t)kv->n_kv * kv->C * d;
-			}
-		}
+		if (kv)      /* this rank's kv heads of the cache */
+			be->ops->kv_layer(be, kv, l, sh->kv0, sh->n_kv, &dst);
 		if (b->mode == HI3_ATTN_CACHE) {
 			be->ops->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
-			ks = (hi3_kv_src){dst.k, kv->dtype, (int64_t)kv->n_kv * kv->C * d, (int64_t)kv->C * d, d};
+			ks = (hi3_kv_src){dst.k, kv->dtype, dst.row_stride, (int64_t)kv->C * d, d};
 			vs = ks;
 			vs.base = dst.v;
 		} else {

@@ -225,6 +225,9 @@ typedef struct hi3_plan_opts {
 	hi3_dtype kv_dtype;       /* the cache */
 	int64_t chunk_tokens;     /* tokens per prefill forward (0: 8192, prefill's default) */
 	uint64_t mem;             /* bytes a rank may use; 0: unknown */
+	int cuda;                 /* 1: what one GPU holds (the cuda backend): the KV file's decode
+	                           * record stays on the host, the gathers' buffers are device memory
+	                           * (NCCL) and a GEMM's input has a bf16 copy; 0: one CPU process */
 } hi3_plan_opts;
 
 typedef struct hi3_plan {

@@ -65,6 +65,8 @@ struct hi3_shard {
 	int alltoall;             /* experts' rows to their tokens' group by all-to-all (tp = 1) */
 	int kv0, n_kv;            /* this rank's kv heads */
 	float *dev;               /* device scratch: this rank's block of a product */
+	float *drecv;             /* device scratch: what a collective on device buffers receives */
+	size_t drecv_cap;         /* floats */
 	float *send, *recv, *full;/* host staging for the gathers */
 	size_t dev_cap, send_cap, recv_cap, full_cap;   /* floats */
 	size_t *counts, *displs;  /* (size) bytes */

@@ -8,7 +8,9 @@
  * vectors as f32, the router f32, the embedding whole on every rank,
  * qkv_proj by the rank's kv heads, the other products by output rows
  * (the largest slice when a split is uneven), experts E / ep per group.
- * Activations follow forward.c's work_reserve for M tokens.
+ * Activations follow forward.c's work_reserve for M tokens. With cuda,
+ * what one GPU holds: the same weights (bf16 matrices stay bf16), the
+ * rank's kv heads of the cache, the device buffers.
  */
 #include <errno.h>
 #include <math.h>
@@ -109,7 +111,7 @@ int hi3_plan_compute(const hi3_config *c, const hi3_plan_opts *o, hi3_plan *p, h
 	/* the cache: this rank's kv heads of every row and slot, and the
 	 * decode record (two logit buffers per row) */
 	p->kv = (uint64_t)c->num_hidden_layers * 2 * (uint64_t)o->batch * (uint64_t)(n_kv / tp) * (uint64_t)o->max_len *
-	        (uint64_t)d * ks + (uint64_t)o->batch * (uint64_t)V * 4 * 2;
+	        (uint64_t)d * ks + (o->cuda ? 0 : (uint64_t)o->batch * (uint64_t)V * 4 * 2);
 	/* forward.c's scratch for M tokens of a prefill chunk */
 	M = o->chunk_tokens > 0 ? o->chunk_tokens : 8192;
 	if ((int64_t)o->batch * o->max_len < M)
@@ -120,10 +122,14 @@ int hi3_plan_compute(const hi3_config *c, const hi3_plan_opts *o, hi3_plan *p, h
 		                    3 * (uint64_t)max_I + (uint64_t)max_E) + 40 + 8 * (uint64_t)max_k;
 		uint64_t act = (uint64_t)M * per + nl * (uint64_t)(H + V) * 4;
 		if (tp * ep > 1) {
-			/* shard.c: a device block and three host buffers of the largest gathered product */
+			/* shard.c: a device block and three host buffers of the largest
+			 * gathered product; on cuda (NCCL) a device block and the
+			 * device buffer the gather receives in */
 			uint64_t big = HI3_MAX((uint64_t)M * max_k * 2 * max_I, HI3_MAX((uint64_t)M * H * max_k, nl * V));
-			act += 4 * big * 4;
+			act += (o->cuda ? 2 : 4) * big * 4;
 		}
+		if (o->cuda)    /* cuda.c: the bf16 copy of a GEMM's input (M rows of the widest K) */
+			act += (uint64_t)M * HI3_MAX((uint64_t)H, HI3_MAX((uint64_t)max_I, (uint64_t)n_h * d)) * 2;
 		p->activations = act;
 	}
 	p->total = p->weights + p->kv + p->activations;

@@ -7,9 +7,13 @@
  * Shapes: M tokens, N output columns of a product, R rows of a gathered
  * matrix; tp tensor slots, ep expert groups, rank = e tp + t.
  *
- * The gathers go through host buffers (the MPI communicator's): the
- * rank's block is downloaded, all-gathered, placed, and the whole matrix
- * uploaded; with the CPU backend these are copies in memory.
+ * The gathers run on device buffers where the layout has a communicator
+ * for them (hi3_par.dev: NCCL on GPUs, MPI on the CUDA emulator): the
+ * rank's block is all-gathered into device scratch and each rank's block
+ * copied into place (copy2d). Otherwise they go through host buffers (the
+ * MPI communicator's): the rank's block is downloaded, all-gathered,
+ * placed, and the whole matrix uploaded; with the CPU backend these are
+ * copies in memory.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,9 +57,10 @@ int hi3i_shard_init(hi3_model *m, const hi3_par *par, hi3_error *err)
 		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel tp=%d,ep=%d,dispatch=alltoall: the all-to-all "
 		                     "dispatch needs ep > 1 and tp = 1 (with tp > 1 use dispatch=gather)", par->tp,
 		                     par->ep);
-	if (par->tp > 1 && strcmp(m->be->name, "cpu") != 0)
-		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel tp=%d: tensor parallel runs on the cpu backend only "
-		                     "for now (the %s backend has no sharded KV store); ep runs on both", par->tp,
+	if (par->dev && (par->dev->size != comm->size || par->dev->rank != comm->rank || !m->be->ops->copy2d ||
+	                 !m->be->ops->sync))
+		return hi3_error_set(err, HI3_ERR_USAGE, "--parallel: the %s communicator on device buffers does not "
+		                     "fit (rank %d of %d, the %s backend)", par->dev->name, par->dev->rank, par->dev->size,
 		                     m->be->name);
 	s->par = par;
 	s->rank = comm->rank;
@@ -99,6 +104,8 @@ void hi3i_shard_release(hi3_model *m)
 
 	if (s->dev)
 		m->be->ops->free(m->be, s->dev);
+	if (s->drecv)
+		m->be->ops->free(m->be, s->drecv);
 	free(s->send);
 	free(s->recv);
 	free(s->full);
@@ -148,22 +155,49 @@ static int grow_host(float **p, size_t *cap, size_t n, hi3_error *err)
 	return 0;
 }
 
-float *hi3i_shard_scratch(hi3_model *m, size_t n, hi3_error *err)
+/* Device scratch *p of at least n floats (what: for the message). */
+static float *grow_dev(hi3_model *m, float **p, size_t *cap, size_t n, const char *what, hi3_error *err)
 {
-	struct hi3_shard *s = &m->sh;
-
-	if (n > s->dev_cap) {
-		if (s->dev)
-			m->be->ops->free(m->be, s->dev);
-		s->dev_cap = 0;
-		if (!(s->dev = m->be->ops->alloc(m->be, sizeof(float) * n))) {
-			hi3_error_set(err, HI3_ERR_RUNTIME, "out of %s memory for %zu MiB of a split product",
-			              m->be->name, sizeof(float) * n >> 20);
+	if (n > *cap) {
+		if (*p)
+			m->be->ops->free(m->be, *p);
+		*cap = 0;
+		if (!(*p = m->be->ops->alloc(m->be, sizeof(float) * n))) {
+			hi3_error_set(err, HI3_ERR_RUNTIME, "out of %s memory for %zu MiB of %s", m->be->name,
+			              sizeof(float) * n >> 20, what);
 			return NULL;
 		}
-		s->dev_cap = n;
+		*cap = n;
 	}
-	return s->dev;
+	return *p;
+}
+
+float *hi3i_shard_scratch(hi3_model *m, size_t n, hi3_error *err)
+{
+	return grow_dev(m, &m->sh.dev, &m->sh.dev_cap, n, "a split product", err);
+}
+
+/* The gather on device buffers: every rank's block into drecv, in rank
+ * order, then each block copied to its place in y. */
+static int gather_device(hi3_model *m, float *y, int N, const float *mine, size_t n_mine, const struct hi3_block *blk,
+                         size_t tot, hi3_error *err)
+{
+	struct hi3_shard *s = &m->sh;
+	hi3_backend *be = m->be;
+	float *recv;
+
+	if (!(recv = grow_dev(m, &s->drecv, &s->drecv_cap, tot / sizeof(float) + 1, "the gathers", err)))
+		return -1;
+	/* the collective reads mine outside the backend's stream */
+	if (be->ops->sync(be) != 0)
+		return hi3i_backend_failed(be, err);
+	if (hi3_comm_allgatherv(s->par->dev, mine, sizeof(float) * n_mine, recv, s->counts, s->displs, err))
+		return hi3_error_prefix(err, "rank %d of %d", s->rank, s->size);
+	for (int r = 0; r < s->size; r++)
+		if (blk[r].nr && blk[r].nc)
+			be->ops->copy2d(be, y + (size_t)blk[r].r0 * N + blk[r].c0, (size_t)N, recv + s->displs[r] / sizeof(float),
+			                (size_t)blk[r].nc, blk[r].nr, blk[r].nc);
+	return hi3i_backend_failed(be, err);
 }
 
 int hi3i_shard_gather(hi3_model *m, float *y, int R, int N, const float *mine, const struct hi3_block *blk,
@@ -179,6 +213,8 @@ int hi3i_shard_gather(hi3_model *m, float *y, int R, int N, const float *mine, c
 		s->displs[r] = tot;
 		tot += s->counts[r];
 	}
+	if (s->par->dev)
+		return gather_device(m, y, N, mine, n_mine, blk, tot, err);
 	if (grow_host(&s->send, &s->send_cap, n_mine + 1, err) || grow_host(&s->recv, &s->recv_cap, tot / 4 + 1, err) ||
 	    grow_host(&s->full, &s->full_cap, (size_t)R * N + 1, err))
 		return -1;
@@ -241,7 +277,8 @@ int hi3i_shard_alltoall_rows(hi3_model *m, float *dst, const float *src, int H, 
 		n_recv += (size_t)recv_rows[r];
 	}
 	if (!(c = hi3i_malloc(sizeof(*c) * 4 * (size_t)s->size, err)) ||
-	    grow_host(&s->send, &s->send_cap, n_send * H + 1, err) || grow_host(&s->recv, &s->recv_cap, n_recv * H + 1, err))
+	    (!s->par->dev && (grow_host(&s->send, &s->send_cap, n_send * H + 1, err) ||
+	                      grow_host(&s->recv, &s->recv_cap, n_recv * H + 1, err))))
 		goto out;
 	/* counts and displacements in bytes: sent, then received */
 	for (int r = 0, so = 0, ro = 0; r < s->size; r++) {
@@ -251,6 +288,19 @@ int hi3i_shard_alltoall_rows(hi3_model *m, float *dst, const float *src, int H, 
 		c[3 * s->size + r] = sizeof(float) * (size_t)ro * H;
 		so += send_rows[r];
 		ro += recv_rows[r];
+	}
+	if (s->par->dev) {
+		/* straight between the device buffers, once the stream has written src */
+		if (be->ops->sync(be) != 0) {
+			hi3i_backend_failed(be, err);
+			goto out;
+		}
+		if (hi3_comm_alltoallv(s->par->dev, src, c, c + s->size, dst, c + 2 * s->size, c + 3 * s->size, err) != 0) {
+			hi3_error_prefix(err, "rank %d of %d", s->rank, s->size);
+			goto out;
+		}
+		rc = 0;
+		goto out;
 	}
 	if (n_send && be->ops->download(be, s->send, src, sizeof(float) * n_send * H) != 0) {
 		hi3i_backend_failed(be, err);

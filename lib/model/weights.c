@@ -283,6 +283,7 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 	/* a rank's heads: its kv heads and their query heads */
 	m->dims.n_kv = m->sh.n_kv;
 	m->dims.n_h = m->sh.n_kv * (m->cfg.num_attention_heads / m->cfg.num_key_value_heads);
+	m->dims.kv_all = m->cfg.num_key_value_heads;
 	m->dims.d = m->cfg.attention_head_dim;
 	m->dims.eps = (float)m->cfg.rms_norm_eps;
 	m->layers = hi3i_calloc((size_t)m->cfg.num_hidden_layers, sizeof(*m->layers), err);

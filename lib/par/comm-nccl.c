@@ -1,7 +1,11 @@
 /*
  * comm-nccl.c -- the NCCL communicator (device buffers), one GPU per rank,
- * bootstrapped over MPI: rank 0 makes the unique id, the MPI communicator
- * broadcasts it, every rank joins with ncclCommInitRank.
+ * bootstrapped over MPI: every rank picks its device (local rank modulo
+ * the visible ones), the ranks tell each other their host and GPU (NCCL
+ * refuses two ranks of one communicator on one GPU, so then none is made
+ * and the caller exchanges through host buffers), rank 0 makes the unique
+ * id, the MPI communicator broadcasts it, every rank joins with
+ * ncclCommInitRank.
  *
  * Built into hi3-mpi when configure finds CUDA and NCCL (HI3_HAVE_NCCL);
  * otherwise hi3_comm_nccl_open says so. Every call runs on the
@@ -15,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "par/comm-mpi.h"
 
 #ifdef HI3_HAVE_NCCL
@@ -137,21 +142,76 @@ static const struct hi3_comm_ops nccl_ops = {
 	.destroy = nccl_destroy,
 };
 
+/* The launcher's rank of this process on its host (Open MPI, MPICH/Hydra,
+ * Slurm), or the world rank. */
+static int local_rank(const hi3_comm *mpi)
+{
+	static const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *v = getenv(vars[i]);
+		if (v && *v)
+			return atoi(v);
+	}
+	return mpi->rank;
+}
+
+#define WHERE_LEN 192
+
+/* Choose this rank's GPU and learn whether any two ranks share one: 0
+ * (distinct GPUs), 1 (shared), or -1 with err naming the first rank that
+ * could not choose one (every rank returns the same). */
+static int choose_device(hi3_comm *mpi, hi3_error *err)
+{
+	char mine[WHERE_LEN] = {0}, bus[32] = "", host[64] = "", *all;
+	int ndev = 0, dev, rc = 0;
+	cudaError_t e;
+
+	if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess || ndev < 1) {
+		snprintf(mine, sizeof(mine), "!no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+	} else if ((e = cudaSetDevice(dev = local_rank(mpi) % ndev)) != cudaSuccess ||
+	           (e = cudaDeviceGetPCIBusId(bus, sizeof(bus), dev)) != cudaSuccess) {
+		snprintf(mine, sizeof(mine), "!device %d: %s", dev, cudaGetErrorString(e));
+	} else {
+		gethostname(host, sizeof(host) - 1);
+		snprintf(mine, sizeof(mine), "%s %s", host, bus);
+	}
+	if (!(all = calloc((size_t)mpi->size, WHERE_LEN)))
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
+	if (hi3_comm_allgather(mpi, mine, WHERE_LEN, all, err) != 0) {
+		free(all);
+		return hi3_error_prefix(err, "NCCL bootstrap");
+	}
+	for (int r = 0; r < mpi->size && rc == 0; r++) {
+		const char *w = all + (size_t)r * WHERE_LEN;
+		if (w[0] == '!') {
+			rc = hi3_error_set(err, HI3_ERR_RUNTIME, "NCCL: rank %d: %s", r, w + 1);
+			break;
+		}
+		for (int q = 0; q < r; q++)
+			if (!strcmp(w, all + (size_t)q * WHERE_LEN)) {
+				hi3_log(HI3_LOG_INFO, "NCCL: ranks %d and %d share the GPU %s, which NCCL refuses: the "
+				        "activations go through host buffers (MPI)", q, r, w);
+				rc = 1;
+				break;
+			}
+	}
+	free(all);
+	return rc;
+}
+
 int hi3_comm_nccl_open(hi3_comm **out, hi3_comm *mpi, hi3_error *err)
 {
 	ncclUniqueId id;
 	hi3_comm *c = NULL;
 	struct nccl_ctx *x = NULL;
-	int ndev = 0;
 	ncclResult_t r;
 	cudaError_t e;
+	int rc;
 
 	*out = NULL;
-	if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess || ndev < 1)
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "NCCL: no CUDA device (%s)",
-		                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-	if ((e = cudaSetDevice(mpi->rank % ndev)) != cudaSuccess)
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "NCCL: device %d: %s", mpi->rank % ndev, cudaGetErrorString(e));
+	if ((rc = choose_device(mpi, err)) != 0)
+		return rc;
 	memset(&id, 0, sizeof(id));
 	if (mpi->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess)
 		return nccl_fail(r, "unique id", err);
@@ -186,9 +246,11 @@ int hi3_comm_nccl_open(hi3_comm **out, hi3_comm *mpi, hi3_error *err)
 int hi3_comm_nccl_open(hi3_comm **out, hi3_comm *mpi, hi3_error *err)
 {
 	(void)mpi;
+	(void)err;
 	*out = NULL;
-	return hi3_error_set(err, HI3_ERR_USAGE, "this hi3-mpi was built without NCCL (configure found no CUDA "
-	                     "with nccl.h and libnccl)");
+	hi3_log(HI3_LOG_DEBUG, "this hi3-mpi was built without NCCL (configure found no CUDA with nccl.h and "
+	        "libnccl): the activations go through host buffers (MPI)");
+	return 1;
 }
 
 #endif

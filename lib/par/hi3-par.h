@@ -40,7 +40,7 @@ struct hi3_comm {
 	const struct hi3_comm_ops *ops;
 	const char *name;        /* "single", "mpi", "nccl" */
 	int rank, size;
-	int device;              /* 1: buffers are device memory (NCCL) */
+	int device;              /* 1: buffers are device memory (NCCL; MPI on the CUDA emulator's) */
 	void *ctx;
 	double seconds;          /* time spent in collectives (hi3_comm_* calls) */
 	uint64_t bytes;          /* bytes received by them */
@@ -82,7 +82,11 @@ enum hi3_dispatch {
 /* A parallel layout: size = tp * ep ranks; rank r is tensor slot r % tp of
  * expert group r / tp (hi3-parallel(7)). */
 typedef struct hi3_par {
-	hi3_comm *comm;
+	hi3_comm *comm;          /* host buffers: the checks, the vocabulary exchange, the files' barriers */
+	/* the activations' collectives on device buffers (NCCL on GPUs; MPI on
+	 * the CUDA emulator's device memory, which is host memory), or NULL:
+	 * they go through host buffers of comm (download, collective, upload) */
+	hi3_comm *dev;
 	int tp, ep;
 	int dispatch;            /* enum hi3_dispatch */
 } hi3_par;

@@ -49,6 +49,7 @@ struct cudaDeviceProp {
 
 #define cudaGetDeviceCount emu_cudaGetDeviceCount
 #define cudaSetDevice emu_cudaSetDevice
+#define cudaGetDevice emu_cudaGetDevice
 #define cudaGetDeviceProperties emu_cudaGetDeviceProperties
 #define cudaStreamCreateWithFlags emu_cudaStreamCreateWithFlags
 #define cudaStreamDestroy emu_cudaStreamDestroy
@@ -59,6 +60,7 @@ struct cudaDeviceProp {
 #define cudaFreeHost emu_cudaFreeHost
 #define cudaMemcpy emu_cudaMemcpy
 #define cudaMemcpyAsync emu_cudaMemcpyAsync
+#define cudaMemcpy2DAsync emu_cudaMemcpy2DAsync
 #define cudaMemsetAsync emu_cudaMemsetAsync
 #define cudaMemGetInfo emu_cudaMemGetInfo
 #define cudaEventCreateWithFlags emu_cudaEventCreateWithFlags
@@ -71,6 +73,7 @@ struct cudaDeviceProp {
 
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDevice(int *dev);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
@@ -81,6 +84,8 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);

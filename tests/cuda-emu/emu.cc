@@ -141,6 +141,12 @@ extern "C" cudaError_t emu_cudaSetDevice(int dev)
 	return dev == 0 ? cudaSuccess : fail(cudaErrorInvalidValue);
 }
 
+extern "C" cudaError_t emu_cudaGetDevice(int *dev)
+{
+	*dev = 0;
+	return cudaSuccess;
+}
+
 extern "C" cudaError_t emu_cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev)
 {
 	mem_init();
@@ -315,6 +321,22 @@ extern "C" cudaError_t emu_cudaMemcpyAsync(void *dst, const void *src, size_t n,
 		return cudaSuccess;
 	}
 	return emu_cudaMemcpy(dst, src, n, kind);
+}
+
+/* Row by row, each row a cudaMemcpyAsync of its own (checked the same way);
+ * pitches below the width are refused, as CUDA does. */
+extern "C" cudaError_t emu_cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                             size_t height, enum cudaMemcpyKind kind, cudaStream_t s)
+{
+	cudaError_t e;
+
+	if (dpitch < width || spitch < width)
+		return fail(cudaErrorInvalidValue);
+	for (size_t i = 0; i < height; i++)
+		if ((e = emu_cudaMemcpyAsync((char *)dst + i * dpitch, (const char *)src + i * spitch, width, kind, s)) !=
+		    cudaSuccess)
+			return e;
+	return cudaSuccess;
 }
 
 extern "C" cudaError_t emu_cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
