@@ -41,6 +41,7 @@ static int set_verbose(const struct cli_option *opt, const char *arg)
 
 static const struct cli_choice backends[] = {{"cpu", 0, NULL}, {"cuda", 1, NULL}, {NULL, 0, NULL}};
 static const struct cli_choice on_off[] = {{"on", 1, NULL}, {"off", 0, NULL}, {NULL, 0, NULL}};
+static const struct cli_choice graphs_on_off[] = {{"on", 1, NULL}, {"off", 2, NULL}, {NULL, 0, NULL}};
 
 const struct cli_option cli_global_options[] = {
 	OPT_GROUP("global options (also accepted after the command name):"),
@@ -49,6 +50,9 @@ const struct cli_option cli_global_options[] = {
 	OPT_CHOICE(0, "batch-invariant", &cli.batch_invariant, on_off,
 	           "on (default): reductions in an order independent of the batch, so a row gives the same bits "
 	           "alone or batched; off: OpenBLAS sgemm (CPU)"),
+	OPT_CHOICE(0, "cuda-graphs", &cli.cuda_graphs, graphs_on_off,
+	           "cuda: decode steps replayed from CUDA graphs (the same bits; default on where the driver has "
+	           "them); off: every kernel launched one by one"),
 	OPT_INT('t', "threads", &cli.threads, 0, 4096, "N", "worker threads (default: all cores)"),
 	OPT_STRING(0, "parallel", &cli.parallel, "tp=T,ep=E",
 	           "run as one of T*E ranks: tensor parallel T, expert parallel E; add ,dispatch=alltoall to send "
@@ -357,18 +361,20 @@ int cli_parallel_end(int rc)
 static struct {
 	hi3_model *m;
 	char *dir, *backend;
-	int threads, batch_invariant;
+	int threads, batch_invariant, cuda_graphs;
 } kept;
 
 static int kept_matches(void)
 {
 	return kept.m && !strcmp(kept.dir, cli.model_dir) && !strcmp(kept.backend, cli.backend) &&
-	       kept.threads == cli.threads && kept.batch_invariant == cli.batch_invariant;
+	       kept.threads == cli.threads && kept.batch_invariant == cli.batch_invariant &&
+	       kept.cuda_graphs == cli.cuda_graphs;
 }
 
 int cli_open_model(hi3_model **m, hi3_error *err)
 {
-	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = cli.batch_invariant};
+	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = cli.batch_invariant,
+	                    .cuda_graphs = cli.cuda_graphs};
 	char *dir, *backend;
 
 	*m = NULL;
@@ -401,6 +407,7 @@ int cli_open_model(hi3_model **m, hi3_error *err)
 	kept.backend = backend;
 	kept.threads = cli.threads;
 	kept.batch_invariant = cli.batch_invariant;
+	kept.cuda_graphs = cli.cuda_graphs;
 	return 0;
 }
 

@@ -14,6 +14,7 @@ struct cli_globals {
 	int threads;             /* -t/--threads */
 	int quiet, verbose;      /* -q, -v */
 	int batch_invariant;     /* --batch-invariant=on|off (default on) */
+	int cuda_graphs;         /* --cuda-graphs: 0 default (on where the driver has graphs), 1 on, 2 off */
 	const char *parallel;    /* --parallel tp=T,ep=E, or NULL */
 	int keep_model;          /* hi3 run: the model stays open for the next command */
 };

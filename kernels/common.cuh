@@ -14,7 +14,7 @@
 #include "kernels.h"
 
 #ifdef HI3_CUDA_EMU
-#define HI3K_LAUNCH(kernel, grid, block, smem, stream) ((void)(stream), emu_launch(kernel, grid, block, smem))
+#define HI3K_LAUNCH(kernel, grid, block, smem, stream) emu_launch(kernel, grid, block, smem, stream)
 #define HI3K_DYN_SMEM(type, name) type *name = reinterpret_cast<type *>(emu_dyn_smem())
 #else
 #define HI3K_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>

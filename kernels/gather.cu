@@ -43,6 +43,31 @@ extern "C" cudaError_t HI3K(scatter_add)(cudaStream_t s, float *dst, const float
 	return cudaGetLastError();
 }
 
+/* grid (M), block 256: row m adds its k sources in order, each as
+ * scatter_add_kernel adds one (the same expression, so the same rounding) */
+static __global__ void combine_kernel(float *y, const float *src, const int32_t *where, const float *scale, int k,
+                                      int w)
+{
+	const int32_t *wh = where + (size_t)blockIdx.x * (size_t)k;
+	const float *sc = scale + (size_t)blockIdx.x * (size_t)k;
+	float *dr = y + (size_t)blockIdx.x * (size_t)w;
+
+	for (int c = threadIdx.x; c < w; c += blockDim.x) {
+		float acc = 0.0f;
+		for (int j = 0; j < k; j++)
+			acc += sc[j] * src[(size_t)wh[j] * (size_t)w + (size_t)c];
+		dr[c] = acc;
+	}
+}
+
+extern "C" cudaError_t HI3K(combine)(cudaStream_t s, float *y, const float *src, const int32_t *where,
+                                     const float *scale, int M, int k, int w)
+{
+	if (M > 0)
+		HI3K_LAUNCH(combine_kernel, dim3(M), dim3(256), 0, s)(y, src, where, scale, k, w);
+	return cudaGetLastError();
+}
+
 /* grid (n), block 256; the rows' destinations are distinct */
 static __global__ void scatter_kernel(float *dst, const float *src, const int32_t *idx, int w)
 {

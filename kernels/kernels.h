@@ -70,6 +70,11 @@ cudaError_t HI3K(scatter_add)(cudaStream_t s, float *dst, const float *src, cons
                               const float *scale, int n, int w);
 /* dst[idx[i]] = src[i] (CPU twin: cpu_scatter) */
 cudaError_t HI3K(scatter)(cudaStream_t s, float *dst, const float *src, const int32_t *idx, int n, int w);
+/* y (M, w) = sum over j < k, in order, of scale[m k + j] src[where[m k + j]],
+ * from 0: the bits of zeroing y and scatter_add of src's rows in the order
+ * where lists them (the MoE's combine in one launch). */
+cudaError_t HI3K(combine)(cudaStream_t s, float *y, const float *src, const int32_t *where, const float *scale, int M,
+                          int k, int w);
 /* In place on qkv (M, W): RoPE on each query and key head at pos (M, 2)
  * (y, x) with theta (d/2), then, when qn and kn are not NULL, RMSNorm over
  * d with qn (d) for query heads and kn (d) for key heads. */

@@ -79,6 +79,7 @@ steps() {
 	step cuda-pipeline  150 gpu check shtest t4000-cuda-pipeline
 	step cuda-trace      90 gpu check shtest t4300-cuda-trace
 	step cuda-diffusion  90 gpu check shtest t4310-cuda-diffusion
+	step cuda-graphs     90 gpu check shtest t4400-cuda-graphs
 	step parity          90 gpu check s_parity
 	step nccl            60 gpu check tap test-comm-nccl
 	step nccl-mpi        90 mpi check s_nccl_mpi

@@ -6,9 +6,12 @@
  *
  *   bench-cuda -m DIR [--backend cpu|cuda] [-B ROWS] [-L LEN] [-D ROWS]
  *              [-n STEPS] [--reps N] [--kv-dtype f32|bf16] [--label NAME]
+ *              [--cuda-graphs on|off]
  *
  * -D decodes only the first ROWS rows of the prefill (default all B), so
- * one run can time a wide prefill and a B = 1 decode.
+ * one run can time a wide prefill and a B = 1 decode. --cuda-graphs as
+ * hi3's (default: on where the driver has graphs): the decode steps from
+ * CUDA graphs or launched op by op.
  * What a step must move and compute comes from the checkpoint itself:
  * decode bytes = every weight read once per step (the experts actually
  * routed to in that step, counted from the routing the forward reports;
@@ -20,7 +23,7 @@
  * Prints a readable summary and, last, one line
  *   RESULT label=... backend=... B=... L=... D=... prefill_s=... prefill_tok_s=...
  *          prefill_tflops=... attn_tflop=... decode_ms=... decode_tok_s=...
- *          decode_gb=... decode_gbs=...
+ *          decode_gb=... decode_gbs=... graphs=on|off|default
  * which scripts/gpu-run.sh turns into its figures. Times are the best of
  * --reps prefills, and the mean over the timed decode steps (after two
  * untimed ones); every call ends with the logits copied to the host.
@@ -114,9 +117,9 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, 'b'}, {"reps", required_argument, NULL, 'r'},
 		{"kv-dtype", required_argument, NULL, 'k'}, {"label", required_argument, NULL, 'l'},
-		{NULL, 0, NULL, 0}};
+		{"cuda-graphs", required_argument, NULL, 'g'}, {NULL, 0, NULL, 0}};
 	const char *dir = NULL, *backend = "cuda", *label = "model";
-	int B = 1, Lp = 128, D = 0, steps = 32, reps = 3, c, rc = 1;
+	int B = 1, Lp = 128, D = 0, steps = 32, reps = 3, c, rc = 1, graphs = 0;
 	hi3_dtype kv_dt = HI3_BF16;
 	hi3_error err = {0};
 	hi3_model *m = NULL;
@@ -140,6 +143,13 @@ int main(int argc, char **argv)
 		case 'D': if (int_arg("-D", optarg, 1, 4096, &D)) return 2; break;
 		case 'n': if (int_arg("-n", optarg, 1, 1 << 20, &steps)) return 2; break;
 		case 'r': if (int_arg("--reps", optarg, 1, 1000, &reps)) return 2; break;
+		case 'g':
+			if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+				fprintf(stderr, "bench-cuda: --cuda-graphs: expected on or off, found '%s'\n", optarg);
+				return 2;
+			}
+			graphs = !strcmp(optarg, "on") ? 1 : 2;
+			break;
 		case 'k':
 			if (!strcmp(optarg, "f32") || !strcmp(optarg, "bf16")) {
 				kv_dt = optarg[0] == 'f' ? HI3_F32 : HI3_BF16;
@@ -150,7 +160,7 @@ int main(int argc, char **argv)
 			break;
 		default:
 			fprintf(stderr, "usage: bench-cuda -m DIR [--backend cpu|cuda] [-B ROWS] [-L LEN] [-D ROWS] "
-			        "[-n STEPS] [--reps N] [--kv-dtype f32|bf16] [--label NAME]\n");
+			        "[-n STEPS] [--reps N] [--kv-dtype f32|bf16] [--label NAME] [--cuda-graphs on|off]\n");
 			return 2;
 		}
 	}
@@ -165,7 +175,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	{
-		hi3_model_opts mo = {.backend = backend, .batch_invariant = 1};
+		hi3_model_opts mo = {.backend = backend, .batch_invariant = 1, .cuda_graphs = graphs};
 		if (hi3_model_open(&m, dir, &mo, &err) != 0)
 			goto fail;
 	}
@@ -270,9 +280,10 @@ int main(int argc, char **argv)
 	printf("%s on %s: decode %d rows: %.3f ms/step (%.1f tokens/s), %.3f GB read per step, %.1f GB/s\n", label,
 	       hi3_model_backend(m), D, dec_s * 1e3, D / dec_s, dec_bytes / 1e9, dec_bytes / dec_s / 1e9);
 	printf("RESULT label=%s backend=%s B=%d L=%d D=%d prefill_s=%.6f prefill_tok_s=%.1f prefill_tflops=%.4f "
-	       "attn_tflop=%.6f decode_ms=%.4f decode_tok_s=%.2f decode_gb=%.6f decode_gbs=%.2f\n",
+	       "attn_tflop=%.6f decode_ms=%.4f decode_tok_s=%.2f decode_gb=%.6f decode_gbs=%.2f graphs=%s\n",
 	       label, hi3_model_backend(m), B, Lp, D, prefill_s, B * Lp / prefill_s, gemm_flop / prefill_s / 1e12,
-	       attn_flop / 1e12, dec_s * 1e3, D / dec_s, dec_bytes / 1e9, dec_bytes / dec_s / 1e9);
+	       attn_flop / 1e12, dec_s * 1e3, D / dec_s, dec_bytes / 1e9, dec_bytes / dec_s / 1e9,
+	       graphs == 1 ? "on" : graphs == 2 ? "off" : "default");
 	rc = 0;
 	goto out;
 oom:

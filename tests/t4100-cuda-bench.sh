@@ -10,14 +10,19 @@ test_expect_success 'bench-cuda prints a RESULT line with every figure' '
 	test_grep "^RESULT label=t backend=cpu B=3 L=16 D=1 " out &&
 	for k in prefill_s prefill_tok_s prefill_tflops attn_tflop decode_ms decode_tok_s decode_gb decode_gbs; do
 		test_grep " $k=[0-9][0-9.]*" out || return 1
-	done
+	done &&
+	test_grep " graphs=default$" out &&
+	"$BENCH" -m m --backend cpu -B 1 -L 8 -n 2 --reps 1 --cuda-graphs off >out &&
+	test_grep " graphs=off$" out
 '
 
 test_expect_success 'bench-cuda refuses a bad option value' '
 	test_must_fail 2 "$BENCH" -m m -B zero 2>err &&
 	test_grep "\-B: expected an integer" err &&
 	test_must_fail 2 "$BENCH" -m m -B 2 -D 3 2>err &&
-	test_grep "cannot decode more rows" err
+	test_grep "cannot decode more rows" err &&
+	test_must_fail 2 "$BENCH" -m m --cuda-graphs sometimes 2>err &&
+	test_grep "cuda-graphs: expected on or off" err
 '
 
 test_done

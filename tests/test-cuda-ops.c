@@ -19,6 +19,9 @@
 #include "model/conv.h"
 #include "tap.h"
 #include "cuda-test.h"
+#ifdef HI3_CUDA_EMU
+#include "cuda-emu.h"
+#endif
 
 static hi3_backend *cpu, *gpu;
 
@@ -349,6 +352,153 @@ static void test_gather_scatter(void)
 	free(part);
 	free(acc);
 	free(ref);
+}
+
+/* combine: each token's k rows of src, weighted, summed in the order of
+ * where, in one call: the bits of zero + scatter_add expert by expert (the
+ * model's way without it), and the CPU's within 1e-6. */
+static void test_combine(void)
+{
+	enum { M = 5, k = 3, E = 4, w = 37, R = M * k };
+	int32_t ids[R], idx[R], where[R], got[M] = {0}, first[E + 1];
+	float sc[R], wsc[R], *src = randn((size_t)R * w, 1.0f), *acc = malloc(sizeof(float) * M * w);
+	float *dsrc = dev_copy(src, sizeof(src[0]) * R * w), *dy = dev_nan((size_t)M * w), *dz = dev_nan((size_t)M * w);
+	float *a, *b, *dsc, *dwsc;
+	int32_t *didx, *dwhere;
+	int r = 0;
+
+	for (int t = 0; t < M; t++)           /* token t takes experts t, t + 1, t + 2 (mod E) */
+		for (int j = 0; j < k; j++)
+			ids[t * k + j] = (t + j) % E;
+	for (int e = 0; e < E; e++) {         /* the packed rows: expert by expert, tokens ascending */
+		first[e] = r;
+		for (int t = 0; t < M; t++)
+			for (int j = 0; j < k; j++)
+				if (ids[t * k + j] == e) {
+					idx[r] = t;
+					sc[r++] = (float)(urand() + 0.1);
+				}
+	}
+	first[E] = r;
+	for (int i = 0; i < R; i++) {
+		where[idx[i] * k + got[idx[i]]] = i;
+		wsc[idx[i] * k + got[idx[i]]++] = sc[i];
+	}
+	didx = dev_copy(idx, sizeof(idx));
+	dsc = dev_copy(sc, sizeof(sc));
+	dwhere = dev_copy(where, sizeof(where));
+	dwsc = dev_copy(wsc, sizeof(wsc));
+	gpu->ops->zero(gpu, dz, (size_t)M * w);
+	cpu->ops->zero(cpu, acc, (size_t)M * w);
+	for (int e = 0; e < E; e++) {
+		gpu->ops->scatter_add(gpu, dz, dsrc + (size_t)first[e] * w, didx + first[e], dsc + first[e],
+		                      first[e + 1] - first[e], w);
+		cpu->ops->scatter_add(cpu, acc, src + (size_t)first[e] * w, idx + first[e], sc + first[e],
+		                      first[e + 1] - first[e], w);
+	}
+	gpu->ops->combine(gpu, dy, dsrc, dwhere, dwsc, M, k, w);
+	a = fetch(dy, sizeof(float) * M * w);
+	b = fetch(dz, sizeof(float) * M * w);
+	ok(!memcmp(a, b, sizeof(float) * M * w), "combine of 5 tokens' 3 rows: the bits of zero + scatter_add by expert");
+	free(a);
+	free(b);
+	check("combine against the CPU's scatter_add by expert", dy, acc, (size_t)M * w, 1e-6);
+	gpu->ops->free(gpu, dz);
+	gpu->ops->free(gpu, dsrc);
+	gpu->ops->free(gpu, didx);
+	gpu->ops->free(gpu, dsc);
+	gpu->ops->free(gpu, dwhere);
+	gpu->ops->free(gpu, dwsc);
+	free(src);
+	free(acc);
+}
+
+/* Decode steps from graphs: the same small step (uploads, a product, a
+ * norm, an add, a download) run 4 times with new inputs gives what it
+ * gives eagerly each time; on the emulator the later ones run from a
+ * graph launch, and a step with other arguments is not taken for it. */
+static void test_graphs(void)
+{
+	enum { K = 40, N = 24 };
+	float *wm = randn((size_t)N * K, 0.2f), *nw = randn(N, 1.0f), *x = NULL, *ref = malloc(sizeof(float) * N * 3);
+	float *out = malloc(sizeof(float) * N * 2);
+	hi3_tensor tw = {.name = "w", .dtype = HI3_F32, .ndim = 2, .shape = {N, K}, .data = wm, .nbytes = sizeof(float) * N * K};
+	hi3_tensor tn = {.name = "n", .dtype = HI3_F32, .ndim = 1, .shape = {N}, .data = nw, .nbytes = sizeof(float) * N};
+	hi3_error err = {0};
+	hi3_wt *gw = gpu->ops->weight(gpu, &tw, HI3_WT_MATRIX, &err), *gn = gpu->ops->weight(gpu, &tn, HI3_WT_VECTOR, &err);
+	hi3_wt *cw = cpu->ops->weight(cpu, &tw, HI3_WT_MATRIX, &err), *cn = cpu->ops->weight(cpu, &tn, HI3_WT_VECTOR, &err);
+	float *dx = gpu->ops->alloc(gpu, sizeof(float) * K * 2), *dy = gpu->ops->alloc(gpu, sizeof(float) * N * 2);
+	float *dz = gpu->ops->alloc(gpu, sizeof(float) * N * 2), *dw = gpu->ops->alloc(gpu, sizeof(float) * N);
+	int same = 1, step_ok = 1;
+#ifdef HI3_CUDA_EMU
+	unsigned long long e0, g0, l0, e1, g1, l1;
+	cudaStream_t st;
+	cudaGraph_t graph = NULL;
+	float *dm = NULL;
+#endif
+
+	HI3_ASSERT(gw && gn && cw && cn && dx && dy && dz && dw);
+	ok(gpu->ops->weights_done(gpu, &err) == 0 && gpu->ops->set_graphs(gpu, 1, &err) == 0, "graphs on: %s",
+	   err.msg[0] ? err.msg : "yes");
+#ifdef HI3_CUDA_EMU
+	emu_kernel_counts(&e0, &g0, &l0);
+#endif
+	for (int s = 0; s < 5; s++) {
+		float *into = s < 4 ? dz : dw;    /* the fifth step writes elsewhere: another graph */
+		free(x);
+		x = randn((size_t)K * 2, 1.0f);
+		cpu->ops->matmul(cpu, ref, x, cw, 2);
+		cpu->ops->rmsnorm(cpu, ref + N * 2, ref, cn, 1, N, 1e-6f);
+		step_ok &= gpu->ops->graph_begin(gpu, 2) == 1;
+		gpu->ops->upload(gpu, dx, x, sizeof(float) * K * 2);
+		gpu->ops->matmul(gpu, dy, dx, gw, 2);
+		gpu->ops->rmsnorm(gpu, into, dy, gn, 1, N, 1e-6f);
+		gpu->ops->download(gpu, out, dy, sizeof(float) * N * 2);
+		same &= rel_err(out, ref, (size_t)N * 2) <= 1e-5;
+		gpu->ops->download(gpu, out, into, sizeof(float) * N);
+		gpu->ops->graph_end(gpu);
+		same &= rel_err(out, ref + N * 2, N) <= 1e-5;
+	}
+	ok(step_ok && same && !gpu->err.status, "5 steps with new inputs from graphs: each what the CPU gives (within 1e-5) %s",
+	   gpu->err.msg);
+	ok(gpu->ops->graph_begin(gpu, 9) == 0, "a step of 9 rows (beyond the gemv kernel) runs eagerly");
+	gpu->ops->graph_end(gpu);
+#ifdef HI3_CUDA_EMU
+	emu_kernel_counts(&e1, &g1, &l1);
+	/* one stretch a step (to the first download) of 2 kernels: step 1 eager (seen once), 2
+	 * captured and launched, 3 and 4 launched, 5 eager (other arguments, seen once) */
+	ok(l1 - l0 == 3 && g1 - g0 == 6 && e1 - e0 == 4,
+	   "the emulator ran steps 2 to 4 from graph launches (%llu launches, %llu kernels in graphs, %llu eager)",
+	   l1 - l0, g1 - g0, e1 - e0);
+	/* what a capture cannot hold is refused, and nothing of it runs */
+	gpu->ops->download(gpu, ref, dz, sizeof(float) * N);
+	HI3_ASSERT(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+	ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess &&
+	   cudaMemsetAsync(dz, 0, sizeof(float) * N, st) == cudaSuccess &&
+	   cudaStreamSynchronize(st) == cudaErrorStreamCaptureUnsupported &&
+	   cudaMalloc((void **)&dm, 64) == cudaErrorStreamCaptureUnsupported &&
+	   cudaStreamEndCapture(st, &graph) == cudaErrorStreamCaptureInvalidated && !graph && !dm,
+	   "a capture with a synchronisation and an allocation is refused and ends invalidated");
+	(void)cudaGetLastError();
+	gpu->ops->download(gpu, out, dz, sizeof(float) * N);
+	ok(!memcmp(out, ref, sizeof(float) * N), "the refused capture's memset never ran");
+	cudaStreamDestroy(st);
+#endif
+	ok(gpu->ops->set_graphs(gpu, 2, &err) == 0 && gpu->ops->graph_begin(gpu, 2) == 0, "graphs off: steps run eagerly");
+	gpu->ops->graph_end(gpu);
+	gpu->ops->free(gpu, dx);
+	gpu->ops->free(gpu, dy);
+	gpu->ops->free(gpu, dz);
+	gpu->ops->free(gpu, dw);
+	gpu->ops->weight_free(gpu, gw);
+	gpu->ops->weight_free(gpu, gn);
+	cpu->ops->weight_free(cpu, cw);
+	cpu->ops->weight_free(cpu, cn);
+	free(wm);
+	free(nw);
+	free(x);
+	free(ref);
+	free(out);
 }
 
 /* Attention shapes (n_h, n_kv, d) and whether qk-norm is on. */
@@ -949,6 +1099,8 @@ int main(void)
 	test_rmsnorm();
 	test_elementwise();
 	test_gather_scatter();
+	test_combine();
+	test_graphs();
 	for (size_t i = 0; i < HI3_ARRAY_SIZE(shapes); i++) {
 		test_rope(&shapes[i]);
 		test_kv_store(&shapes[i], HI3_F32);

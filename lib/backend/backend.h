@@ -172,6 +172,22 @@ typedef struct hi3_backend_ops {
 	 * CPU: cpu_copy2d; CUDA: cudaMemcpy2DAsync */
 	void (*copy2d)(struct hi3_backend *be, float *dst, size_t ldd, const float *src, size_t lds, int rows,
 	               int cols);
+	/* y (M, w) = sum over j < k, in order, of scale[m k + j] src[where[m k + j]]
+	 * rows: the same bits as zero(y) then scatter_add of src's rows in the
+	 * order where lists them (a token's experts in ascending id), in one
+	 * call whatever the routing; optional (NULL: the model zeroes and
+	 * scatter_adds expert by expert). CUDA: kernels/gather.cu */
+	void (*combine)(struct hi3_backend *be, float *y, const float *src, const int32_t *where, const float *scale,
+	                int M, int k, int w);
+	/* optional, decode steps replayed from graphs (CUDA graphs): set_graphs
+	 * at open (mode 0: where the device has them, 1 on, 2 off; 0 or -1 with
+	 * err when on cannot be had); graph_begin(M) before one decode step of
+	 * M tokens (1: the step's ops may run from a graph captured when the
+	 * same ops with the same arguments ran before; the same bits as run
+	 * one by one), graph_end after it. CUDA: lib/backend/cuda.c */
+	int (*set_graphs)(struct hi3_backend *be, int mode, hi3_error *err);
+	int (*graph_begin)(struct hi3_backend *be, int M);
+	void (*graph_end)(struct hi3_backend *be);
 	/* x (n) = 0.  CPU: cpu_zero; CUDA: cudaMemsetAsync */
 	void (*zero)(struct hi3_backend *be, float *x, size_t n);
 	/* x (n) += y (n).  CPU: cpu_add; CUDA: kernels/elementwise.cu */

@@ -25,6 +25,23 @@
  *    kernel, one copy): a decode step moves its new slots, not the cache.
  *  - batch_invariant is not offered: cuBLAS may pick another algorithm, and
  *    attention another split, for another batch size.
+ *  - Decode steps from CUDA graphs (--cuda-graphs, on by default where the
+ *    driver has graphs): between graph_begin and graph_end (one decode
+ *    step of at most HI3K_GEMV_MAX_M rows) the ops are recorded, not
+ *    issued: each as a function and its arguments, the small uploads as
+ *    copies from fixed places of the pinned ring (the data is written
+ *    there at once). At the next point the host must wait (a download, a
+ *    sync, the end of the step) the recorded stretch is looked up by its
+ *    ops and arguments: a stretch seen before with the same ones is one
+ *    cudaGraphLaunch of the graph captured from it; one seen once before
+ *    is captured (stream capture), instantiated and launched; one never
+ *    seen runs eagerly. A step of the model is one stretch per MoE layer
+ *    (the host routes on the router logits it downloads) and one for the
+ *    logits; what changes per step (token ids, positions, the decode mask
+ *    bounds, the routing) reaches them through the fixed device buffers
+ *    the uploads fill, so the graphs of a (batch, cache) repeat. A graph
+ *    runs the kernels the eager ops run, with the same arguments: the
+ *    same bits. A capture that fails turns graphs off, eagerly redone.
  *
  * Errors: the ops return nothing, so a failed CUDA call inside one (a
  * fault, which leaves every later result unusable, or a scratch buffer the
@@ -173,7 +190,40 @@ struct cuda {
 	int up_pinned;            /* the buffers are page-locked (else the copies wait) */
 	size_t up_bytes;          /* bytes uploaded since the first weight */
 	double up_t0;             /* when the first weight began */
+	/* decode steps from graphs (the top of the file) */
+	int graphs;               /* 1: on (set_graphs) */
+	int in_step;              /* between graph_begin and graph_end: ops are recorded */
+	int rec_open;             /* a stretch is being recorded (the ring started over for it) */
+	struct rec *recs;         /* the stretch recorded since the last flush */
+	size_t n_recs, cap_recs;
+	unsigned char *args;      /* their arguments */
+	size_t n_args, cap_args;
+	uint64_t key;             /* a hash of recs and args */
+	struct graph_entry *cache;   /* the graphs captured, HI3_GRAPHS_MAX at most */
+	int n_cache;
+	uint64_t seen[64];        /* keys of stretches seen once, most recent last */
+	int n_seen;
+	uint64_t n_from_graphs, n_captured, n_eager;   /* stretches: launched, captured, run eagerly */
 };
+
+/* A recorded op: run(c, args) issues it. Argument structs hold only 8-byte
+ * members (pointers, int64_t, double), so they have no padding and two
+ * records of the same op with the same arguments are the same bytes. */
+typedef void (*rec_fn)(struct cuda *c, const void *args);
+struct rec {
+	rec_fn run;
+	uint64_t off, len;        /* the arguments: args + off, len bytes */
+};
+
+struct graph_entry {
+	uint64_t key;
+	struct rec *recs;
+	unsigned char *args;
+	size_t n_recs, n_args;
+	cudaGraphExec_t exec;
+};
+
+#define HI3_GRAPHS_MAX 512
 
 struct hi3_wt {
 	int kind;
@@ -267,6 +317,172 @@ static void op_done(struct cuda *c, const char *op)
 	}
 }
 
+/* ---------------------------------------------------------------- graphs */
+
+static void graph_reset(struct cuda *c)
+{
+	c->n_recs = c->n_args = 0;
+	c->rec_open = 0;
+	c->key = HI3_HASH_INIT;
+}
+
+static void run_recs(struct cuda *c, const struct rec *r, size_t n, const unsigned char *args)
+{
+	for (size_t i = 0; i < n; i++)
+		r[i].run(c, args + r[i].off);
+}
+
+/* 1 when key was seen before; else remembered (the last 64) and 0. */
+static int seen_before(struct cuda *c, uint64_t key)
+{
+	for (int i = 0; i < c->n_seen; i++)
+		if (c->seen[i] == key)
+			return 1;
+	if (c->n_seen == (int)HI3_ARRAY_SIZE(c->seen)) {
+		memmove(c->seen, c->seen + 1, sizeof(c->seen) - sizeof(c->seen[0]));
+		c->n_seen--;
+	}
+	c->seen[c->n_seen++] = key;
+	return 0;
+}
+
+/* The graph of a stretch with the recorded ops and arguments, or NULL. */
+static struct graph_entry *graph_find(struct cuda *c)
+{
+	for (int i = 0; i < c->n_cache; i++) {
+		struct graph_entry *e = &c->cache[i];
+		if (e->key == c->key && e->n_recs == c->n_recs && e->n_args == c->n_args &&
+		    !memcmp(e->recs, c->recs, c->n_recs * sizeof(*c->recs)) && !memcmp(e->args, c->args, c->n_args))
+			return e;
+	}
+	return NULL;
+}
+
+/* Capture the recorded stretch (its ops issued into the capturing stream)
+ * and instantiate it; NULL when the cache is full, or when the capture
+ * failed, which turns graphs off (a warning says why). */
+static struct graph_entry *graph_capture(struct cuda *c)
+{
+	const hi3_error saved = c->be->err;
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t exec = NULL;
+	struct graph_entry *e;
+	cudaError_t ce;
+	const char *why = NULL;
+
+	if (c->n_cache == HI3_GRAPHS_MAX)
+		return NULL;
+	if (!c->cache && !(c->cache = calloc(HI3_GRAPHS_MAX, sizeof(*c->cache))))
+		return NULL;
+	if ((ce = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal)) != cudaSuccess) {
+		why = cudaGetErrorString(ce);
+		goto fail;
+	}
+	run_recs(c, c->recs, c->n_recs, c->args);
+	ce = cudaStreamEndCapture(c->stream, &g);
+	if (c->be->err.status != saved.status) {
+		why = c->be->err.msg;
+		goto fail;
+	}
+	if (ce != cudaSuccess || (ce = cudaGraphInstantiate(&exec, g, 0)) != cudaSuccess) {
+		why = cudaGetErrorString(ce);
+		goto fail;
+	}
+	cudaGraphDestroy(g);
+	e = &c->cache[c->n_cache];
+	*e = (struct graph_entry){.key = c->key, .n_recs = c->n_recs, .n_args = c->n_args, .exec = exec};
+	if (!(e->recs = malloc(c->n_recs * sizeof(*c->recs) + 1)) || !(e->args = malloc(c->n_args + 1))) {
+		free(e->recs);
+		cudaGraphExecDestroy(exec);
+		return NULL;
+	}
+	memcpy(e->recs, c->recs, c->n_recs * sizeof(*c->recs));
+	memcpy(e->args, c->args, c->n_args);
+	c->n_cache++;
+	return e;
+fail:
+	hi3_log(HI3_LOG_WARN, "CUDA graphs: capturing a decode step failed (%s): decode runs eagerly",
+	        why ? why : "unknown error");
+	if (g)
+		cudaGraphDestroy(g);
+	(void)cudaGetLastError();
+	c->be->err = saved;
+	c->graphs = 0;
+	return NULL;
+}
+
+/* Issue the recorded stretch: its graph, a new graph, or eagerly (the top
+ * of the file). */
+static void graph_flush(struct cuda *c)
+{
+	struct graph_entry *e;
+
+	if (!c->n_recs) {
+		c->rec_open = 0;
+		return;
+	}
+	if ((e = graph_find(c))) {
+		OP_CHECK(c, cudaGraphLaunch(e->exec, c->stream));
+		c->n_from_graphs++;
+	} else if (c->graphs && seen_before(c, c->key) && (e = graph_capture(c))) {
+		OP_CHECK(c, cudaGraphLaunch(e->exec, c->stream));
+		c->n_from_graphs++;
+		c->n_captured++;
+	} else {
+		run_recs(c, c->recs, c->n_recs, c->args);
+		c->n_eager++;
+	}
+	graph_reset(c);
+}
+
+/* The first op of a stretch: the pinned ring starts over, once the stream
+ * is done with it, so that a stretch's uploads read fixed places of it. */
+static void rec_begin(struct cuda *c)
+{
+	if (c->rec_open)
+		return;
+	c->rec_open = 1;
+	if (c->stage_pos) {
+		OP_CHECK(c, cudaStreamSynchronize(c->stream));
+		c->stage_pos = 0;
+	}
+}
+
+/* Issue the op run(c, a) now, or record it within a decode step. */
+static void defer(struct cuda *c, rec_fn run, const void *a, size_t len)
+{
+	if (!c->in_step) {
+		run(c, a);
+		return;
+	}
+	rec_begin(c);
+	if (c->n_recs == c->cap_recs) {
+		size_t nr = c->cap_recs ? 2 * c->cap_recs : 256;
+		struct rec *r = realloc(c->recs, nr * sizeof(*r));
+		if (!r)
+			goto eager;
+		c->recs = r;
+		c->cap_recs = nr;
+	}
+	if (c->n_args + len > c->cap_args) {
+		size_t na = HI3_MAX(2 * c->cap_args, c->n_args + len + 4096);
+		unsigned char *b = realloc(c->args, na);
+		if (!b)
+			goto eager;
+		c->args = b;
+		c->cap_args = na;
+	}
+	c->recs[c->n_recs++] = (struct rec){run, c->n_args, len};
+	memcpy(c->args + c->n_args, a, len);
+	c->n_args += len;
+	c->key = hi3i_hash(c->key, &run, sizeof(run));
+	c->key = hi3i_hash(c->key, a, len);
+	return;
+eager:                    /* no room to record: what is recorded, then this, eagerly */
+	graph_flush(c);
+	run(c, a);
+}
+
 /* ---------------------------------------------------------------- memory */
 
 /* Grow a scratch buffer to n bytes (with headroom: it grows rarely, and is
@@ -278,6 +494,7 @@ static void *grow(struct cuda *c, void **p, size_t *cap, size_t n, const char *w
 	if (n <= *cap)
 		return *p;
 	n += n / 2;
+	graph_flush(c);           /* recorded ops may use the old buffer */
 	OP_CHECK(c, cudaStreamSynchronize(c->stream));    /* the old buffer may be in use */
 	OP_CHECK(c, cudaFree(*p));
 	*p = NULL;
@@ -308,18 +525,48 @@ static void cu_free(hi3_backend *be, void *p)
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	OP_CHECK(c, cudaStreamSynchronize(c->stream));    /* no kernel still uses it */
 	OP_CHECK(c, cudaFree(p));
 }
 
+struct a_copy {
+	void *dst;
+	const void *src;
+	uint64_t n;
+};
+
+static void run_copy(struct cuda *c, const void *p)
+{
+	const struct a_copy *a = p;
+
+	OP_CHECK(c, cudaMemcpyAsync(a->dst, a->src, a->n, cudaMemcpyHostToDevice, c->stream));
+}
+
 /* host -> device. Small copies are staged through the pinned ring and do
- * not wait; the ring is reused only after the stream has drained it. */
+ * not wait; the ring is reused only after the stream has drained it.
+ * Within a decode step such a copy is recorded, from its place in the
+ * ring (the data is there at once). */
 static int cu_upload(hi3_backend *be, void *dst, const void *src, size_t n)
 {
 	struct cuda *c = be->ctx;
 
 	if (!n)
 		return 0;
+	if (c->in_step && c->stage && n <= STAGE_BYTES / 4) {
+		struct a_copy a;
+		rec_begin(c);
+		if (c->stage_pos + n > STAGE_BYTES) {   /* the ring is full: a new stretch */
+			graph_flush(c);
+			rec_begin(c);
+		}
+		memcpy(c->stage + c->stage_pos, src, n);
+		a = (struct a_copy){dst, c->stage + c->stage_pos, n};
+		c->stage_pos += (n + 255) & ~(size_t)255;
+		defer(c, run_copy, &a, sizeof(a));
+		return 0;
+	}
+	graph_flush(c);
 	if (c->stage && n <= STAGE_BYTES / 4) {
 		if (c->stage_pos + n > STAGE_BYTES) {
 			OP_CHECK(c, cudaStreamSynchronize(c->stream));
@@ -344,6 +591,7 @@ static int cu_download(hi3_backend *be, void *dst, const void *src, size_t n)
 
 	if (!n)
 		return 0;
+	graph_flush(c);
 	if (OP_CHECK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream)) ||
 	    OP_CHECK(c, cudaStreamSynchronize(c->stream)))
 		return -1;
@@ -454,6 +702,7 @@ static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_err
 		              hi3_dtype_name(t->dtype));
 		return NULL;
 	}
+	graph_flush(c);
 	if (upload_init(c, err) != 0 || !(w = hi3i_calloc(1, sizeof(*w), err)))
 		return NULL;
 	if (be->first_use)
@@ -586,6 +835,7 @@ static int cu_kv_attach(hi3_backend *be, hi3_kvcache *kv, int h0, int nh, hi3_er
 	size_t lb, total;
 	char what[256];
 
+	graph_flush(c);
 	if ((m = find_kv(c, kv))) {
 		if (m->h0 != h0 || m->nh != nh)
 			return hi3_error_set(err, HI3_ERR_USAGE, "KV cache attached with kv heads [%d, %d), now asked for "
@@ -642,6 +892,7 @@ static void cu_kv_detach(hi3_backend *be, hi3_kvcache *kv)
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	for (struct kv_mirror **pm = &c->kvs; *pm; pm = &(*pm)->next)
 		if ((*pm)->kv == kv) {
 			struct kv_mirror *m = *pm;
@@ -734,6 +985,7 @@ static int cu_kv_sync_host(hi3_backend *be, hi3_kvcache *kv, hi3_error *err)
 
 	if (!m)
 		return 0;
+	graph_flush(c);
 	dw = (size_t)kv->d * hi3_dtype_size(kv->dtype) / 4;
 	if (CUDA_CHECK(err, cudaMemcpyAsync(m->dirty_h, m->dirty, sizeof(int32_t) * 2 * (size_t)kv->B,
 	                                    cudaMemcpyDeviceToHost, c->stream)) ||
@@ -776,6 +1028,25 @@ out:
 
 /* ---------------------------------------------------------------- ops */
 
+/* Each op below builds its arguments (8-byte members only: see struct
+ * rec) and hands them with its run_ function to defer(), which issues it
+ * now or records it within a decode step. */
+
+struct a_gemv {
+	float *y;
+	const float *x;
+	const hi3_wt *w;
+	int64_t M;
+};
+
+static void run_gemv(struct cuda *c, const void *p)
+{
+	const struct a_gemv *a = p;
+
+	OP_CHECK(c, HI3K(gemv)(c->stream, a->y, a->x, a->w->d, a->w->dtype, (int)a->M, a->w->N, a->w->K));
+	op_done(c, "matmul");
+}
+
 /* y (M, N) = x (M, K) . W^T: a few rows through the gemv kernel; more
  * through cuBLAS, in whose column-major terms y^T = W x^T with W (N, K)
  * row-major read as its transpose. */
@@ -789,10 +1060,11 @@ static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 	if (M <= 0)
 		return;
 	if (M <= HI3K_GEMV_MAX_M) {   /* decode: one pass over W, no cast, no cuBLAS */
-		OP_CHECK(c, HI3K(gemv)(c->stream, y, x, w->d, w->dtype, M, w->N, w->K));
-		op_done(c, "matmul");
+		const struct a_gemv a = {y, x, w, M};
+		defer(c, run_gemv, &a, sizeof(a));
 		return;
 	}
+	graph_flush(c);
 	if (w->dtype == HI3K_BF16) {
 		size_t n = (size_t)M * (size_t)w->K;
 		if (!(b = grow(c, &c->xb, &c->xb_cap, n * 2, "the bf16 GEMM input")) ||
@@ -805,17 +1077,32 @@ static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 	op_done(c, "matmul");
 }
 
+struct a_gemv_group {
+	const hi3k_gemv_job *jobs;
+	int64_t n, max_N, dtype;
+};
+
+static void run_gemv_group(struct cuda *c, const void *p)
+{
+	const struct a_gemv_group *a = p;
+
+	OP_CHECK(c, HI3K(gemv_group)(c->stream, a->jobs, (int)a->n, (int)a->max_N, (int)a->dtype));
+	op_done(c, "matmul_group");
+}
+
 /* n products at once: those of up to 8 rows (decode's experts) in one
  * grouped gemv launch, the same bits as a matmul each; any others one by
- * one. */
+ * one. Products of 0 rows are jobs too (that do nothing), so that a decode
+ * step launches the same grid whichever experts its tokens chose. */
 static void cu_matmul_group(hi3_backend *be, int n, float *const *y, const float *const *x, const hi3_wt *const *w,
                             const int *M)
 {
 	struct cuda *c = be->ctx;
 	int n_small = 0, max_N = 0, dtype = -1;
+	struct a_gemv_group a;
 
 	for (int i = 0; i < n; i++) {
-		if (M[i] <= 0)
+		if (M[i] < 0)
 			continue;
 		if (M[i] > HI3K_GEMV_MAX_M || (dtype >= 0 && w[i]->dtype != dtype)) {
 			cu_matmul(be, y[i], x[i], w[i], M[i]);
@@ -840,58 +1127,125 @@ static void cu_matmul_group(hi3_backend *be, int n, float *const *y, const float
 	if (!grow(c, &c->jobs, &c->jobs_cap, (size_t)n_small * sizeof(hi3k_gemv_job), "the grouped matmul's jobs") ||
 	    cu_upload(be, c->jobs, c->jobs_h, (size_t)n_small * sizeof(hi3k_gemv_job)))
 		return;
-	OP_CHECK(c, HI3K(gemv_group)(c->stream, c->jobs, n_small, max_N, dtype));
-	op_done(c, "matmul_group");
+	a = (struct a_gemv_group){c->jobs, n_small, max_N, dtype};
+	defer(c, run_gemv_group, &a, sizeof(a));
+}
+
+struct a_embed {
+	float *x;
+	const int64_t *ids;
+	const hi3_wt *wte;
+	int64_t M;
+};
+
+static void run_embed(struct cuda *c, const void *p)
+{
+	const struct a_embed *a = p;
+
+	OP_CHECK(c, HI3K(embed)(c->stream, a->x, a->ids, a->wte->d, a->wte->dtype, (int)a->M, a->wte->K));
+	op_done(c, "embed");
 }
 
 static void cu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M)
 {
-	struct cuda *c = be->ctx;
+	const struct a_embed a = {x, ids, wte, M};
 
-	OP_CHECK(c, HI3K(embed)(c->stream, x, ids, wte->d, wte->dtype, M, wte->K));
-	op_done(c, "embed");
+	defer(be->ctx, run_embed, &a, sizeof(a));
+}
+
+struct a_rmsnorm {
+	float *y;
+	const float *x;
+	const hi3_wt *w;
+	int64_t M, n;
+	double eps;               /* a float: exact as a double */
+};
+
+static void run_rmsnorm(struct cuda *c, const void *p)
+{
+	const struct a_rmsnorm *a = p;
+
+	OP_CHECK(c, HI3K(rmsnorm)(c->stream, a->y, a->x, a->w->d, (int)a->M, (int)a->n, (float)a->eps));
+	op_done(c, "rmsnorm");
 }
 
 static void cu_rmsnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M, int n, float eps)
 {
-	struct cuda *c = be->ctx;
+	const struct a_rmsnorm a = {y, x, w, M, n, eps};
 
-	OP_CHECK(c, HI3K(rmsnorm)(c->stream, y, x, w->d, M, n, eps));
-	op_done(c, "rmsnorm");
+	defer(be->ctx, run_rmsnorm, &a, sizeof(a));
+}
+
+struct a_zero {
+	float *x;
+	uint64_t n;
+};
+
+static void run_zero(struct cuda *c, const void *p)
+{
+	const struct a_zero *a = p;
+
+	OP_CHECK(c, cudaMemsetAsync(a->x, 0, a->n * sizeof(float), c->stream));
+	op_done(c, "zero");
 }
 
 static void cu_zero(hi3_backend *be, float *x, size_t n)
 {
-	struct cuda *c = be->ctx;
+	const struct a_zero a = {x, n};
 
-	OP_CHECK(c, cudaMemsetAsync(x, 0, n * sizeof(float), c->stream));
-	op_done(c, "zero");
+	defer(be->ctx, run_zero, &a, sizeof(a));
 }
 
 static int cu_sync(hi3_backend *be)
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	return OP_CHECK(c, cudaStreamSynchronize(c->stream));
+}
+
+struct a_copy2d {
+	float *dst;
+	const float *src;
+	uint64_t ldd, lds, rows, cols;
+};
+
+static void run_copy2d(struct cuda *c, const void *p)
+{
+	const struct a_copy2d *a = p;
+
+	OP_CHECK(c, cudaMemcpy2DAsync(a->dst, a->ldd * sizeof(float), a->src, a->lds * sizeof(float),
+	                              a->cols * sizeof(float), a->rows, cudaMemcpyDeviceToDevice, c->stream));
+	op_done(c, "copy2d");
 }
 
 static void cu_copy2d(hi3_backend *be, float *dst, size_t ldd, const float *src, size_t lds, int rows, int cols)
 {
-	struct cuda *c = be->ctx;
+	const struct a_copy2d a = {dst, src, ldd, lds, (uint64_t)rows, (uint64_t)cols};
 
-	if (rows <= 0 || cols <= 0)
-		return;
-	OP_CHECK(c, cudaMemcpy2DAsync(dst, ldd * sizeof(float), src, lds * sizeof(float), (size_t)cols * sizeof(float),
-	                              (size_t)rows, cudaMemcpyDeviceToDevice, c->stream));
-	op_done(c, "copy2d");
+	if (rows > 0 && cols > 0)
+		defer(be->ctx, run_copy2d, &a, sizeof(a));
+}
+
+struct a_add {
+	float *x;
+	const float *y;
+	uint64_t n;
+};
+
+static void run_add(struct cuda *c, const void *p)
+{
+	const struct a_add *a = p;
+
+	OP_CHECK(c, HI3K(add)(c->stream, a->x, a->y, a->n));
+	op_done(c, "add");
 }
 
 static void cu_add(hi3_backend *be, float *x, const float *y, size_t n)
 {
-	struct cuda *c = be->ctx;
+	const struct a_add a = {x, y, n};
 
-	OP_CHECK(c, HI3K(add)(c->stream, x, y, n));
-	op_done(c, "add");
+	defer(be->ctx, run_add, &a, sizeof(a));
 }
 
 /* The kernels' limits; a model beyond them cannot run here. */
@@ -906,16 +1260,53 @@ static int check_dims(struct cuda *c, const struct hi3_dims *dm)
 	return 0;
 }
 
+struct a_rope {
+	float *qkv;
+	const int32_t *pos;
+	const float *theta;
+	const hi3_wt *qn, *kn;
+	int64_t n_kv, g, d, M;
+	double eps;
+};
+
+static void run_rope(struct cuda *c, const void *p)
+{
+	const struct a_rope *a = p;
+
+	OP_CHECK(c, HI3K(rope_qk)(c->stream, a->qkv, a->pos, a->theta, a->qn ? a->qn->d : NULL, a->kn ? a->kn->d : NULL,
+	                          (int)a->n_kv, (int)a->g, (int)a->d, (float)a->eps, (int)a->M));
+	op_done(c, "rope_qk");
+}
+
 static void cu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const float *theta, const hi3_wt *qn,
                        const hi3_wt *kn, const struct hi3_dims *dm, int M)
 {
 	struct cuda *c = be->ctx;
+	struct a_rope a;
 
 	if (check_dims(c, dm))
 		return;
-	OP_CHECK(c, HI3K(rope_qk)(c->stream, qkv, pos, theta, qn ? qn->d : NULL, kn ? kn->d : NULL, dm->n_kv,
-	                               dm->n_h / dm->n_kv, dm->d, dm->eps, M));
-	op_done(c, "rope_qk");
+	a = (struct a_rope){qkv, pos, theta, qn, kn, dm->n_kv, dm->n_h / dm->n_kv, dm->d, M, dm->eps};
+	defer(c, run_rope, &a, sizeof(a));
+}
+
+struct a_kv_store {
+	void *k, *v;
+	const float *qkv;
+	const int32_t *row;
+	const int64_t *slot;
+	void *keep;
+	int32_t *dirty;
+	int64_t dtype, C, n_kv, g, d, M;
+};
+
+static void run_kv_store(struct cuda *c, const void *p)
+{
+	const struct a_kv_store *a = p;
+
+	OP_CHECK(c, HI3K(kv_store)(c->stream, a->k, a->v, (int)a->dtype, (int)a->C, a->qkv, a->row, a->slot, a->keep,
+	                           a->dirty, (int)a->n_kv, (int)a->g, (int)a->d, (int)a->M));
+	op_done(c, "kv_store");
 }
 
 static void cu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv, const int32_t *row,
@@ -923,6 +1314,7 @@ static void cu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv
 {
 	struct cuda *c = be->ctx;
 	struct kv_mirror *mir = kv_of(c, dst->k);
+	struct a_kv_store a;
 
 	if (M <= 0)
 		return;
@@ -934,9 +1326,30 @@ static void cu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv
 	}
 	if (!grow(c, &c->keep, &c->keep_cap, (size_t)M, "the KV store plan"))
 		return;
-	OP_CHECK(c, HI3K(kv_store)(c->stream, dst->k, dst->v, (int)dst->dtype, dst->C, qkv, row, slot, c->keep,
-	                                mir ? mir->dirty : NULL, dm->n_kv, dm->n_h / dm->n_kv, dm->d, M));
-	op_done(c, "kv_store");
+	a = (struct a_kv_store){dst->k, dst->v, qkv, row, slot, c->keep, mir ? mir->dirty : NULL, (int)dst->dtype,
+	                        dst->C, dm->n_kv, dm->n_h / dm->n_kv, dm->d, M};
+	defer(c, run_kv_store, &a, sizeof(a));
+}
+
+struct a_attention {
+	float *out;
+	const float *qkv;
+	const void *kb, *vb;
+	int64_t kdt, krs, khs, kss, vdt, vrs, vhs, vss;   /* hi3k_src of keys and values */
+	const hi3_attn_q *q;
+	float *part;
+	int64_t n_kv, g, d, M, self, nsplit;
+};
+
+static void run_attention(struct cuda *c, const void *p)
+{
+	const struct a_attention *a = p;
+	const hi3k_src ks = {a->kb, (int)a->kdt, a->krs, a->khs, a->kss};
+	const hi3k_src vs = {a->vb, (int)a->vdt, a->vrs, a->vhs, a->vss};
+
+	OP_CHECK(c, HI3K(attention)(c->stream, a->out, a->qkv, &ks, &vs, (const hi3k_attn_q *)a->q, (int)a->n_kv,
+	                            (int)a->g, (int)a->d, (int)a->M, (int)a->self, (int)a->nsplit, a->part));
+	op_done(c, "attention");
 }
 
 static void cu_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *k, const hi3_kv_src *v,
@@ -944,19 +1357,18 @@ static void cu_attention(hi3_backend *be, float *out, const float *qkv, const hi
 {
 	struct cuda *c = be->ctx;
 	const int64_t W = (int64_t)(dm->n_h + 2 * dm->n_kv) * dm->d;
-	const hi3k_src ks = {k->base, (int)k->dtype, k->row_stride, k->head_stride, k->slot_stride};
-	const hi3k_src vs = {v->base, (int)v->dtype, v->row_stride, v->head_stride, v->slot_stride};
 	/* keys read from this call's own qkv: the tokens of a row are
 	 * consecutive queries, which the tiled kernel shares key tiles among */
 	const int self = k->dtype == HI3_F32 && k->slot_stride == W && (const float *)k->base >= qkv &&
 	                 (const float *)k->base < qkv + W;
 	int nsplit = 1;
 	void *part = NULL;
+	struct a_attention a;
 
 	if (M <= 0 || check_dims(c, dm))
 		return;
 	if (!self) {              /* enough blocks for every multiprocessor, twice, counted over the
-		                           * model's kv heads: every layout splits the keys alike */
+		                   * model's kv heads: every layout splits the keys alike */
 		int blocks = M * (dm->kv_all > 0 ? dm->kv_all : dm->n_kv), want = 2 * c->n_sm;
 		nsplit = blocks >= want ? 1 : HI3_MIN((want + blocks - 1) / blocks, 64);
 		if (nsplit > 1 &&
@@ -965,42 +1377,122 @@ static void cu_attention(hi3_backend *be, float *out, const float *qkv, const hi
 		                  "the attention partial sums")))
 			return;
 	}
-	OP_CHECK(c, HI3K(attention)(c->stream, out, qkv, &ks, &vs, (const hi3k_attn_q *)q, dm->n_kv,
-	                                 dm->n_h / dm->n_kv, dm->d, M, self, nsplit, part));
-	op_done(c, "attention");
+	a = (struct a_attention){out, qkv, k->base, v->base, (int)k->dtype, k->row_stride, k->head_stride,
+	                         k->slot_stride, (int)v->dtype, v->row_stride, v->head_stride, v->slot_stride, q, part,
+	                         dm->n_kv, dm->n_h / dm->n_kv, dm->d, M, self, nsplit};
+	defer(c, run_attention, &a, sizeof(a));
+}
+
+struct a_swiglu {
+	float *y;
+	const float *ab;
+	int64_t M, inter;
+};
+
+static void run_swiglu(struct cuda *c, const void *p)
+{
+	const struct a_swiglu *a = p;
+
+	OP_CHECK(c, HI3K(swiglu)(c->stream, a->y, a->ab, (int)a->M, (int)a->inter));
+	op_done(c, "swiglu");
 }
 
 static void cu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int inter)
 {
-	struct cuda *c = be->ctx;
+	const struct a_swiglu a = {y, ab, M, inter};
 
-	OP_CHECK(c, HI3K(swiglu)(c->stream, y, ab, M, inter));
-	op_done(c, "swiglu");
+	defer(be->ctx, run_swiglu, &a, sizeof(a));
+}
+
+/* gather, scatter_add, scatter (which), combine: rows of width w */
+struct a_rows {
+	float *dst;
+	const float *src;
+	const int32_t *idx;
+	const float *scale;
+	int64_t which, n, k, w;
+};
+
+static void run_rows(struct cuda *c, const void *p)
+{
+	static const char *const name[] = {"gather", "scatter_add", "scatter", "combine"};
+	const struct a_rows *a = p;
+	cudaError_t e;
+
+	switch (a->which) {
+	case 0: e = HI3K(gather)(c->stream, a->dst, a->src, a->idx, (int)a->n, (int)a->w); break;
+	case 1: e = HI3K(scatter_add)(c->stream, a->dst, a->src, a->idx, a->scale, (int)a->n, (int)a->w); break;
+	case 2: e = HI3K(scatter)(c->stream, a->dst, a->src, a->idx, (int)a->n, (int)a->w); break;
+	default: e = HI3K(combine)(c->stream, a->dst, a->src, a->idx, a->scale, (int)a->n, (int)a->k, (int)a->w); break;
+	}
+	OP_CHECK(c, e);
+	op_done(c, name[a->which]);
 }
 
 static void cu_gather(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
 {
-	struct cuda *c = be->ctx;
+	const struct a_rows a = {dst, src, idx, NULL, 0, n, 0, w};
 
-	OP_CHECK(c, HI3K(gather)(c->stream, dst, src, idx, n, w));
-	op_done(c, "gather");
+	defer(be->ctx, run_rows, &a, sizeof(a));
 }
 
 static void cu_scatter_add(hi3_backend *be, float *dst, const float *src, const int32_t *idx, const float *scale,
                            int n, int w)
 {
-	struct cuda *c = be->ctx;
+	const struct a_rows a = {dst, src, idx, scale, 1, n, 0, w};
 
-	OP_CHECK(c, HI3K(scatter_add)(c->stream, dst, src, idx, scale, n, w));
-	op_done(c, "scatter_add");
+	defer(be->ctx, run_rows, &a, sizeof(a));
 }
 
 static void cu_scatter(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
 {
+	const struct a_rows a = {dst, src, idx, NULL, 2, n, 0, w};
+
+	defer(be->ctx, run_rows, &a, sizeof(a));
+}
+
+static void cu_combine(hi3_backend *be, float *y, const float *src, const int32_t *where, const float *scale, int M,
+                       int k, int w)
+{
+	const struct a_rows a = {y, src, where, scale, 3, M, k, w};
+
+	defer(be->ctx, run_rows, &a, sizeof(a));
+}
+
+/* Decode steps from graphs: what --cuda-graphs asked (0 where the driver
+ * has them, 1 on, 2 off); on is refused where they cannot run. */
+static int cu_set_graphs(hi3_backend *be, int mode, hi3_error *err)
+{
+	struct cuda *c = be->ctx;
+	int v = 0, ok = cudaDriverGetVersion(&v) == cudaSuccess && v >= 11000 && !c->sync_each;
+
+	(void)cudaGetLastError();
+	if (mode == 1 && !ok)
+		return hi3_error_set(err, HI3_ERR_USAGE, "--cuda-graphs on: %s", c->sync_each ?
+		                     "HI3_CUDA_SYNC waits after every op, which a graph cannot" :
+		                     "the CUDA driver has no graphs (version 11.0 or later)");
+	c->graphs = mode != 2 && ok;
+	hi3_log(HI3_LOG_DEBUG, "cuda: decode steps from graphs: %s", c->graphs ? "on" : "off");
+	return 0;
+}
+
+static int cu_graph_begin(hi3_backend *be, int M)
+{
 	struct cuda *c = be->ctx;
 
-	OP_CHECK(c, HI3K(scatter)(c->stream, dst, src, idx, n, w));
-	op_done(c, "scatter");
+	graph_flush(c);
+	c->in_step = c->graphs && M > 0 && M <= HI3K_GEMV_MAX_M;
+	return c->in_step;
+}
+
+static void cu_graph_end(hi3_backend *be)
+{
+	struct cuda *c = be->ctx;
+
+	if (be->err.status)       /* a failed step: nothing of it runs */
+		graph_reset(c);
+	graph_flush(c);
+	c->in_step = 0;
 }
 
 /* ---------------------------------------------------------------- image ops */
@@ -1022,6 +1514,7 @@ static void cu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, 
 	const int64_t rows = (int64_t)HI3_MAX(1, COL_FLOATS / K), P = (int64_t)cv->T * cv->H * cv->W;
 	float *col;
 
+	graph_flush(c);
 	HI3_ASSERT((size_t)w->K == K);
 	if (n <= 0)
 		return;
@@ -1051,6 +1544,7 @@ static void cu_bias_add(hi3_backend *be, float *x, const hi3_wt *b, int64_t M, i
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	OP_CHECK(c, HI3K(bias_add)(c->stream, x, b->d, M, N));
 	op_done(c, "bias_add");
 }
@@ -1061,6 +1555,7 @@ static void cu_groupnorm(hi3_backend *be, float *y, const float *x, const hi3_wt
 	struct cuda *c = be->ctx;
 	const size_t nch = (size_t)((P + HI3_GN_CHUNK - 1) / HI3_GN_CHUNK), BG = (size_t)B * (size_t)G;
 
+	graph_flush(c);
 	HI3_ASSERT(G > 0 && C % G == 0);
 	if (B <= 0 || P <= 0)
 		return;
@@ -1075,6 +1570,7 @@ static void cu_layernorm(hi3_backend *be, float *y, const float *x, const hi3_wt
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	OP_CHECK(c, HI3K(layernorm)(c->stream, y, x, w->d, b->d, M, n, eps));
 	op_done(c, "layernorm");
 }
@@ -1083,6 +1579,7 @@ static void cu_act(hi3_backend *be, float *y, const float *x, size_t n, int act)
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	OP_CHECK(c, HI3K(act)(c->stream, y, x, n, act));
 	op_done(c, "act");
 }
@@ -1091,6 +1588,7 @@ static void cu_scale_shift(hi3_backend *be, float *h, const float *ss, int B, in
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	OP_CHECK(c, HI3K(scale_shift)(c->stream, h, ss, B, P, C));
 	op_done(c, "scale_shift");
 }
@@ -1099,6 +1597,7 @@ static void cu_add_repeat(hi3_backend *be, float *x, const float *z, int64_t P, 
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	OP_CHECK(c, HI3K(add_repeat)(c->stream, x, z, P, C, r));
 	op_done(c, "add_repeat");
 }
@@ -1107,6 +1606,7 @@ static void cu_add_group_mean(hi3_backend *be, float *x, const float *z, int64_t
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	OP_CHECK(c, HI3K(add_group_mean)(c->stream, x, z, P, C, r));
 	op_done(c, "add_group_mean");
 }
@@ -1115,6 +1615,7 @@ static void cu_depth_to_space(hi3_backend *be, float *y, const float *x, int B, 
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	OP_CHECK(c, HI3K(shuffle)(c->stream, y, (float *)x, B, T, H, W, C, rt, 1));
 	op_done(c, "depth_to_space");
 }
@@ -1123,6 +1624,7 @@ static void cu_space_to_depth(hi3_backend *be, float *y, const float *x, int B, 
 {
 	struct cuda *c = be->ctx;
 
+	graph_flush(c);
 	OP_CHECK(c, HI3K(shuffle)(c->stream, (float *)x, y, B, T / rt, H / 2, W / 2, C, rt, 0));
 	op_done(c, "space_to_depth");
 }
@@ -1139,6 +1641,7 @@ static void cu_attention_dense(hi3_backend *be, float *out, const float *q, cons
 	const float one = 1.0f, zero = 0.0f, scale = (float)(1.0 / sqrt((double)d));
 	const int qb = (int)HI3_MAX(16, HI3_MIN(((int64_t)1 << 26) / HI3_MAX(M, 1), M));
 
+	graph_flush(c);
 	if (M <= 0 || B <= 0)
 		return;
 	if (C > INT32_MAX || !grow(c, &c->sc, &c->sc_cap, (size_t)qb * (size_t)M * sizeof(float), "the attention scores"))
@@ -1171,6 +1674,19 @@ static void cu_destroy(hi3_backend *be)
 	if (!be)
 		return;
 	if ((c = be->ctx)) {
+		graph_flush(c);
+		if (c->n_from_graphs || c->n_eager)
+			hi3_log(HI3_LOG_DEBUG, "cuda: decode steps: %llu stretches from graphs (%llu captured, %d kept), "
+			        "%llu eagerly", (unsigned long long)c->n_from_graphs, (unsigned long long)c->n_captured,
+			        c->n_cache, (unsigned long long)c->n_eager);
+		for (int i = 0; i < c->n_cache; i++) {
+			cudaGraphExecDestroy(c->cache[i].exec);
+			free(c->cache[i].recs);
+			free(c->cache[i].args);
+		}
+		free(c->cache);
+		free(c->recs);
+		free(c->args);
 		while (c->kvs)
 			cu_kv_detach(be, c->kvs->kv);
 		if (c->stream)
@@ -1217,6 +1733,10 @@ static const hi3_backend_ops cuda_ops = {
 	.zero = cu_zero,
 	.copy2d = cu_copy2d,
 	.sync = cu_sync,
+	.combine = cu_combine,
+	.set_graphs = cu_set_graphs,
+	.graph_begin = cu_graph_begin,
+	.graph_end = cu_graph_end,
 	.add = cu_add,
 	.rope_qk = cu_rope_qk,
 	.kv_store = cu_kv_store,
@@ -1275,6 +1795,7 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 		goto fail;
 	c->be = be;
 	c->up_chunk = up_chunk;
+	graph_reset(c);
 	if (CUDA_CHECK(err, cudaGetDevice(&dev)) || CUDA_CHECK(err, cudaSetDevice(dev)) ||
 	    CUDA_CHECK(err, cudaGetDeviceProperties(&prop, dev)) ||
 	    CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||

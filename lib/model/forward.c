@@ -24,7 +24,7 @@ void hi3i_model_work_free(hi3_model *m)
 {
 	struct hi3_work *w = &m->w;
 	void *bufs[] = {w->x, w->h, w->qkv, w->att, w->y, w->ab, w->mid, w->ye, w->xe, w->ys, w->rl, w->sab, w->smid, w->lx,
-	                w->logits, w->ids, w->pos, w->rows, w->idx, w->slots, w->plan, w->scale};
+	                w->logits, w->ids, w->pos, w->rows, w->idx, w->slots, w->plan, w->scale, w->cidx, w->cscale};
 
 	for (size_t i = 0; i < HI3_ARRAY_SIZE(bufs); i++)
 		if (bufs[i])
@@ -58,7 +58,8 @@ static int work_reserve(hi3_model *m, size_t M, size_t n_logit, hi3_error *err)
 		    A(w->xe, M * Kx * H * 4) || A(w->ys, M * H * 4) || A(w->sab, M * 2 * I * 4) ||
 		    A(w->smid, M * I * 4) || A(w->rl, M * E * 4) || A(w->ids, M * 8) || A(w->pos, M * 8) ||
 		    A(w->rows, M * 4) || A(w->idx, M * Kx * 4) || A(w->slots, M * 8) ||
-		    A(w->plan, M * sizeof(hi3_attn_q)) || A(w->scale, M * Kx * 4))
+		    A(w->plan, M * sizeof(hi3_attn_q)) || A(w->scale, M * Kx * 4) || A(w->cidx, M * Kx * 4) ||
+		    A(w->cscale, M * Kx * 4))
 			goto oom;
 		w->M = M;
 		w->lx = NULL;
@@ -445,9 +446,12 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 	 * buffer, both GEMM stages of every expert (and the shared MLP) run
 	 * as one grouped call each, then the outputs are added to y expert by
 	 * expert in ascending id, so a token sums its experts in one order
-	 * whatever else is in the batch. */
+	 * whatever else is in the batch. A backend with the combine op (CUDA)
+	 * gets every expert as a job, 0 rows included, and the sums in one
+	 * call: the same launches whatever the routing (decode steps from
+	 * graphs), the same bits. */
 	{
-		const int inter = L->experts[0].I, n_jobs_max = E + 1;
+		const int inter = L->experts[0].I, n_jobs_max = E + 1, every = be->ops->combine != NULL;
 		float **ys = NULL;
 		const float **xs = NULL;
 		const hi3_wt **ws = NULL;
@@ -496,7 +500,7 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 		}
 		/* stage 1: gate_up of every expert with tokens, and the shared MLP */
 		for (int e = 0; e < E; e++)
-			if (count[e]) {
+			if (count[e] || every) {
 				xs[n_jobs] = m->w.xe + (size_t)first[e] * H;
 				ys[n_jobs] = m->w.ab + (size_t)first[e] * 2 * inter;
 				ws[n_jobs] = L->experts[e].gate_up;
@@ -516,7 +520,7 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 		/* stage 2: down */
 		n_jobs = 0;
 		for (int e = 0; e < E; e++)
-			if (count[e]) {
+			if (count[e] || every) {
 				xs[n_jobs] = m->w.mid + (size_t)first[e] * inter;
 				ys[n_jobs] = m->w.ye + (size_t)first[e] * H;
 				ws[n_jobs] = L->experts[e].down;
@@ -534,11 +538,37 @@ combine:
 			hi3i_trace_rows(b->trace, HI3_TRACE_EXPERT_OUT, l, m->w.ye, H, where, k);
 		if (L->has_shared)
 			point(b->trace, HI3_TRACE_SHARED_OUT, l, m->w.ys, H);
-		be->ops->zero(be, y, (size_t)M * (size_t)H);
-		for (int e = 0; e < E; e++)
-			if (count[e])
-				be->ops->scatter_add(be, y, m->w.ye + (size_t)first[e] * H, m->w.idx + first[e],
-				                m->w.scale + first[e], count[e], H);
+		if (every && rows == M * k) {
+			/* each token's rows (M, k) in ascending expert id, which is
+			 * the packed order, and their weights */
+			int32_t *cw = hi3i_malloc(sizeof(int32_t) * (size_t)rows, err);
+			float *cs = hi3i_malloc(sizeof(float) * (size_t)rows, err);
+			int *got = hi3i_calloc((size_t)M, sizeof(int), err);
+			int up = -1;
+			if (cw && cs && got) {
+				for (int r = 0; r < rows; r++) {
+					const size_t at = (size_t)idx[r] * k + (size_t)got[idx[r]]++;
+					cw[at] = r;
+					cs[at] = sc[r];
+				}
+				up = be->ops->upload(be, m->w.cidx, cw, sizeof(int32_t) * (size_t)rows) ||
+				     be->ops->upload(be, m->w.cscale, cs, sizeof(float) * (size_t)rows) ? -1 : 0;
+				if (up)
+					hi3i_backend_failed(be, err);
+			}
+			free(cw);
+			free(cs);
+			free(got);
+			if (up)
+				goto moe_out;
+			be->ops->combine(be, y, m->w.ye, m->w.cidx, m->w.cscale, M, k, H);
+		} else {
+			be->ops->zero(be, y, (size_t)M * (size_t)H);
+			for (int e = 0; e < E; e++)
+				if (count[e])
+					be->ops->scatter_add(be, y, m->w.ye + (size_t)first[e] * H, m->w.idx + first[e],
+					                     m->w.scale + first[e], count[e], H);
+		}
 		if (L->has_shared)
 			be->ops->add(be, y, m->w.ys, (size_t)M * (size_t)H);
 		rc = 0;
@@ -782,7 +812,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	int32_t *rows = NULL, *lidx = NULL;
 	int64_t *slots = NULL;
 	struct rope_zero rz = {0};
-	int rc = -1;
+	int rc = -1, in_step = 0;
 
 	if (check_batch(m, kv, b, err) != 0 || hi3i_backend_failed(be, err) != 0)
 		return -1;
@@ -803,6 +833,12 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	if (!plan || !rows || !slots || !lidx)
 		goto out;
 	build_plan(b, kv, plan, rows, slots);
+	/* a decode step of a few tokens may run from the backend's graphs of
+	 * the steps before (CUDA graphs): what changes per step reaches it
+	 * through the fixed buffers the uploads below fill */
+	in_step = b->mode == HI3_ATTN_CACHE && b->T == 1 && !b->trace && !b->hidden_out && !b->n_embed &&
+	          !b->n_host_embed && !b->rope_zero && !b->n_hidden && be->ops->graph_begin &&
+	          be->ops->graph_begin(be, M);
 	if (be->ops->upload(be, m->w.ids, b->ids, sizeof(int64_t) * (size_t)M) ||
 	    be->ops->upload(be, m->w.pos, b->rope, sizeof(int32_t) * 2 * (size_t)M) ||
 	    be->ops->upload(be, m->w.plan, plan, sizeof(*plan) * (size_t)M) ||
@@ -944,6 +980,11 @@ be_failed:
 	if (!hi3i_backend_failed(be, err))
 		hi3_error_set(err, HI3_ERR_RUNTIME, "the %s backend could not copy the batch", be->name);
 out:
+	if (in_step) {
+		be->ops->graph_end(be);
+		if (!rc && hi3i_backend_failed(be, err))
+			rc = -1;
+	}
 	if (rc && b->trace)
 		hi3i_trace_abort(b->trace, err);
 	rope_zero_release(m, &rz);

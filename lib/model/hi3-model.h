@@ -250,6 +250,8 @@ typedef struct hi3_model_opts {
 	int threads;             /* 0: OpenMP default */
 	int batch_invariant;     /* 1: reduction orders independent of batch (default) */
 	const hi3_par *par;      /* NULL: one process holds everything */
+	int cuda_graphs;         /* cuda: decode steps from CUDA graphs: 0 where the driver has them
+	                          * (default), 1 on (an error where it cannot), 2 off */
 } hi3_model_opts;
 
 int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,

@@ -41,6 +41,8 @@ struct hi3_work {
 	int64_t *slots;
 	hi3_attn_q *plan;
 	float *scale;
+	int32_t *cidx;            /* (M, k): each token's rows of ye, ascending expert (combine) */
+	float *cscale;            /* (M, k): their weights */
 };
 
 /*

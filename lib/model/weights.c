@@ -231,10 +231,22 @@ int hi3i_backend_open(hi3_backend **out, const hi3_model_opts *opts, hi3_error *
 	const int threads = opts ? opts->threads : 0, inv = opts ? opts->batch_invariant : 1;
 
 	*out = NULL;
+	if (!strcmp(name, "cpu") && opts && opts->cuda_graphs == 1)
+		return hi3_error_set(err, HI3_ERR_USAGE, "--cuda-graphs on: the cpu backend has no CUDA graphs (use "
+		                     "--backend cuda)");
 	if (!strcmp(name, "cpu"))
 		return hi3i_backend_cpu(out, threads, inv, err);
-	if (!strcmp(name, "cuda"))
-		return hi3i_backend_cuda(out, threads, inv, err);
+	if (!strcmp(name, "cuda")) {
+		if (hi3i_backend_cuda(out, threads, inv, err) != 0)
+			return -1;
+		if ((*out)->ops->set_graphs &&
+		    (*out)->ops->set_graphs(*out, opts ? opts->cuda_graphs : 0, err) != 0) {
+			(*out)->ops->destroy(*out);
+			*out = NULL;
+			return -1;
+		}
+		return 0;
+	}
 	return hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", name);
 }
 

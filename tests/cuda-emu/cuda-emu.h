@@ -22,10 +22,22 @@ typedef enum cudaError {
 	cudaErrorMemoryAllocation = 2,
 	cudaErrorInvalidConfiguration = 9,
 	cudaErrorNoDevice = 100,
+	cudaErrorIllegalState = 401,
+	cudaErrorStreamCaptureUnsupported = 900,
+	cudaErrorStreamCaptureInvalidated = 901,
+	cudaErrorStreamCaptureImplicit = 906,
 } cudaError_t;
 
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph_exec *cudaGraphExec_t;
+
+enum cudaStreamCaptureMode {
+	cudaStreamCaptureModeGlobal = 0,
+	cudaStreamCaptureModeThreadLocal = 1,
+	cudaStreamCaptureModeRelaxed = 2,
+};
 
 enum cudaMemcpyKind {
 	cudaMemcpyHostToHost = 0,
@@ -68,6 +80,13 @@ struct cudaDeviceProp {
 #define cudaEventRecord emu_cudaEventRecord
 #define cudaEventSynchronize emu_cudaEventSynchronize
 #define cudaGetLastError emu_cudaGetLastError
+#define cudaDriverGetVersion emu_cudaDriverGetVersion
+#define cudaStreamBeginCapture emu_cudaStreamBeginCapture
+#define cudaStreamEndCapture emu_cudaStreamEndCapture
+#define cudaGraphInstantiate emu_cudaGraphInstantiate
+#define cudaGraphLaunch emu_cudaGraphLaunch
+#define cudaGraphExecDestroy emu_cudaGraphExecDestroy
+#define cudaGraphDestroy emu_cudaGraphDestroy
 #define cudaGetErrorString emu_cudaGetErrorString
 #define cudaGetErrorName emu_cudaGetErrorName
 
@@ -93,6 +112,20 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaGetLastError(void);
+/* Stream capture and graphs (CUDA 12 signatures). Capture records kernel
+ * launches, device-to-device and pinned host-to-device copies and memsets
+ * of the capturing stream; any other stream call, synchronisation,
+ * allocation, free or cuBLAS call while a stream captures is refused
+ * (cudaErrorStreamCaptureUnsupported) and invalidates the capture, whose
+ * end then fails (cudaErrorStreamCaptureInvalidated): nothing runs eagerly
+ * in its place. A launched graph runs its nodes in order. */
+cudaError_t cudaDriverGetVersion(int *v);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 const char *cudaGetErrorString(cudaError_t e);
 const char *cudaGetErrorName(cudaError_t e);
 
@@ -132,6 +165,10 @@ const char *cublasGetStatusString(cublasStatus_t s);
  * or HI3_EMU_MEM_MB), and how many bytes are allocated now. */
 void emu_set_device_memory(size_t total);
 size_t emu_device_used(void);
+/* Kernels run so far: launched eagerly, and run by graph launches; graph
+ * launches. HI3_EMU_STATS=FILE appends them to FILE at exit, one line:
+ * "kernels_eager=N kernels_in_graphs=N graph_launches=N". */
+void emu_kernel_counts(unsigned long long *eager, unsigned long long *in_graphs, unsigned long long *launches);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <functional>
+#include <memory>
 #include <tuple>
 #include <utility>
 #include "cuda-emu.h"
@@ -53,6 +54,11 @@ uint64_t emu_shfl_bits(unsigned mask, uint64_t v, int src_lane);
 int emu_lane(void);
 void *emu_dyn_smem(void);
 void emu_run_grid(const void *kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+/* 1 when s is capturing (cudaStreamBeginCapture): a launch into it is
+ * recorded as a node; -1 when another stream is (the launch is refused). */
+int emu_capturing(cudaStream_t s);
+void emu_record_node(std::function<void()> node);
+void emu_refuse_in_capture(const char *what);
 cudaError_t emu_func_attr(const void *kernel, int attr, int value);
 
 template <class T> static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32)
@@ -114,20 +120,39 @@ template <class T> static inline cudaError_t cudaFuncSetAttribute(T *kernel, enu
 	return emu_func_attr((const void *)kernel, (int)attr, value);
 }
 
+/* A launch runs the grid now, or, into a capturing stream, is recorded with
+ * a copy of its arguments and runs when the graph is launched. */
 template <class... P> struct emu_launcher {
 	void (*kernel)(P...);
 	dim3 grid, block;
 	size_t smem;
+	cudaStream_t stream;
 	template <class... A> void operator()(A &&...a)
 	{
+		int cap = emu_capturing(stream);
+		if (cap < 0) {
+			emu_refuse_in_capture("a kernel launch into another stream than the capturing one");
+			return;
+		}
+		if (cap) {
+			auto args = std::make_shared<std::tuple<P...>>(std::forward<A>(a)...);
+			void (*k)(P...) = kernel;
+			dim3 g = grid, b = block;
+			size_t sm = smem;
+			emu_record_node([k, g, b, sm, args] {
+				emu_run_grid((const void *)k, g, b, sm, [&] { std::apply(k, *args); });
+			});
+			return;
+		}
 		std::tuple<P...> args(std::forward<A>(a)...);
 		emu_run_grid((const void *)kernel, grid, block, smem, [&] { std::apply(kernel, args); });
 	}
 };
 
-template <class... P> static inline emu_launcher<P...> emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem)
+template <class... P>
+static inline emu_launcher<P...> emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s)
 {
-	return emu_launcher<P...>{kernel, grid, block, smem};
+	return emu_launcher<P...>{kernel, grid, block, smem, s};
 }
 
 #endif

@@ -19,6 +19,15 @@
  * kernel, another copy or memset, a GEMM, a free). So host code that
  * reuses a pinned buffer before the copy from it is known to be done reads
  * back the wrong data, and fails its tests instead of passing by luck.
+ *
+ * Stream capture records what the capturing stream is given (kernels with
+ * a copy of their arguments, device-to-device and pinned host-to-device
+ * copies, memsets) as the nodes of a graph, run in order when the graph is
+ * launched. Everything else while a stream captures (a synchronisation, an
+ * allocation, a free, a copy to the host, cuBLAS, another stream) is
+ * refused and invalidates the capture, so that code which would not
+ * capture on a GPU fails here too instead of running eagerly. Kernels are
+ * counted, eager and run by graphs (HI3_EMU_STATS).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +61,64 @@ static cudaError_t fail(cudaError_t e)
 	return e;
 }
 
+/* ------------------------------------------------------------ capture */
+
+static cudaStream_t cap_stream;                 /* the stream capturing, or NULL */
+static int cap_invalid;                         /* something was refused since the capture began */
+static std::vector<std::function<void()>> cap_nodes;
+static int in_graph;                            /* running a graph's nodes */
+static unsigned long long n_eager, n_in_graphs, n_graph_launches;
+
+static struct emu_stats {
+	~emu_stats()
+	{
+		const char *path = getenv("HI3_EMU_STATS");
+		FILE *f;
+		if (path && *path && (f = fopen(path, "a"))) {
+			fprintf(f, "kernels_eager=%llu kernels_in_graphs=%llu graph_launches=%llu\n", n_eager, n_in_graphs,
+			        n_graph_launches);
+			fclose(f);
+		}
+	}
+} stats_at_exit;
+
+extern "C" void emu_kernel_counts(unsigned long long *eager, unsigned long long *in_graphs,
+                                  unsigned long long *launches)
+{
+	*eager = n_eager;
+	*in_graphs = n_in_graphs;
+	*launches = n_graph_launches;
+}
+
+int emu_capturing(cudaStream_t s)
+{
+	if (!cap_stream)
+		return 0;
+	return s == cap_stream ? 1 : -1;
+}
+
+void emu_record_node(std::function<void()> node)
+{
+	cap_nodes.push_back(std::move(node));
+}
+
+/* A call a capture cannot hold: refused, and the capture is invalidated. */
+void emu_refuse_in_capture(const char *what)
+{
+	if (!cap_invalid)
+		fprintf(stderr, "cuda-emu: refused while a stream captures: %s\n", what);
+	cap_invalid = 1;
+	fail(cudaErrorStreamCaptureUnsupported);
+}
+
+#define NOT_IN_CAPTURE(what)                                   \
+	do {                                                   \
+		if (cap_stream) {                              \
+			emu_refuse_in_capture(what);           \
+			return cudaErrorStreamCaptureUnsupported; \
+		}                                              \
+	} while (0)
+
 [[noreturn]] static void emu_die(const char *what)
 {
 	fprintf(stderr, "cuda-emu: %s\n", what);
@@ -74,6 +141,10 @@ extern "C" const char *emu_cudaGetErrorName(cudaError_t e)
 	case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
 	case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
 	case cudaErrorNoDevice: return "cudaErrorNoDevice";
+	case cudaErrorIllegalState: return "cudaErrorIllegalState";
+	case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+	case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+	case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
 	}
 	return "cudaErrorUnknown";
 }
@@ -86,6 +157,11 @@ extern "C" const char *emu_cudaGetErrorString(cudaError_t e)
 	case cudaErrorMemoryAllocation: return "out of memory";
 	case cudaErrorInvalidConfiguration: return "invalid configuration argument";
 	case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+	case cudaErrorIllegalState: return "the resource is in an illegal state";
+	case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+	case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+	case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing "
+	                                            "blocking stream";
 	}
 	return "unknown error";
 }
@@ -216,12 +292,14 @@ extern "C" cudaError_t emu_cudaEventDestroy(cudaEvent_t e)
 extern "C" cudaError_t emu_cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
 	(void)s;
+	NOT_IN_CAPTURE("cudaEventRecord");
 	e->seq = copy_seq;
 	return cudaSuccess;
 }
 
 extern "C" cudaError_t emu_cudaEventSynchronize(cudaEvent_t e)
 {
+	NOT_IN_CAPTURE("cudaEventSynchronize");
 	flush_before(e->seq);
 	return cudaSuccess;
 }
@@ -239,6 +317,7 @@ extern "C" cudaError_t emu_cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f
 
 extern "C" cudaError_t emu_cudaStreamDestroy(cudaStream_t s)
 {
+	NOT_IN_CAPTURE("cudaStreamDestroy");
 	flush();
 	delete s;
 	return cudaSuccess;
@@ -247,6 +326,7 @@ extern "C" cudaError_t emu_cudaStreamDestroy(cudaStream_t s)
 extern "C" cudaError_t emu_cudaStreamSynchronize(cudaStream_t s)
 {
 	(void)s;
+	NOT_IN_CAPTURE("cudaStreamSynchronize");
 	flush();
 	return cudaSuccess;
 }
@@ -255,6 +335,7 @@ extern "C" cudaError_t emu_cudaMalloc(void **p, size_t n)
 {
 	mem_init();
 	*p = NULL;
+	NOT_IN_CAPTURE("cudaMalloc");
 	if (n > mem_total - mem_used)
 		return fail(cudaErrorMemoryAllocation);
 	if (!(*p = malloc(n ? n : 1)))
@@ -266,6 +347,7 @@ extern "C" cudaError_t emu_cudaMalloc(void **p, size_t n)
 
 extern "C" cudaError_t emu_cudaFree(void *p)
 {
+	NOT_IN_CAPTURE("cudaFree");
 	flush();
 	if (!p)
 		return cudaSuccess;
@@ -281,6 +363,7 @@ extern "C" cudaError_t emu_cudaFree(void *p)
 extern "C" cudaError_t emu_cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
 	(void)flags;
+	NOT_IN_CAPTURE("cudaHostAlloc");
 	*p = malloc(n ? n : 1);
 	if (!*p)
 		return fail(cudaErrorMemoryAllocation);
@@ -290,6 +373,7 @@ extern "C" cudaError_t emu_cudaHostAlloc(void **p, size_t n, unsigned flags)
 
 extern "C" cudaError_t emu_cudaFreeHost(void *p)
 {
+	NOT_IN_CAPTURE("cudaFreeHost");
 	flush();
 	pinned.erase((uintptr_t)p);
 	free(p);
@@ -301,6 +385,7 @@ extern "C" cudaError_t emu_cudaMemcpy(void *dst, const void *src, size_t n, enum
 	int dd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
 	int sd = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
 
+	NOT_IN_CAPTURE("cudaMemcpy (synchronous)");
 	flush();
 	if (!n)
 		return cudaSuccess;
@@ -313,7 +398,20 @@ extern "C" cudaError_t emu_cudaMemcpy(void *dst, const void *src, size_t n, enum
 extern "C" cudaError_t emu_cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                                            cudaStream_t s)
 {
-	(void)s;
+	int cap = emu_capturing(s);
+
+	if (cap < 0 || (cap && (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
+	                        (kind == cudaMemcpyHostToDevice && n && !is_pinned(src, n))))) {
+		emu_refuse_in_capture(cap < 0 ? "a copy into another stream than the capturing one"
+		                              : "a copy to the host, or from pageable host memory");
+		return cudaErrorStreamCaptureUnsupported;
+	}
+	if (cap) {                /* a node: the copy happens when the graph runs */
+		if (n && (!on_device(dst, n) || (kind == cudaMemcpyDeviceToDevice && !on_device(src, n))))
+			emu_die("cudaMemcpyAsync: a pointer is not on the side its kind says");
+		emu_record_node([dst, src, n] { memmove(dst, src, n); });
+		return cudaSuccess;
+	}
 	if (kind == cudaMemcpyHostToDevice && n && is_pinned(src, n)) {
 		if (!on_device(dst, n))
 			emu_die("cudaMemcpyAsync: a pointer is not on the side its kind says");
@@ -341,10 +439,19 @@ extern "C" cudaError_t emu_cudaMemcpy2DAsync(void *dst, size_t dpitch, const voi
 
 extern "C" cudaError_t emu_cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 {
-	(void)s;
-	flush();
+	int cap = emu_capturing(s);
+
 	if (n && !on_device(p, n))
 		emu_die("cudaMemsetAsync of host memory");
+	if (cap < 0) {
+		emu_refuse_in_capture("a memset into another stream than the capturing one");
+		return cudaErrorStreamCaptureUnsupported;
+	}
+	if (cap) {
+		emu_record_node([p, v, n] { memset(p, v, n); });
+		return cudaSuccess;
+	}
+	flush();
 	memset(p, v, n);
 	return cudaSuccess;
 }
@@ -443,6 +550,10 @@ extern "C" cublasStatus_t emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t t
 	const float al = *(const float *)alpha, be = *(const float *)beta;
 	float *c = (float *)C;
 
+	if (cap_stream) {
+		emu_refuse_in_capture("cublasGemmEx (the emulator's cuBLAS does not capture)");
+		return CUBLAS_STATUS_NOT_SUPPORTED;
+	}
 	flush();
 	(void)h;
 	(void)algo;
@@ -760,6 +871,10 @@ void emu_run_grid(const void *kernel, dim3 grid, dim3 block, size_t smem, const 
 	size_t smem_max = opt != smem_optin.end() && (size_t)opt->second > 48 * 1024 ? (size_t)opt->second : 48 * 1024;
 
 	flush();                  /* the kernel sees every copy issued before it */
+	if (in_graph)
+		n_in_graphs++;
+	else
+		n_eager++;
 
 	if (!threads || threads > MAX_THREADS || threads % 32 || !grid.x || !grid.y || !grid.z || grid.y > 65535 ||
 	    grid.z > 65535 || smem > smem_max) {
@@ -781,4 +896,85 @@ void emu_run_grid(const void *kernel, dim3 grid, dim3 block, size_t smem, const 
 				run_block(grid, block, dim3(x, y, z));
 	emu_cur = NULL;
 	cur = NULL;
+}
+
+/* ------------------------------------------------------------ graphs */
+
+struct emu_graph {
+	std::vector<std::function<void()>> nodes;
+};
+
+struct emu_graph_exec {
+	std::vector<std::function<void()>> nodes;
+};
+
+extern "C" cudaError_t emu_cudaDriverGetVersion(int *v)
+{
+	*v = 12080;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t emu_cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+	if (cap_stream || !s)     /* one capture at a time, never the legacy stream */
+		return fail(cudaErrorIllegalState);
+	if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal)
+		return fail(cudaErrorInvalidValue);
+	flush();                  /* copies issued before the capture are not part of it */
+	cap_stream = s;
+	cap_invalid = 0;
+	cap_nodes.clear();
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t emu_cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+	*g = NULL;
+	if (s != cap_stream)
+		return fail(cudaErrorIllegalState);
+	cap_stream = NULL;
+	if (cap_invalid) {
+		cap_nodes.clear();
+		return fail(cudaErrorStreamCaptureInvalidated);
+	}
+	*g = new emu_graph();
+	(*g)->nodes.swap(cap_nodes);
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t emu_cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags)
+{
+	NOT_IN_CAPTURE("cudaGraphInstantiate");
+	if (!g || flags)
+		return fail(cudaErrorInvalidValue);
+	*e = new emu_graph_exec();
+	(*e)->nodes = g->nodes;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t emu_cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
+{
+	(void)s;
+	NOT_IN_CAPTURE("cudaGraphLaunch");
+	if (!e)
+		return fail(cudaErrorInvalidValue);
+	flush();
+	n_graph_launches++;
+	in_graph = 1;
+	for (auto &node : e->nodes)
+		node();
+	in_graph = 0;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t emu_cudaGraphExecDestroy(cudaGraphExec_t e)
+{
+	delete e;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t emu_cudaGraphDestroy(cudaGraph_t g)
+{
+	delete g;
+	return cudaSuccess;
 }
