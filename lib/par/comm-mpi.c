@@ -119,14 +119,12 @@ static void mpi_destroy(hi3_comm *c)
 {
 	int fin = 0;
 
+	if (c->device) {          /* the device view (hi3_comm_mpi_device): MPI stays the host one's */
+		free(c);
+		return;
+	}
 	if (MPI_Finalized(&fin) == MPI_SUCCESS && !fin)
 		MPI_Finalize();
-	free(c);
-}
-
-/* the device view's: the world communicator stays the host one's */
-static void mpi_device_destroy(hi3_comm *c)
-{
 	free(c);
 }
 
@@ -175,16 +173,6 @@ int hi3_comm_mpi_open(hi3_comm **out, int *argc, char ***argv, hi3_error *err)
 	return 0;
 }
 
-static const struct hi3_comm_ops mpi_device_ops = {
-	.allgather = mpi_allgather,
-	.allgatherv = mpi_allgatherv,
-	.alltoallv = mpi_alltoallv,
-	.bcast = mpi_bcast,
-	.barrier = mpi_barrier,
-	.abort = mpi_abort,
-	.destroy = mpi_device_destroy,
-};
-
 int hi3_comm_mpi_device(hi3_comm **out, hi3_comm *mpi, hi3_error *err)
 {
 	hi3_comm *c;
@@ -192,7 +180,7 @@ int hi3_comm_mpi_device(hi3_comm **out, hi3_comm *mpi, hi3_error *err)
 	*out = NULL;
 	if (!(c = calloc(1, sizeof(*c))))
 		return hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
-	*c = (hi3_comm){.ops = &mpi_device_ops, .name = "mpi (device buffers)", .rank = mpi->rank, .size = mpi->size,
+	*c = (hi3_comm){.ops = &mpi_ops, .name = "mpi (device buffers)", .rank = mpi->rank, .size = mpi->size,
 	                .device = 1};
 	*out = c;
 	return 0;
