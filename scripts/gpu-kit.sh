@@ -22,7 +22,10 @@
 #                 libm, libz and the CUDA libraries, copied from here; one
 #                 larger than 8 MiB (OpenBLAS: 35 MB, every CPU's kernels)
 #                 travels instead inside its Debian package in debs/, and
-#                 DIR/run unpacks it
+#                 DIR/run unpacks it; so does Open MPI (hi3-mpi's runtime:
+#                 its libraries, plugins, mpirun and help files, with the
+#                 packages they load), which DIR/run uses relocated
+#                 (OPAL_PREFIX) to start several ranks
 #   DIR/src/hi3-VERSION.tar.gz   `make dist` of this tree (its files as git
 #                 lists them, committed or not): a generated configure
 #   DIR/debs/     for the fallback build: the -dev packages of the build's
@@ -46,6 +49,12 @@ BIG_LIB=$((8 * 1048576))
 # libraries a CUDA machine has (or brings: libcudart, cuBLAS, NCCL); the
 # same list as DIR/run's start step
 BASE_LIBS='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|libgcc_s|libz|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-[a-z-]*)\.so'
+# Open MPI's runtime, for hi3-mpi's ranks: packages unpacked by DIR/run,
+# never copied to lib/ (its plugins are found by their place in the tree);
+# the libraries its plugins load come along (a GPU machine may lack them)
+MPI_PKGS='openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7
+libfabric1 libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 libnuma1 libpsm2-2 libpsm-infinipath1 libucx0
+libmunge2 libpciaccess0 libxnvctrl0'
 # compiler runtimes: carried in lib/ for the prebuilt programs, never as
 # packages (the fallback's compiler brings its own)
 COMPILER_RUNTIME='^(libgomp1|libgcc-s1|libstdc\+\+6)$'
@@ -90,7 +99,7 @@ glibc_max() { objdump -T "$@" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV |
 # ------------------------------------------------------------------ build
 
 build() {
-	local DIR=$1 J=$2 T tarball ver b progs p n deb pkg v f name path size unpack="" runtime=""
+	local DIR=$1 J=$2 T tarball ver b progs p n deb pkg v f name path size unpack="" runtime="" mpi=""
 	command -v git >/dev/null 2>&1 && git -C "$TOP" rev-parse --git-dir >/dev/null 2>&1 ||
 		die "$TOP is not a git checkout: the kit is made from the files git lists"
 	command -v apt-get >/dev/null 2>&1 && command -v dpkg-query >/dev/null 2>&1 ||
@@ -117,12 +126,19 @@ build() {
 	say "build the GPU run's programs from hi3-$ver.tar.gz (nvcc, sm_90 + compute_90)"
 	mkdir -p "$T/build" && tar -xzf "$tarball" -C "$T" || die "cannot unpack $tarball"
 	b=$T/build
-	(cd "$b" && "$T/hi3-$ver/configure" -q --disable-shared --with-cuda --without-mpi \
+	(cd "$b" && "$T/hi3-$ver/configure" -q --disable-shared --with-cuda \
 		CUDA_ARCH="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90" \
 		LDFLAGS='-Wl,--disable-new-dtags -Wl,-rpath,\$$ORIGIN/../lib' &&
 		make -j"$J" gpu-run-programs) >"$T/build.log" 2>&1 ||
 		{ tail -n 30 "$T/build.log"; die "the build failed (log: $T/build.log); the kit needs nvcc and cuBLAS"; }
 	progs=$(make -s -C "$b" print-gpu-run-programs) || die "no program list"
+	# hi3-mpi when configure found MPI here: then Open MPI travels as packages
+	if echo "$progs" | grep -q 'hi3-mpi'; then
+		for pkg in $MPI_PKGS; do
+			dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" && mpi="$mpi $pkg"
+		done
+		mpi=${mpi# }
+	fi
 
 	# 3. the kit
 	rm -rf "$DIR" && mkdir -p "$DIR/bin" "$DIR/lib" "$DIR/src" "$DIR/debs" || die "cannot make $DIR"
@@ -139,7 +155,9 @@ build() {
 			echo "$name" | grep -Eq "$BASE_LIBS" && continue
 			size=$(stat -L -c %s "$path")
 			pkg=$(owner "$(readlink -f "$path")")
-			if [ "$size" -gt "$BIG_LIB" ]; then
+			if [ -n "$pkg" ] && echo " $mpi " | grep -q " $pkg "; then
+				echo "mpi $name $pkg"
+			elif [ "$size" -gt "$BIG_LIB" ]; then
 				[ -n "$pkg" ] || die "$name ($size bytes) is too big to carry and belongs to no package"
 				echo "packed $name $pkg"
 			else
@@ -148,12 +166,14 @@ build() {
 			fi
 		done >"$T/libs.txt" || exit 1
 	unpack=$(awk '$1 == "packed" { print $3 }' "$T/libs.txt" | sort -u | tr '\n' ' ')
-	runtime=$(awk '$1 != "" && $3 != "" { print $3 }' "$T/libs.txt" | grep -Ev "$COMPILER_RUNTIME" | sort -u | tr '\n' ' ')
+	unpack="$unpack$mpi"
+	runtime=$(awk '$1 != "" && $1 != "mpi" && $3 != "" { print $3 }' "$T/libs.txt" | grep -Ev "$COMPILER_RUNTIME" |
+		sort -u | tr '\n' ' ')
 
 	# debs/: the -dev packages configure.ac names for the libraries it
-	# requires (HI3_MISSING; not MPI's: the kit carries no MPI), OpenBLAS's
-	# in the variant installed here, the runtime packages of the libraries
-	# found above, and make
+	# requires (HI3_MISSING; not MPI's: the fallback builds without MPI),
+	# OpenBLAS's in the variant installed here, the runtime packages of the
+	# libraries found above, Open MPI's runtime (hi3-mpi's) and make
 	local dev var
 	dev=$(sed -n 's/.*HI3_MISSING(\[[^]]*\], \[\([a-z0-9.+-]*-dev\)\]).*/\1/p' "$T/hi3-$ver/configure.ac" |
 		grep -v '^libopenmpi' | sort -u | tr '\n' ' ')
@@ -164,7 +184,7 @@ build() {
 	say "debs: $(echo $dev $runtime make)"
 	(
 		cd "$DIR/debs" || exit 1
-		for pkg in $dev $runtime make; do
+		for pkg in $dev $runtime $mpi make; do
 			v=$(dpkg-query -W -f='${Version}' "$pkg" 2>/dev/null) || die "$pkg is not installed here (scripts/setup.sh)"
 			f=$(ls /var/cache/apt/archives/"${pkg}_${v/:/%3a}"_*.deb 2>/dev/null | head -n 1)
 			if [ -n "$f" ]; then
@@ -187,6 +207,7 @@ build() {
 		echo "KIT_GLIBC=$(glibc_max "$DIR"/bin/* "$DIR"/lib/*)"
 		echo "KIT_CUDA_LIBDIR=$(sed -n 's/^#define HI3_CUDA_LIBDIR "\(.*\)"/\1/p' "$b/config.h")"
 		echo "KIT_UNPACK='${unpack% }'"
+		echo "KIT_MPI='$mpi'"
 		echo "KIT_PROGRAMS='$(ls "$DIR/bin" | tr '\n' ' ' | sed 's/ $//')'"
 		# what configure's PKG_CHECK_MODULES found here, for the fallback,
 		# which has no pkg-config perhaps: the same flags with /usr/ moved
@@ -295,6 +316,10 @@ rehearse() {
 		done
 		for pkg in $KIT_UNPACK; do
 			real_files $(dpkg -L "$pkg" 2>/dev/null | grep '\.so')
+		done
+		# Open MPI's programs, help files and settings: the kit's are used
+		for pkg in ${KIT_MPI:-}; do
+			real_files $(dpkg -L "$pkg" 2>/dev/null | grep -E '^/usr/bin/|/share/openmpi/|/share/pmix/|^/etc/openmpi/')
 		done
 	} | sort -u | while read -r f; do [ -f "$f" ] && echo "$f"; done >"$R/hide1"
 	# phase 2, the fallback: also every installed file of the kit's packages

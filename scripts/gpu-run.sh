@@ -54,8 +54,9 @@ SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 # In order, one line each:   step NAME LIMIT NEEDS GROUP COMMAND...
 #   LIMIT  seconds (cut to the time left)
 #   NEEDS  any; gpu (a CUDA device); kit (a kit only: not listed on a
-#          tree); mpi (a GPU, hi3-mpi and mpirun: a build tree only, the
-#          kit carries no MPI)
+#          tree); ranks (hi3-mpi and an mpirun: a build tree's and the
+#          system's, or the kit's with the Open MPI it carries); mpi (ranks
+#          and a GPU)
 #   GROUP  setup, cpu, check (make check-cuda runs these), bench
 #   COMMAND  a function below, `tap PROGRAM` (a TAP test program of the kit
 #          or tree: fails on a "not ok" or a "Bail out!") or `shtest NAME`
@@ -80,12 +81,14 @@ steps() {
 	step cuda-trace      90 gpu check shtest t4300-cuda-trace
 	step cuda-diffusion  90 gpu check shtest t4310-cuda-diffusion
 	step cuda-graphs     90 gpu check shtest t4400-cuda-graphs
+	step ranks-cpu       90 ranks cpu s_ranks_cpu
 	step parity          90 gpu check s_parity
 	step nccl            60 gpu check tap test-comm-nccl
 	step nccl-mpi        90 mpi check s_nccl_mpi
-	step ep2-cuda       150 mpi check s_ep2_cuda
 	step bench-small    150 gpu bench s_bench_small
+	step graphs-bench   150 gpu bench s_graphs_bench
 	step bench-wide     240 gpu bench s_bench_wide
+	step layouts-cuda   180 mpi bench s_layouts_cuda
 }
 
 # ------------------------------------------------------ helpers for steps
@@ -520,10 +523,23 @@ s_parity() {
 	detail "$(grep -c '^\[PASS\]' "$WORK/parity.out") parity checks passed"
 }
 
+# hi3-mpi and an mpirun for a step of several ranks ($MPI, $MPIRUN): a
+# build tree's and the system's, or the kit's with the Open MPI the libs
+# step unpacked, relocated (OPAL_PREFIX; PMIx's plugins by their path)
 mpi_ready() {
-	[ -x "$BUILDDIR/bin/hi3-mpi" ] || skip "no hi3-mpi in this build (configure found no MPI)"
-	command -v mpirun >/dev/null 2>&1 || skip "no mpirun"
+	local root pmix
+	MPI=$(prog hi3-mpi 2>/dev/null) || skip "no hi3-mpi in this build (configure found no MPI)"
+	if [ "$MODE" = kit ]; then
+		root=$WORK/kitlibs/usr
+		[ -n "${KIT_MPI:-}" ] && [ -x "$root/bin/orterun" ] || skip "the kit carries no Open MPI"
+		pmix=$(find "$root" -type d -path '*/pmix2/lib/pmix' 2>/dev/null | head -n 1)
+		export OPAL_PREFIX=$root PATH=$root/bin:$PATH ${pmix:+PMIX_MCA_mca_base_component_path=$pmix}
+		MPIRUN=$root/bin/orterun
+	else
+		MPIRUN=$(command -v mpirun) || skip "no mpirun"
+	fi
 	export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+	echo "ranks: $MPI under $MPIRUN"
 }
 
 # The NCCL communicator over MPI, one rank per GPU (NCCL refuses two ranks
@@ -534,33 +550,84 @@ s_nccl_mpi() {
 	p=$(prog test-comm-nccl-mpi 2>/dev/null) || skip "no tests/test-comm-nccl-mpi (configure found no NCCL)"
 	n=$(getinfo gpus)
 	[ "${n:-0}" -ge 2 ] || skip "one GPU: the one-rank NCCL check is the nccl step"
-	mpirun -np "$n" "$p" 2>&1 | tee "$WORK/tap.$STEP"
+	"$MPIRUN" -np "$n" "$p" 2>&1 | tee "$WORK/tap.$STEP"
 	tap_verdict "${PIPESTATUS[0]}"
 }
 
-# --parallel ep=2 on cuda (two ranks may share a GPU: the gathers go through
-# host buffers, MPI), both expert dispatches, against one cuda process.
-s_ep2_cuda() {
-	local m d=$WORK/ep2 lay mpi
+# Two ranks on the CPU, started as the GPU steps start theirs (in a kit:
+# by the Open MPI it carries): tp=2 and ep=2 with the all-to-all dispatch,
+# prefill and a sampled decode, bitwise one process.
+s_ranks_cpu() {
+	local m d=$WORK/ranks-cpu lay
 	mpi_ready
-	mpi=$BUILDDIR/bin/hi3-mpi
 	mkdir -p "$d" && cd "$d" || exit 1
 	m=$(model tm tiny-moe) || exit 1
-	printf '{"prompt": "a red fox"}\n{"prompt": "two cats on a mat", "seed": 3}\n' >req.jsonl
-	"$HI3" -q -m "$m" tokenize-concat req.jsonl -o par.cond &&
-		"$HI3" -q --backend cuda --batch-invariant=off -m "$m" prefill par.cond -o par1.kv --max-new 8 &&
-		"$HI3" -q --backend cuda --batch-invariant=off -m "$m" decode par.cond par1.kv -o par1.seg || exit 1
-	for lay in ep=2 ep=2,dispatch=alltoall; do
-		rm -f par2.kv par2.seg
-		mpirun -np 2 "$mpi" -q --backend cuda --batch-invariant=off -m "$m" --parallel $lay \
-			prefill par.cond -o par2.kv --max-new 8 &&
-			mpirun -np 2 "$mpi" -q --backend cuda --batch-invariant=off -m "$m" --parallel $lay \
-				decode par.cond par2.kv -o par2.seg &&
-			"$HI3" diff par1.seg par2.seg && "$HI3" diff --valid-only par1.kv par2.kv ||
-			{ echo "$lay on cuda differs from one process"; exit 1; }
-		echo "$lay on cuda: segment and KV equal one process"
+	printf '{"prompt": "a red fox", "seed": 1}\n{"prompt": "two cats on a mat", "seed": 3}\n' >req.jsonl
+	"$HI3" -q -m "$m" tokenize-concat req.jsonl -o c.st &&
+		"$HI3" -q -t 1 -m "$m" prefill c.st -o one.kv0 --max-new 8 && cp one.kv0 one.kv &&
+		"$HI3" -q -t 1 -m "$m" decode --temperature 0.8 --top-k 20 c.st one.kv -o one.seg || exit 1
+	for lay in tp=2 ep=2,dispatch=alltoall; do
+		rm -f two.kv two.seg
+		"$MPIRUN" -np 2 "$MPI" -q -t 1 -m "$m" --parallel $lay prefill c.st -o two.kv --max-new 8 &&
+			cmp one.kv0 two.kv &&
+			"$MPIRUN" -np 2 "$MPI" -q -t 1 -m "$m" --parallel $lay decode --temperature 0.8 --top-k 20 c.st two.kv \
+				-o two.seg && cmp one.seg two.seg && cmp one.kv two.kv ||
+			{ echo "$lay: differs from one process (or did not run)"; exit 1; }
+		echo "$lay on 2 ranks: bitwise one process"
 	done
-	detail "ep=2 (gather and alltoall) on cuda equal one process"
+	detail "tp=2 and ep=2 (all-to-all) on 2 CPU ranks bitwise one process ($(basename "$MPIRUN"))"
+}
+
+# The layouts on cuda as 2 ranks (one GPU: they share it, and NCCL refuses
+# that, so the activations go through host buffers; two or more: NCCL):
+# tp=2, ep=2 and ep=2 with the all-to-all, against one cuda process on
+# `small` (bf16, 8 rows, 32 new tokens): bitwise or not (cuBLAS chooses
+# by shape: a split product may sum in another order), and per decode step
+# rank 0's time in collectives and MiB received.
+s_layouts_cuda() {
+	local m d=$WORK/layouts lay n steps line s mib path bad=0
+	mpi_ready
+	n=$(getinfo gpus)
+	mkdir -p "$d" && cd "$d" || exit 1
+	m=$(model small-bf16 small --dtype bf16) || exit 1
+	for i in 1 2 3 4 5 6 7 8; do
+		printf '{"prompt": "a photo of %d red foxes in the snow at dusk, wide angle", "seed": %d}\n' "$i" "$i"
+	done >req.jsonl
+	"$HI3" -q -m "$m" tokenize-concat req.jsonl -o c.st &&
+		"$HI3" -q --backend cuda -m "$m" prefill c.st -o one.kv0 --max-new 32 && cp one.kv0 one.kv &&
+		"$HI3" -q --backend cuda -m "$m" decode --greedy c.st one.kv -o one.seg || exit 1
+	steps=$("$HI3" inspect --tensor gen_len one.kv | tail -n 1 | tr ' ' '\n' | sort -n | tail -n 1)
+	for lay in tp=2 ep=2 ep=2,dispatch=alltoall; do
+		rm -f two.kv two.seg
+		if ! "$MPIRUN" -np 2 "$MPI" --backend cuda -m "$m" --parallel $lay prefill c.st -o two.kv --max-new 32 \
+			2>prefill.err || ! cp two.kv two.kv0 || ! "$MPIRUN" -np 2 "$MPI" --backend cuda -m "$m" --parallel $lay \
+			decode --greedy c.st two.kv -o two.seg 2>decode.err; then
+			cat prefill.err decode.err
+			echo "$lay: did not run"
+			bad=$((bad + 1))
+			continue
+		fi
+		line=$(grep 'hi3 decode: rank 0 of 2: ' decode.err)
+		echo "$line"
+		s=$(echo "$line" | sed -n 's/.*: \([0-9.]*\) s in collectives.*/\1/p')
+		mib=$(echo "$line" | sed -n 's/.* \([0-9.]*\) MiB received.*/\1/p')
+		case $line in *"(nccl:"*) path="NCCL, device buffers" ;; *) path="MPI, host buffers" ;; esac
+		figure "$lay on $n GPU(s), 2 ranks: decode collectives" \
+			"$(awk -v s="$s" -v n="$steps" 'BEGIN { printf "%.3f", 1000 * s / n }')" "ms/step" "rank 0, $path"
+		figure "$lay on $n GPU(s), 2 ranks: decode received" \
+			"$(awk -v b="$mib" -v n="$steps" 'BEGIN { printf "%.4f", b / n }')" "MiB/step" "rank 0, $steps steps"
+		if cmp -s one.kv0 two.kv0 && cmp -s one.seg two.seg && cmp -s one.kv two.kv; then
+			echo "$lay: bitwise one process"
+		elif "$HI3" diff one.seg two.seg >diff.txt && "$HI3" diff --valid-only one.kv two.kv >>diff.txt; then
+			echo "$lay: within the pipeline's tolerance of one process, not bitwise"
+		else
+			cat diff.txt
+			echo "$lay: differs from one process beyond the tolerance"
+			bad=$((bad + 1))
+		fi
+	done
+	[ "$bad" = 0 ] || exit 1
+	detail "tp=2, ep=2 (both dispatches) on cuda, 2 ranks on $n GPU(s): figures per decode step"
 }
 
 # What this GPU reaches: device-to-device copy bandwidth, cuBLAS bf16 GEMM
@@ -630,6 +697,27 @@ s_bench_small() {
 	[ $# = 3 ] && figure "weights upload, small bf16 ($1 MB)" "$3" "GB/s" "from the mapping through 2 pinned buffers"
 	[ "$n" = 0 ] || exit 1
 	detail "3 benchmarks"
+}
+
+# Decode steps from CUDA graphs against launched one by one (--cuda-graphs
+# on and off): `small` bf16 at B = 1 and 8, the step time each way.
+s_graphs_bench() {
+	local b d=$WORK/graphs-bench D g on off n=0
+	mkdir -p "$d" && cd "$d" || exit 1
+	b=$(model small-bf16 small --dtype bf16) || exit 1
+	for D in 1 8; do
+		for g in on off; do
+			bench "small-bf16-graphs-$g" "$b" -B 8 -L 256 -D $D -n 64 --reps 1 --cuda-graphs $g || n=$((n + 1))
+		done
+		on=$(grep "^RESULT label=small-bf16-graphs-on .* D=$D " "$WORK/bench.txt" | tail -n 1 |
+			sed -n 's/.* decode_ms=\([0-9.]*\).*/\1/p')
+		off=$(grep "^RESULT label=small-bf16-graphs-off .* D=$D " "$WORK/bench.txt" | tail -n 1 |
+			sed -n 's/.* decode_ms=\([0-9.]*\).*/\1/p')
+		[ -n "$on" ] && [ -n "$off" ] && figure "small bf16 decode step at B = $D: eager / graphs" \
+			"$(awk -v a="$off" -v b="$on" 'BEGIN { printf "%.2f", a / b }')" "x" "$off ms eager, $on ms from graphs"
+	done
+	[ "$n" = 0 ] || exit 1
+	detail "decode steps at B = 1 and 8 with and without CUDA graphs"
 }
 
 # The real layer shape (hidden 4096, 32 query / 8 kv heads of 128, 64
@@ -788,8 +876,8 @@ step() {
 	selected "$name" "$group" || return 0
 	case $needs in
 	kit) [ "$MODE" = kit ] || return 0 ;;
-	mpi) [ "$MODE" = kit ] && { record "$name" "$group" skipped 0 "$limit" \
-		"the kit carries no MPI: several ranks need hi3-mpi and Open MPI (docs/PERFORMANCE.md)"; return; } ;;
+	mpi | ranks) [ "$MODE" = kit ] && [ -z "${KIT_MPI:-}" ] && { record "$name" "$group" skipped 0 "$limit" \
+		"this kit carries no MPI: several ranks need hi3-mpi and Open MPI (docs/PERFORMANCE.md)"; return; } ;;
 	esac
 	if [ "$needs" = gpu ] || [ "$needs" = mpi ]; then
 		[ "$HAVE_GPU" = 1 ] || { record "$name" "$group" skipped 0 "$limit" "no CUDA device ($GPU_WHY)"; return; }
@@ -864,7 +952,7 @@ if [ "$LISTING" = 1 ]; then
 	exit 0
 fi
 
-KIT_CUDA_MAJOR=13 KIT_CUDA_LIBDIR="" KIT_UNPACK=""
+KIT_CUDA_MAJOR=13 KIT_CUDA_LIBDIR="" KIT_UNPACK="" KIT_MPI=""
 if [ "$MODE" = kit ]; then
 	KIT=$(dirname "$SELF")
 	if [ ! -f "$KIT/kit.info" ] || [ ! -d "$KIT/bin" ]; then
@@ -938,7 +1026,7 @@ T0=$(now)
 DEADLINE=0
 [ "$RUN_SECONDS" -gt 0 ] && DEADLINE=$(awk -v t="$T0" -v s="$RUN_SECONDS" 'BEGIN { printf "%d", t + s }')
 HI3=$(prog hi3) || exit 1
-export MODE KIT BIN BUILDDIR SRCDIR TESTTREE WORK OUT HAVE_GPU GPU_WHY HI3 KIT_CUDA_MAJOR KIT_CUDA_LIBDIR KIT_UNPACK
+export MODE KIT BIN BUILDDIR SRCDIR TESTTREE WORK OUT HAVE_GPU GPU_WHY HI3 KIT_CUDA_MAJOR KIT_CUDA_LIBDIR KIT_UNPACK KIT_MPI
 export HI3_KIT_PATH=${HI3_KIT_PATH:-auto}
 
 if [ "$PRINT_ENV" = 1 ]; then

@@ -98,6 +98,16 @@ test_expect_success 'rehearsal, prebuilt: every program starts from the kit alon
 	! grep -q "\"status\": \"fail\"" "$j"
 '
 
+test_expect_success 'rehearsal, prebuilt: 2 ranks started by the kit'"'"'s own Open MPI, bitwise one process' '
+	j=$R/prebuilt/results.json &&
+	if grep -q "^KIT_MPI=.*openmpi-bin" "$KIT/kit.info"; then
+		J "$j" ranks-cpu | grep "^pass: tp=2 and ep=2 (all-to-all) on 2 CPU ranks bitwise one process (orterun)" &&
+		grep -q "ranks: .*/kitlibs/usr/bin/orterun" "$R/prebuilt-work/logs/ranks-cpu.log"
+	else
+		J "$j" ranks-cpu | grep "^skipped: this kit carries no MPI"
+	fi
+'
+
 test_expect_success 'rehearsal, prebuilt: the GPU steps are reported skipped for want of a device' '
 	j=$R/prebuilt/results.json &&
 	for s in cuda-ops cuda-forward cuda-pipeline parity nccl peak bench-small bench-wide; do
