@@ -4,9 +4,10 @@
 # (tests/hi3-mpi-cuda-emu) exchanges the activations on its device buffers
 # through the MPI communicator, where a GPU build calls NCCL. tp=2, ep=2
 # (both dispatches) and tp=2,ep=2 give bitwise the KV files, segments
-# (greedy and sampled), replay files and diffusion trajectories of one
-# emulated CUDA process; a KV file made by 2 ranks decodes with 1; a rank
-# that dies fails every rank and the file resumes to the same bits.
+# (greedy and sampled) and replay files of one emulated CUDA process, and
+# under tp=2 and ep=2 all-to-all its diffusion trajectories; a KV file made
+# by 2 ranks decodes with 1; a rank that dies fails every rank and the file
+# resumes to the same bits.
 # Skipped without mpirun or without MPI (configure found none).
 . "$SRCDIR/tests/lib.sh"
 EMU=$BUILDDIR/tests/hi3-cuda-emu
@@ -40,15 +41,16 @@ test_expect_success 'one emulated CUDA process: prefill, greedy and sampled deco
 	for m in tm tw; do
 		one -m $m prefill $m.cond -o $m.kv0 --max-new 7 &&
 		cp $m.kv0 $m.kv-g && one -m $m decode --greedy $m.cond $m.kv-g -o $m.seg-g &&
-		cp $m.kv0 $m.kv-s && one -m $m decode $SAMPLE $m.cond $m.kv-s -o $m.seg-s || return 1
+		cp $m.kv0 $m.kv-s && one -m $m decode $SAMPLE $m.cond $m.kv-s -o $m.seg-s &&
+		one -m $m replay $m.cond $m.seg-s -o $m.rep >/dev/null || return 1
 	done &&
-	one -m tw replay tw.cond tw.seg-s -o tw.rep >/dev/null &&
 	! cmp -s tm.seg-g tm.seg-s && ! cmp -s tw.seg-g tw.seg-s
 '
 
-# layout MODEL NP LAYOUT: prefill, a greedy and a sampled decode under the
-# layout equal one process byte for byte (KV file, segments, decoded KV
-# files), and the activations crossed ranks on device buffers
+# layout MODEL NP LAYOUT: prefill, a greedy and a sampled decode and the
+# replay of the sampled segment under the layout equal one process byte
+# for byte (KV file, segments, decoded KV files, replay file), and the
+# activations crossed ranks on device buffers
 layout() {
 	m=$1 np=$2 l=$3 t=$m-$(echo "$3" | tr =, __)
 	mpirun -np "$np" "$MPI_EMU" -t 1 --backend cuda --parallel "$l" -m "$m" prefill "$m.cond" -o "$t.kv" \
@@ -58,10 +60,11 @@ layout() {
 	run "$np" "$l" -m "$m" decode --greedy "$m.cond" "$t.kv" -o "$t.seg" &&
 	cmp "$m.seg-g" "$t.seg" && cmp "$m.kv-g" "$t.kv" &&
 	cp "$t.kv0" "$t.kv" && run "$np" "$l" -m "$m" decode $SAMPLE "$m.cond" "$t.kv" -o "$t.seg" &&
-	cmp "$m.seg-s" "$t.seg" && cmp "$m.kv-s" "$t.kv"
+	cmp "$m.seg-s" "$t.seg" && cmp "$m.kv-s" "$t.kv" &&
+	run "$np" "$l" -m "$m" replay "$m.cond" "$m.seg-s" -o "$t.rep" >/dev/null && cmp "$m.rep" "$t.rep"
 }
 
-test_expect_success 'cuda, tiny-moe, tp=2: KV file, segments and decoded KV bitwise one process' '
+test_expect_success 'cuda, tiny-moe, tp=2: KV file, segments, decoded KV and replay bitwise one process' '
 	layout tm 2 tp=2
 '
 test_expect_success 'cuda, tiny-moe, ep=2: bitwise one process' '
@@ -84,10 +87,6 @@ test_expect_success 'cuda, tp=2, one row of 150 tokens decoded alone: the attent
 	cmp long.seg long2.seg && cmp long.kv long2.kv
 '
 
-test_expect_success 'cuda, replay under tp=2,ep=2 writes the replay file of one process' '
-	run 4 tp=2,ep=2 -m tw replay tw.cond tw.seg-s -o tw4.rep >/dev/null && cmp tw.rep tw4.rep
-'
-
 test_expect_success 'cuda, diffusion-capture under tp=2 (KV reuse, CFG, an SDE step): the trajectory of one process' '
 	make_model tiny tiny &&
 	printf "%s\n" \
@@ -98,6 +97,13 @@ test_expect_success 'cuda, diffusion-capture under tp=2 (KV reuse, CFG, an SDE s
 	one -m tiny diffusion-capture --steps 3 --sampler sde --sde-steps 1 d.cond -o d1.st &&
 	run 2 tp=2 -m tiny diffusion-capture --steps 3 --sampler sde --sde-steps 1 d.cond -o d2.st &&
 	cmp d1.st d2.st
+'
+
+test_expect_success 'cuda, diffusion-capture of tiny-moe under ep=2 with the all-to-all: the trajectory of one process' '
+	hi3 -q -m tm tokenize-concat --exact-size dreq.jsonl -o dm.cond &&
+	one -m tm diffusion-capture --steps 3 --sampler sde --sde-steps 1 dm.cond -o dm1.st &&
+	run 2 ep=2,dispatch=alltoall -m tm diffusion-capture --steps 3 --sampler sde --sde-steps 1 dm.cond -o dm2.st &&
+	cmp dm1.st dm2.st
 '
 
 test_expect_success 'cuda, a KV file prefilled by 2 ranks (tp=2) decodes with 1 to the same bits' '
