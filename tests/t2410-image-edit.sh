@@ -31,7 +31,9 @@ test_expect_success 'the unconditional twins keep the images: the same image col
 '
 
 test_expect_success 'an editing request gives a trajectory and a PNG at its bucket size' '
-	hi3 -q -m model diffusion-capture --steps 2 c.st -o t.st --png out &&
+	hi3 -m model diffusion-capture --steps 2 c.st -o t.st --png out --json >sum.json 2>log &&
+	test "$("$BUILDDIR/tests/test-tools" json cond_images <sum.json)" = 3 &&
+	test_grep "^hi3 diffusion-capture: 3 cond images encoded" log &&
 	test -s out/row-1.png &&
 	od -An -tu1 -j16 -N8 out/row-1.png | awk "{ print \$3 * 256 + \$4, \$7 * 256 + \$8 }" >size &&
 	echo "256 256" >want && test_cmp want size

@@ -301,7 +301,9 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 		double te = hi3i_now();
 		if (hi3i_diffusion_denoiser(&dn, m, c, &dno, err))
 			goto out;
-		st->cond_images = c->NI;
+		/* the requests' images: the uncond rows' copies are not counted again */
+		for (int k = 0; k < c->NI; k++)
+			st->cond_images += c->image_row[k] < c->B / hi3_cond_cfg_factor(c);
 		st->encode_seconds = c->NI ? hi3i_now() - te : 0.0;
 	}
 	hi3i_denoiser_geometry(dn, &g);

@@ -254,7 +254,7 @@ typedef struct hi3_diffusion_stats {
 	int B, R, T, K, h, w;
 	int64_t L, image_tokens;      /* columns of the conditions, image tokens per row */
 	double seconds, step0_seconds, step_seconds;  /* total, the first step, the mean of the others */
-	int cond_images;              /* the conditions' cond images (image editing) */
+	int cond_images;              /* the requests' cond images (image editing; the uncond rows' copies not counted) */
 	double encode_seconds;        /* making their rows (the encoders), before the first step */
 	int checkpoint_found;         /* o->resume found the checkpoint */
 	int resumed_from;             /* the steps it held already */
