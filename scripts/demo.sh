@@ -2,7 +2,8 @@
 # demo.sh -- the main job on the embedded default: a tiny MoE model made by
 # `hi3 init-model`, run through the whole pipeline, then the parity check
 # with each upstream batching defect restored; then images: gen_image
-# requests, their parity, an SDE trajectory and its replay, and PNGs. Needs a built tree
+# requests, their parity, an SDE trajectory and its replay, and PNGs; and the
+# Instruct rollout (text stage, --continue, image stage). Needs a built tree
 # (scripts/setup.sh). Work files go to ${DEMO_DIR:-/tmp/hi3-demo}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,4 +60,20 @@ step "an SDE window for RL, replayed statelessly as a trainer does (log-prob gap
 step "text-to-image: flow matching with CFG and KV reuse, the VAE decoder, one PNG per request"
 "$hi3" -m tiny diffusion-capture --steps 8 icond.st -o traj.st --png png
 "$hi3" inspect traj.st | sed -n '/^name/,$p'
-step "done: stage files are in $dir, the images in $dir/png/row-0.png and row-1.png"
+
+step "the Instruct rollout: think, recaption and the ratio token (text stage), then the image of that size"
+"$hi3" init-model --preset tiny-instruct --seed 1 -o ti
+cat >auto.jsonl <<'JSONL'
+{"prompt": "a red fox in the snow", "mode": "gen_image", "image_size": "auto", "system": "None", "seed": 3}
+{"prompt": "a boat at dawn", "mode": "gen_image", "image_size": "auto", "bot_task": "recaption", "system": "You draw.", "seed": 12}
+JSONL
+"$hi3" -m ti tokenize-concat auto.jsonl -o text.st
+"$hi3" -m ti prefill -n 64 text.st -o text-kv.st
+"$hi3" -m ti decode text.st text-kv.st -o text-seg.st
+"$hi3" -m ti replay text.st text-seg.st -o text-replay.st | sed -n '/"stage"/,/}$/p'
+"$hi3" -m ti tokenize-concat --continue --by-size text.st text-seg.st -o img >sizes
+while read -r f; do
+	"$hi3" -m ti diffusion-capture --steps 4 --sampler sde "$f" -o "${f%.st}-traj.st" --png "${f%.st}-png"
+	"$hi3" -m ti replay "$f" "${f%.st}-traj.st" -o "${f%.st}-replay.st" | sed -n '/"overall"/,/}$/p'
+done <sizes
+step "done: stage files are in $dir, the images in $dir/png/row-0.png and row-1.png, the rollout's in $dir/img-*-png"

@@ -31,8 +31,7 @@ test_expect_success 'the conditions carry each image: its row, ViT grid and pixe
 	test_grep "vit_grid *I32 *(3, 2)" info
 '
 
-test_expect_success '--dump-images writes both views as PNGs, at the sizes the conditions give' '
-	mkdir dump &&
+test_expect_success '--dump-images makes its directory, writes both views as PNGs at the sizes the conditions give' '
 	hi3 -q -m model tokenize-concat --dump-images dump pics/req.jsonl -o c2.st &&
 	cmp c.st c2.st &&
 	ls dump >names &&
@@ -155,15 +154,41 @@ test_expect_success '--safe-paths: images outside the requests directory are ref
 	hi3 -q -m model tokenize-concat --safe-paths pics/in.jsonl -o in.st
 '
 
-test_expect_success 'images exclude cond_images and tokens; standard input reads paths from the working directory' '
+test_expect_success 'images exclude cond_images; standard input reads paths from the working directory' '
 	echo "{\"prompt\": \"x\", \"images\": [\"a.png\"], \"cond_images\": [[8, 8]]}" >pics/both.jsonl &&
 	test_must_fail 3 hi3 -m model tokenize-concat pics/both.jsonl -o x.st 2>err &&
 	test_grep "exclude each other" err &&
-	echo "{\"tokens\": [1, 2], \"images\": [\"a.png\"]}" >pics/tok.jsonl &&
+	echo "{\"tokens\": [1, 2], \"images\": [\"gray.png\"], \"prompt\": \"x\"}" >pics/tok.jsonl &&
 	test_must_fail 3 hi3 -m model tokenize-concat pics/tok.jsonl -o x.st 2>err &&
-	test_grep "images" err &&
+	test_grep "pics/tok.jsonl:1: field .tokens. with images is the prompt.s body: it excludes prompt" err &&
 	(cd pics && echo "{\"prompt\": \"x\", \"images\": [\"gray.png\"]}" |
 		hi3 -q -m ../model tokenize-concat - -o ../stdin.st)
+'
+
+test_expect_success '"tokens" with "images" is the prompt body: the row of the same text as a prompt (both modes)' '
+	ids=$(echo "what is this" | hi3 tokenize -m model) &&
+	for extra in "" ", \"mode\": \"gen_image\", \"image_size\": \"64x64\""; do
+		echo "{\"tokens\": $ids, \"images\": [\"rgb.png\"], \"seed\": 4$extra}" >pics/body.jsonl &&
+		echo "{\"prompt\": \"what is this\", \"images\": [\"rgb.png\"], \"seed\": 4$extra}" >pics/text.jsonl &&
+		hi3 -q -m model tokenize-concat pics/body.jsonl -o body.st &&
+		hi3 -q -m model tokenize-concat pics/text.jsonl -o text.st &&
+		hi3 diff --atol 0 body.st text.st >/dev/null || exit 1
+	done &&
+	hi3 inspect body.st | grep -q "mode: gen_image"
+'
+
+test_expect_success '"stop_tokens": [] is no stop token: the row runs to its length (both modes)' '
+	echo "{\"prompt\": \"what is this\", \"images\": [\"rgb.png\"], \"bot_task\": \"auto\", \"stop_tokens\": []}" >pics/nostop.jsonl &&
+	hi3 -q -m model tokenize-concat pics/nostop.jsonl -o nostop.st &&
+	test "$(hi3 inspect --tensor stop_tokens nostop.st | tail -n 1)" = "[0, :] -1" &&
+	hi3 -q -m model prefill -n 6 nostop.st -o nostop-kv.st &&
+	hi3 -q -m model decode nostop.st nostop-kv.st -o nostop-seg.st &&
+	hi3 inspect --tensor cu_seqlens nostop-seg.st | tail -n 1 >cu &&
+	echo "0 6" >want && test_cmp want cu &&
+	echo "{\"prompt\": \"a cat\", \"mode\": \"gen_image\", \"image_size\": \"64x64\", \"stop_tokens\": []}" >pics/nostop-i.jsonl &&
+	hi3 -q -m model tokenize-concat pics/nostop-i.jsonl -o nostop-i.st &&
+	hi3 inspect --tensor stop_tokens nostop-i.st | tail -n 2 | sed "s/^.*] //" | sort -u >stops &&
+	echo -1 >want && test_cmp want stops
 '
 
 test_expect_success 'a model without vision weights given image conditions: exit 3 naming both' '

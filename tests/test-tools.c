@@ -18,6 +18,7 @@
  *                                   FORMAT vllm (RequestOutput), openai (choices), sglang (/generate)
  *   test-tools strip FILE PREFIX    rewrite FILE without the tensors named PREFIX...
  *   test-tools pngtext FILE         print its text chunks, "KEY=VALUE" a line
+ *   test-tools requests COND        its requests (metadata) as JSONL, one a line
  *
  * Values are a hash of what a row *is* (its identity), not where it sits in
  * the batch, so a batched file and a B = 1 file agree on a row's valid
@@ -515,6 +516,30 @@ static int print_png_text(const char *path)
 	return 0;
 }
 
+/* A conditions file's requests (metadata) as JSONL, one request a line:
+ * what tokenize-concat builds the same rows from. */
+static int requests_cmd(const char *path, hi3_error *err)
+{
+	hi3_cond *c = NULL;
+	json_t *all, *r;
+	size_t i;
+
+	if (hi3_cond_open(&c, path, err))
+		return -1;
+	if (!(all = json_loads(c->requests, JSON_ALLOW_NUL, NULL))) {
+		hi3_cond_close(c);
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: requests are not JSON", path);
+	}
+	json_array_foreach(all, i, r) {
+		char *line = json_dumps(r, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER);
+		printf("%s\n", line ? line : "");
+		free(line);
+	}
+	json_decref(all);
+	hi3_cond_close(c);
+	return 0;
+}
+
 static int tool(int argc, char **argv)
 {
 	hi3_error err = {0};
@@ -533,6 +558,8 @@ static int tool(int argc, char **argv)
 		rc = make_cond(argv[2], &err);
 	} else if (!strcmp(argv[1], "poke") && argc == 6) {
 		rc = poke(argv[2], argv[3], argv[4], argv[5], &err);
+	} else if (!strcmp(argv[1], "requests") && argc == 3) {
+		rc = requests_cmd(argv[2], &err);
 	} else if (!strcmp(argv[1], "json")) {
 		return json_cmd(argc > 2 ? argv[2] : NULL);
 	} else if (!strcmp(argv[1], "rollout") && argc == 5) {

@@ -14,6 +14,14 @@
  * upstream's HunyuanImage3ForCausalMM built with their config.json
  * (tensors-PRESET.txt), in bf16 (the router float32) and three shards.
  *
+ * The rollout sets (rollout-SET.json, tests/ref/upstream_rollout.py ran
+ * generate_image with image_size "auto" on given text-stage tokens): the
+ * text stage of a gen_image request with image_size auto is upstream's
+ * (rows, stops, rules), and hi3_cond_continue on the same tokens gives
+ * upstream's cot, system prompt, image size and image-stage rows (CFG
+ * uncond rows included), with and without drop_think, or refuses the row
+ * where upstream fails.
+ *
  * Sets: the tiny-release, tiny-instruct and tiny-distil presets (made here
  * with hi3_init_model; the fixture names the tokenizer's hash); the released
  * files (config.json, generation_config.json verbatim) and the released
@@ -22,7 +30,8 @@
 #include <jansson.h>
 #include <string.h>
 #include <unistd.h>
-#include "cond/cond-internal.h"
+#include "cond/template.h"
+#include "format/provenance.h"
 #include "tap.h"
 #include "testdir.h"
 
@@ -296,6 +305,163 @@ out:
 	free(path);
 }
 
+/* Row b of conditions c as a hi3_cond_row (pointers into c; nothing owned). */
+static void row_of_cond(const hi3_cond *c, int b, hi3_cond_row *row)
+{
+	size_t o = (size_t)b * c->L;
+
+	memset(row, 0, sizeof(*row));
+	row->n = c->real_pos[b];
+	row->ids = (int64_t *)c->input_ids + o;
+	row->rope = (int32_t *)c->rope_pos + 2 * o;
+	row->blocks = (int32_t *)c->image_blocks + (size_t)b * c->S * 2;
+	while (row->n_blocks < c->S && row->blocks[2 * row->n_blocks] != row->blocks[2 * row->n_blocks + 1])
+		row->n_blocks++;
+	row->gen_image_mask = c->gen_image_mask ? (uint8_t *)c->gen_image_mask + o : NULL;
+	row->cond_vit_mask = c->cond_vit_mask ? (uint8_t *)c->cond_vit_mask + o : NULL;
+	row->cond_vae_mask = c->cond_vae_mask ? (uint8_t *)c->cond_vae_mask + o : NULL;
+	row->timestep_index = c->timestep_index ? (int64_t *)c->timestep_index + (size_t)b * c->K : NULL;
+	while (row->timestep_index && row->n_ts < c->K && row->timestep_index[row->n_ts] >= 0)
+		row->n_ts++;
+}
+
+/* A JSON string (NUL bytes kept) equal to n bytes at p; null for p NULL. */
+static int text_equal(json_t *want, const char *p, size_t n)
+{
+	if (json_is_null(want) || !want)
+		return p == NULL;
+	return p && json_string_length(want) == n && !memcmp(json_string_value(want), p, n);
+}
+
+/* One case of a rollout set: the text stage, then --continue on its tokens. */
+static void rollout_case(hi3_template *const tt[2], const char *set, json_t *c)
+{
+	const char *name = json_string_value(json_object_get(c, "name"));
+	json_t *text = json_object_get(c, "text"), *gen = json_object_get(c, "generated"), *want_err;
+	const hi3_template *t = tt[json_is_true(json_object_get(c, "drop_think"))];
+	char *line = json_dumps(json_object_get(c, "request"), JSON_COMPACT | JSON_ENSURE_ASCII), what[160];
+	hi3_requests *rq = NULL, *cont = NULL;
+	hi3_cond_build_opts bo = {0};
+	hi3_continue_opts co = {0};
+	hi3_cond *tc = NULL, *ic = NULL;
+	hi3_cond_row row = {0};
+	hi3_segment seg = {.B = 1};
+	hi3_error err = {0};
+	int64_t *tokens = NULL, cu[2] = {0, 0};
+	uint8_t stop = 1;
+	float *lp = NULL;
+	char hash[17];
+	int good = 1;
+	size_t i;
+	json_t *e;
+
+	snprintf(what, sizeof(what), "%s/%s", set, name);
+	if (hi3_requests_parse(&rq, line, strlen(line), name, &err) || hi3_template_encode(t, rq, 0, 0, &row, &err)) {
+		ok(0, "%s: the text stage: %s", what, err.msg);
+		goto out;
+	}
+	good = row_equal(what, &row, json_array_get(json_object_get(text, "rows"), 0)) &&
+	       list_equal(row.stop_tokens, row.n_stop, json_object_get(text, "stops")) &&
+	       rules_equal(row.forced_after, row.n_forced, json_object_get(text, "forced_after")) &&
+	       rules_equal(row.greedy_among, row.n_greedy, json_object_get(text, "greedy_among")) &&
+	       hi3i_template_cfg_factor(t, hi3i_request_row_mode(&rq->r[0])) == 1;
+	hi3_cond_row_release(&row);
+	ok(good, "%s: the text stage of image_size auto is generate_image's (row, stops, rules)", what);
+	/* the text stage's conditions and a segment of the tokens upstream was given */
+	cu[1] = (int64_t)json_array_size(gen);
+	tokens = calloc((size_t)cu[1] + 1, sizeof(int64_t));
+	lp = calloc((size_t)cu[1] + 1, sizeof(float));
+	json_array_foreach(gen, i, e)
+		tokens[i] = json_integer_value(e);
+	if (hi3_cond_build(&tc, t, rq, &bo, &err)) {
+		ok(0, "%s: the text stage's conditions: %s", what, err.msg);
+		goto out;
+	}
+	hi3i_cond_hash(tc, hash);
+	seg.T = cu[1], seg.tokens = tokens, seg.logprobs = lp, seg.cu_seqlens = cu, seg.stop_reason = &stop;
+	seg.conditions_hash = hash;
+	want_err = json_object_get(c, "error");
+	if (want_err) {
+		int rc = hi3_cond_continue(&ic, t, tc, &seg, &co, &err);
+		ok(rc != 0 && err.status == HI3_ERR_INPUT && strstr(err.msg, "row 0") && !ic,
+		   "%s: refused, naming the row, where upstream fails (%s): %s", what, json_string_value(want_err), err.msg);
+		goto out;
+	}
+	if (hi3_cond_continue(&ic, t, tc, &seg, &co, &err) ||
+	    hi3_requests_parse(&cont, ic->requests + 1, strlen(ic->requests) - 2, "continued", &err)) {
+		ok(0, "%s: --continue: %s", what, err.msg);
+		goto out;
+	}
+	{
+		/* the cot, system prompt and size generate_image hands its image stage */
+		const struct hi3i_request *r = &cont->r[0];
+		json_t *size = json_object_get(c, "image_size");
+		const char *sys;
+		size_t sys_len;
+		good = text_equal(json_object_get(c, "cot_text"), r->cot, r->cot_len);
+		if (!good)
+			diag("%s: cot '%.*s', upstream '%s'", what, (int)r->cot_len, r->cot ? r->cot : "",
+			     json_string_value(json_object_get(c, "cot_text")));
+		if (hi3i_template_system(t, cont, r, &sys, &sys_len, &err) || !text_equal(json_object_get(c, "system"),
+		                                                                        sys_len ? sys : NULL, sys_len)) {
+			diag("%s: the system prompt differs from upstream's (%.20s...)", what, sys_len ? sys : "none");
+			good = 0;
+		}
+		if (r->size_kind != 1 || r->size_h != json_integer_value(json_array_get(size, 0)) ||
+		    r->size_w != json_integer_value(json_array_get(size, 1))) {
+			diag("%s: image_size %lldx%lld, upstream %lldx%lld", what, (long long)r->size_h, (long long)r->size_w,
+			     (long long)json_integer_value(json_array_get(size, 0)),
+			     (long long)json_integer_value(json_array_get(size, 1)));
+			good = 0;
+		}
+		ok(good, "%s: the cot, system prompt and image size are generate_image's", what);
+	}
+	good = ic->B == (int)json_array_size(json_object_get(c, "image")) && !strcmp(ic->mode, "gen_image");
+	json_array_foreach(json_object_get(c, "image"), i, e) {
+		char rw[200];
+		snprintf(rw, sizeof(rw), "%s image row %zu", what, i);
+		if (!good)
+			break;
+		row_of_cond(ic, (int)i, &row);
+		good &= row_equal(rw, &row, e);
+	}
+	memset(&row, 0, sizeof(row));
+	ok(good, "%s: the image stage's %d rows are upstream's, token for token", what, ic ? ic->B : 0);
+out:
+	hi3_cond_row_release(&row);
+	hi3_cond_close(ic);
+	hi3_cond_close(tc);
+	hi3_requests_free(cont);
+	hi3_requests_free(rq);
+	free(tokens);
+	free(lp);
+	free(line);
+}
+
+static void run_rollout(const char *src, const char *set, const char *model_dir, const char *tok_path)
+{
+	char *path = hi3i_asprintf("%s/tests/fixtures/upstream/rollout-%s.json", src, set);
+	hi3_template_opts to = {.model_dir = model_dir, .tokenizer = tok_path, .load_tokenizer = 1, .pad_id = -1};
+	json_t *fx = json_load_file(path, JSON_ALLOW_NUL, NULL), *c;
+	hi3_template *t[2] = {NULL, NULL};
+	hi3_error err = {0};
+	size_t i;
+
+	if (!ok(fx && hi3_template_open(&t[0], &to, &err) == 0 &&
+	        (to.drop_think = 1, hi3_template_open(&t[1], &to, &err) == 0), "%s: the fixture %s and the model open %s",
+	        set, path, err.msg))
+		goto out;
+	ok(!strcmp(hi3_tok_hash(hi3_template_tok(t[0])), json_string_value(json_object_get(fx, "tokenizer_hash"))),
+	   "rollout-%s: the tokenizer the fixture was made with (else: make check-ref-upstream)", set);
+	json_array_foreach(json_object_get(fx, "cases"), i, c)
+		rollout_case(t, set, c);
+out:
+	hi3_template_free(t[0]);
+	hi3_template_free(t[1]);
+	json_decref(fx);
+	free(path);
+}
+
 int main(void)
 {
 	const char *src = getenv("SRCDIR") ? getenv("SRCDIR") : ".";
@@ -311,6 +477,8 @@ int main(void)
 		if (ok(hi3_init_model(dir, &io, &err) == 0, "%s: init-model %s", presets[p], err.msg)) {
 			check_tensors(src, presets[p], dir);
 			run_set(src, presets[p], dir, NULL);
+			if (p > 0)
+				run_rollout(src, presets[p], dir, NULL);
 		}
 		free(dir);
 	}
@@ -318,6 +486,7 @@ int main(void)
 		char *dir = hi3i_asprintf("%s/tests/fixtures/released/instruct", src);
 		char *tok = hi3i_asprintf("%s/tests/fixtures/released/tokenizer.json", src);
 		run_set(src, "released-instruct", dir, tok);
+		run_rollout(src, "released-instruct", dir, tok);
 		free(dir);
 		dir = hi3i_asprintf("%s/tests/fixtures/released", src);
 		run_set(src, "released-base", dir, tok);

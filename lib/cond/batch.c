@@ -332,6 +332,14 @@ static const char *posterior_of(const hi3_cond *c)
 	return v ? v : "mean";
 }
 
+/* next_stage, "" when absent */
+static const char *next_stage_of(const hi3_cond *c)
+{
+	const char *v = hi3_cond_meta(c, "next_stage");
+
+	return v ? v : "";
+}
+
 static int concat_meta(struct hi3i_cond *ci, const hi3_cond *const *in, int n, int pad_zero, hi3_error *err)
 {
 	static const char *const same[] = {"mode", "template", "cfg_factor", "pad_id", NULL};
@@ -382,8 +390,18 @@ static int concat_meta(struct hi3i_cond *ci, const hi3_cond *const *in, int n, i
 		if (first < 0 && hi3i_cond_set_meta(ci, "vae_posterior", posterior_of(in[first = k]), err))
 			goto out;
 	}
+	/* a text stage that goes on to images: every file or none */
+	for (int k = 1; k < n; k++)
+		if (strcmp(next_stage_of(in[0]), next_stage_of(in[k]))) {
+			hi3_error_set(err, HI3_ERR_INPUT, "cannot merge %s and %s: they differ in 'next_stage' ('%s' and '%s')",
+			              HI3I_COND(in[0])->name, HI3I_COND(in[k])->name, next_stage_of(in[0]),
+			              next_stage_of(in[k]));
+			goto out;
+		}
+	if (*next_stage_of(in[0]) && hi3i_cond_set_meta(ci, "next_stage", next_stage_of(in[0]), err))
+		goto out;
 	for (int k = 0; k < n; k++) {
-		json_t *rq = json_loads(in[k]->requests, 0, NULL);
+		json_t *rq = json_loads(in[k]->requests, JSON_ALLOW_NUL, NULL);
 		if (strcmp(in[k]->bot_task, bot))
 			bot = "mixed";
 		if (!rq || json_array_extend(all, rq) != 0) {
@@ -487,7 +505,7 @@ int hi3_cond_select(hi3_cond **out, const hi3_cond *c, const int *rows, int n, i
 	{
 		/* the selected rows' requests */
 		const int f = HI3I_COND(c)->cfg_factor;
-		json_t *all = json_loads(c->requests, 0, NULL), *sel = json_array();
+		json_t *all = json_loads(c->requests, JSON_ALLOW_NUL, NULL), *sel = json_array();
 		char *text;
 		for (int i = 0; all && i < n / f; i++)
 			json_array_append(sel, json_array_get(all, (size_t)rows[i]));
@@ -543,11 +561,14 @@ struct req_images {
 struct build_meta {
 	const hi3_template *t;
 	const char *mode, *template_name, *tok_hash, *fingerprint;
+	const char *next_stage;        /* "gen_image" for the text stage of image_size auto, or NULL */
 	int cfg_factor;
 	int64_t pad_id;
 	int pad_zero;
 	int vae_sample;
 	const struct req_images *img;  /* (R) */
+	const hi3_cond *views;         /* or the cond images of request i are row views_row[i]'s of this */
+	const int *views_row;          /* (R) */
 };
 
 /* The ViT view of every image of request r (hi3_image_vit_view), as
@@ -574,7 +595,7 @@ static int request_images(const hi3_template *t, const hi3_requests *rq, int i, 
 	if (!ri->vae_shape)
 		return -1;
 	for (int k = 0; k < ri->n; k++) {
-		hi3i_template_cond_bucket(t, r->cond[k][0], r->cond[k][1], &ri->vae_shape[2 * k], &ri->vae_shape[2 * k + 1]);
+		hi3i_template_cond_geometry(t, r, k, &ri->vae_shape[2 * k], &ri->vae_shape[2 * k + 1], &tgh, &tgw);
 		ri->nv += (int64_t)ri->vae_shape[2 * k] * ri->vae_shape[2 * k + 1] * 3;
 	}
 	if (!(ri->vae = hi3i_malloc((size_t)ri->nv, err)))
@@ -588,7 +609,7 @@ static int request_images(const hi3_template *t, const hi3_requests *rq, int i, 
 			                     "(hi3_requests_load_images)", rq->name, r->line, k, r->image_paths[k]);
 		if (hi3_image_vit_view(&v, r->images[k], &vo, err))
 			return hi3_error_prefix(err, "%s:%d: image %d", rq->name, r->line, k);
-		hi3i_vit_grid(r->cond[k][0], r->cond[k][1], vo.patch, vo.max_patches, &tgh, &tgw);
+		hi3i_template_cond_geometry(t, r, k, &tgh, &tgw, &tgh, &tgw);
 		HI3_ASSERT(v->grid_h == tgh && v->grid_w == tgw && v->dim == ri->D && v->n_patches == ri->P);
 		ri->grid[2 * k] = v->grid_h;
 		ri->grid[2 * k + 1] = v->grid_w;
@@ -644,15 +665,21 @@ static int build_part(hi3_cond **out, const hi3_requests *rq, const hi3_cond_row
 		for (int i = 0; i < R; i++) {
 			const hi3_cond_row *row = &rows[g * n_req + r0 + i];
 			const struct req_images *ri = &bm->img[r0 + i];
-			view_of_row(row, &v[g * R + i]);
-			v[g * R + i].n_img = ri->n;
-			v[g * R + i].P = ri->P;
-			v[g * R + i].D = ri->D;
-			v[g * R + i].vit_grid = ri->grid;
-			v[g * R + i].vit_pixels = ri->pixels;
-			v[g * R + i].vae_shape = ri->vae_shape;
-			v[g * R + i].vae_pixels = ri->vae;
-			v[g * R + i].nv = ri->nv;
+			struct rowview *w = &v[g * R + i];
+			view_of_row(row, w);
+			if (bm->views) {
+				/* the images as the text stage had them, with their encoder outputs */
+				struct rowview iv;
+				view_of_cond(bm->views, bm->views_row[r0 + i], &iv);
+				w->n_img = iv.n_img, w->P = iv.P, w->D = iv.D, w->nv = iv.nv, w->E = iv.E, w->nz = iv.nz;
+				w->vit_grid = iv.vit_grid, w->vit_pixels = iv.vit_pixels, w->vae_shape = iv.vae_shape;
+				w->vae_pixels = iv.vae_pixels, w->vit_emb = iv.vit_emb, w->lat_shape = iv.lat_shape;
+				w->lat = iv.lat;
+			} else {
+				w->n_img = ri->n, w->P = ri->P, w->D = ri->D, w->nv = ri->nv;
+				w->vit_grid = ri->grid, w->vit_pixels = ri->pixels, w->vae_shape = ri->vae_shape;
+				w->vae_pixels = ri->vae;
+			}
 			has_mask[0] |= row->gen_image_mask != NULL;
 			has_mask[1] |= row->cond_vit_mask != NULL;
 			has_mask[2] |= row->cond_vae_mask != NULL;
@@ -678,7 +705,8 @@ static int build_part(hi3_cond **out, const hi3_requests *rq, const hi3_cond_row
 	    hi3i_cond_set_meta_int(ci, "cfg_factor", f, err) || hi3i_cond_set_meta_int(ci, "pad_id", bm->pad_id, err) ||
 	    hi3i_cond_set_meta(ci, "pad_positions", bm->pad_zero ? "zero" : "continue", err) ||
 	    hi3i_cond_set_meta(ci, "requests", text, err) ||
-	    (ci->c.NI && hi3i_cond_set_meta(ci, "vae_posterior", bm->vae_sample ? "sample" : "mean", err)))
+	    (ci->c.NI && hi3i_cond_set_meta(ci, "vae_posterior", bm->vae_sample ? "sample" : "mean", err)) ||
+	    (bm->next_stage && hi3i_cond_set_meta(ci, "next_stage", bm->next_stage, err)))
 		goto fail;
 	ci->cfg_factor = f;
 	hi3i_cond_bind_meta(ci);
@@ -723,6 +751,20 @@ static int check_encoded(const hi3_requests *rq, int i, const hi3_cond_row *row,
 int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
                    hi3_error *err)
 {
+	return hi3i_cond_build(out, t, rq, o, NULL, NULL, err);
+}
+
+/* What a request's row is, for the one-kind-a-file check: its mode, and
+ * for gen_text whether it is the text stage of a gen_image request. */
+static const char *row_kind(const struct hi3i_request *r)
+{
+	return hi3i_request_text_stage(r) ? "the text stage of a gen_image request with image_size auto"
+	                                  : r->mode == HI3I_GEN_IMAGE ? "mode gen_image" : "mode gen_text";
+}
+
+int hi3i_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
+                    const hi3_cond *views, const int *views_row, hi3_error *err)
+{
 	int R = rq->n, f, B;
 	hi3_cond_row *rows = NULL;
 	hi3_cond **parts = NULL;
@@ -736,13 +778,16 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 
 	*out = NULL;
 	for (int i = 1; i < R; i++)
-		if (rq->r[i].mode != rq->r[0].mode)
-			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: mode '%s' differs from line %d's '%s' (a "
-			                     "conditions file has one mode)", rq->name, rq->r[i].line,
-			                     hi3i_mode_names[rq->r[i].mode], rq->r[0].line, hi3i_mode_names[rq->r[0].mode]);
+		if (strcmp(row_kind(&rq->r[i]), row_kind(&rq->r[0])))
+			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: %s, line %d %s (a conditions file has one mode; a "
+			                     "text stage that goes on to images is one of its own)", rq->name, rq->r[i].line,
+			                     row_kind(&rq->r[i]), rq->r[0].line, row_kind(&rq->r[0]));
 	bm.t = t;
-	bm.mode = hi3i_mode_names[rq->r[0].mode];
-	bm.cfg_factor = f = hi3i_template_cfg_factor(t, rq->r[0].mode);
+	bm.mode = hi3i_mode_names[hi3i_request_row_mode(&rq->r[0])];
+	bm.next_stage = hi3i_request_text_stage(&rq->r[0]) ? hi3i_mode_names[HI3I_GEN_IMAGE] : NULL;
+	bm.views = views;
+	bm.views_row = views_row;
+	bm.cfg_factor = f = hi3i_template_cfg_factor(t, hi3i_request_row_mode(&rq->r[0]));
 	bm.template_name = hi3_requests_need_tokenizer(rq) ? hi3_template_name(t) : "none";
 	bm.tok_hash = tok ? hi3_tok_hash(tok) : "";
 	bm.fingerprint = hi3_template_fingerprint(t);
@@ -758,7 +803,7 @@ int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq
 	if (!(img = hi3i_calloc((size_t)R, sizeof(*img), err)))
 		goto out;
 	bm.img = img;
-	for (int i = 0; i < R; i++)
+	for (int i = 0; !views && i < R; i++)
 		if (request_images(t, rq, i, o->vit_kernel, o->max_image_pixels, &img[i], err))
 			goto out;
 	for (int g = 0; g < f; g++)

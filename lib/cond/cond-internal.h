@@ -17,28 +17,46 @@ struct hi3i_request {
 	size_t prompt_len;
 	const char *system;          /* NULL when absent: a system prompt name or the text */
 	size_t system_len;
+	int strip_system;            /* "strip_system": 1 strip (the Instruct code's default), 0 keep, -1 absent */
 	const char *cot;             /* NULL when absent ("" is present) */
 	size_t cot_len;
 	int bot_task;                /* enum hi3i_bot_task; -1 when absent (the model's default) */
 	int mode;                    /* enum hi3i_mode */
-	/* image_size: absent or "auto" (size_kind 0), H and W (1; size_colon:
-	 * given as "A:B", which the Instruct code reads as W:H), or
-	 * "<img_ratio_I>" or I (2, ratio_index I) */
+	/* image_size: absent or "auto" (size_kind 0; size_auto: given as
+	 * "auto"), H and W (1; size_colon: given as "A:B", which the Instruct
+	 * code reads as W:H), or "<img_ratio_I>" or I (2, ratio_index I) */
 	int size_kind;
+	int size_auto;
 	int size_colon;
 	int64_t size_h, size_w;
 	int ratio_index;
 	int n_cond;
 	int64_t (*cond)[2];          /* (n_cond, 2) cond image (H, W) */
+	int (*cond_grid)[4];         /* (n_cond, 4) or NULL: each image's VAE bucket (H, W) and ViT grid
+	                              * (h, w) as given (images continued from conditions), instead of
+	                              * the ones of its size */
 	const char **image_paths;    /* (n_cond) "images": the paths as given, or NULL ("cond_images") */
 	hi3_image **images;          /* (n_cond) the images read (hi3_requests_load_images), or NULL */
 	int has_seed;
 	int64_t seed;
-	int64_t *tokens;             /* (n_tokens) pre-tokenized row, or NULL */
+	int64_t *tokens;             /* (n_tokens) pre-tokenized row, or NULL (see hi3i_request_body) */
 	size_t n_tokens;
-	int64_t *stops;              /* (n_stops) explicit stop tokens, or NULL */
+	int has_stops;               /* "stop_tokens" given (possibly empty: no stop token) */
+	int64_t *stops;              /* (n_stops) explicit stop tokens */
 	int n_stops;
 };
+
+/* 1 when the request's "tokens" are the prompt's body, around which the
+ * template adds the rest (mode gen_image, or with "images"), 0 when they
+ * are the whole row (or absent). */
+int hi3i_request_body(const struct hi3i_request *r);
+/* 1 for a gen_image request with image_size "auto": its row is the text
+ * stage that chooses the size (mode gen_text), the image stage's row
+ * comes after it (hi3_cond_continue). */
+int hi3i_request_text_stage(const struct hi3i_request *r);
+/* The mode of the request's row: gen_text for the text stage of a
+ * gen_image request with image_size "auto", else its own. */
+int hi3i_request_row_mode(const struct hi3i_request *r);
 
 struct hi3_requests {
 	char *name;                  /* the input's name for messages */
@@ -46,6 +64,12 @@ struct hi3_requests {
 	int n;
 	struct hi3i_request *r;      /* (n) */
 };
+
+/* hi3_cond_build; with views, request i's cond images are row
+ * views_row[i]'s of views (their views and encoder outputs, as a text
+ * stage had them; the requests' cond_grid set from them) instead of files. */
+int hi3i_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
+                    const hi3_cond *views, const int *views_row, hi3_error *err);
 
 /* The vocabulary size rows are checked against (config.json vocab_size,
  * else the tokenizer's); 0 when unknown. */
@@ -58,8 +82,10 @@ int hi3i_template_bot_task(const hi3_template *t, const struct hi3i_request *r);
 int hi3i_template_cfg_factor(const hi3_template *t, int mode);
 /* vit_processor's patch_size and max_num_patches, as the template lays out ViT runs. */
 void hi3i_template_vit(const hi3_template *t, int *patch, int *max_patches);
-/* The VAE bucket (H, W) the template gives a cond image of h x w. */
-void hi3i_template_cond_bucket(const hi3_template *t, int64_t h, int64_t w, int *bh, int *bw);
+/* The VAE bucket (H, W) and the ViT grid (h, w) the template gives cond
+ * image k of request r: those of its size, or its cond_grid. */
+void hi3i_template_cond_geometry(const hi3_template *t, const struct hi3i_request *r, int k, int *bh, int *bw,
+                                 int *gh, int *gw);
 
 /* Image geometry (facts/image-input.md 1): the resolution buckets of a
  * base size, (H, W) sorted by H/W, count returned (-1: more than max); the

@@ -137,6 +137,30 @@ typedef struct hi3_cond_build_opts {
 int hi3_cond_build(hi3_cond **out, const hi3_template *t, const hi3_requests *rq, const hi3_cond_build_opts *o,
                    hi3_error *err);
 
+/* The image stage after a text stage (hi3-tokenize-concat(1), --continue):
+ * for the given rows of text (the conditions of gen_image requests with
+ * image_size "auto", metadata next_stage) and the segment decode wrote from
+ * them, the gen_image conditions upstream's generate_image builds next:
+ * each row's cot taken from its tokens (up to the first end token, or all
+ * of them), drop_think's cut and system prompt switch (the template's
+ * drop_think), the size of the bucket of its last token, a ratio token,
+ * the same prompt, images (the text stage's views), system prompt and
+ * seed, in one ragged batch. The conditions' requests are those explicit
+ * requests; metadata text_conditions_hash, text_segment_hash and text_rows
+ * name the text stage. A row whose tokens do not end at a ratio token is
+ * an input error naming it. t needs the tokenizer. */
+typedef struct hi3_continue_opts {
+	const int *rows;                /* the text stage's rows to continue, in this order; NULL: all */
+	int n_rows;
+	hi3_cond_build_opts build;      /* per_row, pad_zero, max_length (seed_base, the images' options and
+	                                 * vae_sample are the text stage's) */
+} hi3_continue_opts;
+int hi3_cond_continue(hi3_cond **out, const hi3_template *t, const hi3_cond *text, const hi3_segment *seg,
+                      const hi3_continue_opts *o, hi3_error *err);
+/* Hash of a segment's responses, its rows and their tokens (16 hex digits):
+ * what an image stage's text_segment_hash names. */
+void hi3_segment_hash(const hi3_segment *s, char out[17]);
+
 /* ----------------------------------------------------------------- images */
 
 /* Image inputs, read and preprocessed bit for bit as upstream's

@@ -12,6 +12,13 @@
  * gives each its size as "cond_images" would. "cond_images" gives only
  * sizes (the token layout without pixels, which no stage can run).
  *   {"tokens": [1, 2, 3], "stop_tokens": [2], "seed": 7}
+ *   {"tokens": [65, 66], "images": ["a.png"]}       (the prompt's body)
+ *   {"prompt": "...", "mode": "gen_image", "image_size": "auto"}
+ *
+ * "tokens" alone (mode gen_text) are the whole row; in mode gen_image, or
+ * with "images", they are the prompt's body and the template adds the
+ * rest. A gen_image request with image_size "auto" is first the text
+ * stage that chooses the size (hi3i_request_text_stage).
  */
 #include <limits.h>
 #include <stdarg.h>
@@ -21,7 +28,8 @@
 #include "cond/cond-internal.h"
 
 static const char *const fields[] = {"prompt", "system", "cot",    "bot_task",   "mode",        "image_size",
-                                     "cond_images", "images", "seed", "tokens", "stop_tokens", NULL};
+                                     "cond_images", "images", "seed", "tokens", "stop_tokens", "strip_system",
+                                     NULL};
 
 #define MAX_IMAGE_SIDE 65536
 
@@ -52,12 +60,15 @@ static int get_string(const struct hi3_requests *rq, struct hi3i_request *r, con
 	*out = json_string_value(v);
 	if (len)
 		*len = json_string_length(v);
+	else if (strlen(*out) != json_string_length(v))
+		return bad(err, rq, r->line, "field '%s': a NUL character (\\u0000) in the value", key);
 	return 0;
 }
 
-/* A JSON array of integers in [lo, hi] into a fresh array. */
+/* A JSON array of integers in [lo, hi] into a fresh array (empty: an
+ * error unless allow_empty, then *out is an allocation of no element). */
 static int get_int_array(const struct hi3_requests *rq, struct hi3i_request *r, const char *key, int64_t lo,
-                         int64_t hi, int64_t **out, size_t *n, hi3_error *err)
+                         int64_t hi, int allow_empty, int64_t **out, size_t *n, hi3_error *err)
 {
 	json_t *v = json_object_get(r->obj, key), *e;
 	size_t i;
@@ -68,9 +79,9 @@ static int get_int_array(const struct hi3_requests *rq, struct hi3i_request *r, 
 		return 0;
 	if (!json_is_array(v))
 		return bad(err, rq, r->line, "field '%s': expected an array of integers", key);
-	if (json_array_size(v) == 0)
+	if (json_array_size(v) == 0 && !allow_empty)
 		return bad(err, rq, r->line, "field '%s': the array is empty", key);
-	if (!(*out = hi3i_malloc(json_array_size(v) * sizeof(int64_t), err)))
+	if (!(*out = hi3i_malloc(HI3_MAX(json_array_size(v), 1) * sizeof(int64_t), err)))
 		return -1;
 	json_array_foreach(v, i, e) {
 		if (!json_is_integer(e))
@@ -131,8 +142,10 @@ static int parse_image_size(const struct hi3_requests *rq, struct hi3i_request *
 	if (!json_is_string(v))
 		return bad(err, rq, r->line, "field 'image_size': expected [H, W] or a string");
 	s = json_string_value(v);
-	if (!strcmp(s, "auto"))
+	if (!strcmp(s, "auto")) {
+		r->size_auto = 1;
 		return 0;
+	}
 	if (!strncmp(s, "<img_ratio_", 11) && s[strlen(s) - 1] == '>') {
 		char num[16];
 		size_t n = strlen(s) - 12;
@@ -227,7 +240,7 @@ static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, 
 	json_object_foreach(r->obj, key, v) {
 		if (hi3i_name_index(fields, key) < 0)
 			return bad(err, rq, r->line, "unknown field '%s' (expected prompt, system, cot, bot_task, mode, "
-			           "image_size, cond_images, images, seed, tokens or stop_tokens)", key);
+			           "image_size, cond_images, images, seed, tokens, stop_tokens or strip_system)", key);
 	}
 	if (get_string(rq, r, "prompt", &r->prompt, &r->prompt_len, err) ||
 	    get_string(rq, r, "system", &r->system, &r->system_len, err) ||
@@ -251,26 +264,50 @@ static int parse_request(const struct hi3_requests *rq, struct hi3i_request *r, 
 		r->has_seed = 1;
 		r->seed = json_integer_value(v);
 	}
-	if (get_int_array(rq, r, "tokens", 0, INT64_MAX, &r->tokens, &r->n_tokens, err) ||
-	    get_int_array(rq, r, "stop_tokens", 0, INT64_MAX, &r->stops, &n, err))
+	if (get_int_array(rq, r, "tokens", 0, INT64_MAX, 0, &r->tokens, &r->n_tokens, err) ||
+	    get_int_array(rq, r, "stop_tokens", 0, INT64_MAX, 1, &r->stops, &n, err))
 		return -1;
+	r->has_stops = r->stops != NULL;
 	r->n_stops = (int)n;
-	if (r->tokens && r->mode == HI3I_GEN_IMAGE) {
+	r->strip_system = -1;
+	if ((v = json_object_get(r->obj, "strip_system"))) {
+		if (!json_is_boolean(v))
+			return bad(err, rq, r->line, "field 'strip_system': expected true or false");
+		r->strip_system = json_is_true(v);
+	}
+	if (hi3i_request_body(r)) {
 		/* the pre-tokenized prompt body: the template adds the rest */
-		if (r->prompt || r->cot || r->n_cond)
-			return bad(err, rq, r->line, "field 'tokens' in mode gen_image is the prompt's body: it excludes "
-			           "prompt, cot and cond_images");
+		if (r->prompt || json_object_get(r->obj, "cond_images"))
+			return bad(err, rq, r->line, "field 'tokens' %s is the prompt's body: it excludes %s",
+			           r->mode == HI3I_GEN_IMAGE ? "in mode gen_image" : "with images",
+			           r->prompt ? "prompt" : "cond_images (give the pictures as images)");
 	} else if (r->tokens) {
-		if (r->prompt || r->system || r->cot || r->n_cond)
-			return bad(err, rq, r->line, "field 'tokens' is a complete row: it excludes prompt, system, "
-			           "cot and cond_images (in mode gen_text)");
+		if (r->prompt || r->system || r->cot || r->n_cond || r->strip_system >= 0)
+			return bad(err, rq, r->line, "field 'tokens' is a complete row: it excludes %s (in mode gen_text "
+			           "without images)", r->prompt ? "prompt" : r->system ? "system" : r->cot ? "cot" :
+			           r->strip_system >= 0 ? "strip_system" : "cond_images");
 	} else if (!r->prompt) {
 		return bad(err, rq, r->line, "no 'prompt' (or 'tokens')");
 	}
-	if (r->mode == HI3I_GEN_IMAGE && r->size_kind == 0)
+	if (r->mode == HI3I_GEN_IMAGE && r->size_kind == 0 && !r->size_auto)
 		return bad(err, rq, r->line, "mode gen_image needs image_size (\"HxW\", \"A:B\", [H, W], "
-		           "\"<img_ratio_I>\" or I)");
+		           "\"<img_ratio_I>\", I, or \"auto\": a text stage chooses it)");
 	return 0;
+}
+
+int hi3i_request_body(const struct hi3i_request *r)
+{
+	return r->tokens && (r->mode == HI3I_GEN_IMAGE || r->image_paths);
+}
+
+int hi3i_request_text_stage(const struct hi3i_request *r)
+{
+	return r->mode == HI3I_GEN_IMAGE && r->size_kind == 0 && r->size_auto;
+}
+
+int hi3i_request_row_mode(const struct hi3i_request *r)
+{
+	return hi3i_request_text_stage(r) ? HI3I_GEN_TEXT : r->mode;
 }
 
 static int blank(const char *p, size_t n)
@@ -288,6 +325,7 @@ void hi3_requests_free(hi3_requests *rq)
 	for (int i = 0; i < rq->n; i++) {
 		json_decref(rq->r[i].obj);
 		free(rq->r[i].cond);
+		free(rq->r[i].cond_grid);
 		for (int k = 0; rq->r[i].images && k < rq->r[i].n_cond; k++)
 			hi3_image_free(rq->r[i].images[k]);
 		free(rq->r[i].images);
@@ -339,7 +377,7 @@ int hi3_requests_parse(hi3_requests **out, const char *text, size_t len, const c
 		r = &rq->r[rq->n];
 		memset(r, 0, sizeof(*r));
 		r->line = line;
-		r->obj = json_loadb(p, n, JSON_REJECT_DUPLICATES, &je);
+		r->obj = json_loadb(p, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
 		if (!r->obj) {
 			bad(err, rq, line, "not valid JSON: %s (column %d)", je.text, je.column);
 			goto fail;
@@ -449,7 +487,7 @@ int hi3_requests_count(const hi3_requests *rq) { return rq->n; }
 int hi3_requests_need_tokenizer(const hi3_requests *rq)
 {
 	for (int i = 0; i < rq->n; i++)
-		if (!rq->r[i].tokens || rq->r[i].mode == HI3I_GEN_IMAGE)
+		if (!rq->r[i].tokens || hi3i_request_body(&rq->r[i]))
 			return 1;
 	return 0;
 }

@@ -80,7 +80,9 @@ static int stops_base(const hi3_template *t, const hi3_requests *rq, int i, int 
  * </recaption> (recaption, think_recaption) or at </think> or </recaption>
  * (think). A row that continues a given cot is prepare_model_inputs' (the
  * CoT stage never has one): it ends at </think> or </recaption> (think,
- * think_recaption) or </recaption> (recaption), without rules. */
+ * think_recaption) or </recaption> (recaption), without rules. The text
+ * stage of a gen_image request with image_size "auto" comes here as a
+ * gen_text row of its row task (hi3i_template_row_task). */
 static int stops_instruct(const hi3_template *t, const hi3_requests *rq, int i, int task, hi3_cond_row *row,
                           hi3_error *err)
 {
@@ -90,7 +92,7 @@ static int stops_instruct(const hi3_template *t, const hi3_requests *rq, int i, 
 	char size_name[32];
 
 	snprintf(size_name, sizeof(size_name), "<img_size_%d>", t->base_size);
-	if (task == HI3I_BOT_AUTO || task == HI3I_BOT_IMAGE || r->mode == HI3I_GEN_IMAGE)
+	if (task == HI3I_BOT_AUTO || task == HI3I_BOT_IMAGE || hi3i_request_row_mode(r) == HI3I_GEN_IMAGE)
 		return hi3i_list_add(&row->stop_tokens, &row->n_stop, t->eos_id, err);
 	if (hi3i_template_special(t, rq, i, "</think>", &end_think, err) || hi3i_template_special(t, rq, i, "</recaption>", &end_rec, err) ||
 	    hi3i_template_special(t, rq, i, "<recaption>", &rec, err) || hi3i_template_special(t, rq, i, "<boi>", &boi, err) ||
@@ -131,25 +133,26 @@ static int stops_instruct(const hi3_template *t, const hi3_requests *rq, int i, 
 int hi3i_template_stops(const hi3_template *t, const hi3_requests *rq, int i, hi3_cond_row *row, hi3_error *err)
 {
 	const struct hi3i_request *r = &rq->r[i];
-	int task = hi3i_template_bot_task(t, r);
+	int task = hi3i_template_row_task(t, r);
 
 	if (!t->tok) {
 		/* pre-tokenized, no tokenizer: the end of sequence when known */
-		for (int k = 0; !r->stops && k < t->gen.n_eos; k++)
+		for (int k = 0; !r->has_stops && k < t->gen.n_eos; k++)
 			if (hi3i_list_add(&row->stop_tokens, &row->n_stop, t->gen.eos_token_id[k], err))
 				return -1;
-		if (!r->stops && !t->gen.n_eos && t->eos_id >= 0 &&
+		if (!r->has_stops && !t->gen.n_eos && t->eos_id >= 0 &&
 		    hi3i_list_add(&row->stop_tokens, &row->n_stop, t->eos_id, err))
 			return -1;
 	} else if (t->eos_id >= 0) {
 		if ((t->instruct_code ? stops_instruct : stops_base)(t, rq, i, task, row, err) != 0)
 			return -1;
-	} else if (!r->stops) {
+	} else if (!r->has_stops) {
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: no end-of-sequence token: the model names no "
 		                     "eos_token (tokenizer_config.json) or eos_token_id (config.json)", rq->name, r->line);
 	}
-	if (r->stops) {
-		/* the request's own stop tokens replace the task's (its rules stay) */
+	if (r->has_stops) {
+		/* the request's own stop tokens replace the task's (its rules stay);
+		 * none at all: the row ends at its length */
 		row->n_stop = 0;
 		for (int k = 0; k < r->n_stops; k++)
 			if (hi3i_list_add(&row->stop_tokens, &row->n_stop, r->stops[k], err))

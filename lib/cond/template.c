@@ -41,14 +41,6 @@ void hi3i_template_vit(const hi3_template *t, int *patch, int *max_patches)
 	*max_patches = t->vit_max;
 }
 
-void hi3i_template_cond_bucket(const hi3_template *t, int64_t h, int64_t w, int *bh, int *bw)
-{
-	int b = bucket_of(t, h, w);
-
-	*bh = t->reso[b][0];
-	*bw = t->reso[b][1];
-}
-
 static int bucket_of(const hi3_template *t, int64_t h, int64_t w)
 {
 	return hi3i_bucket_of((const int (*)[2])t->reso, t->n_reso, h, w);
@@ -144,6 +136,8 @@ static int special_ids(hi3_template *t, json_t *tcfg, const char *dir, hi3_error
 	static const char *const keys[] = {"bos_token", "eos_token", "pad_token"};
 	int64_t *ids[] = {&t->bos_id, &t->eos_id, &t->pad_id};
 
+	/* transformers' default is false (PreTrainedTokenizerBase) */
+	t->clean_up = json_is_true(json_object_get(tcfg, "clean_up_tokenization_spaces"));
 	for (int i = 0; i < 3; i++) {
 		const char *name = token_name(tcfg, keys[i]);
 		if (!name)
@@ -309,12 +303,23 @@ int hi3_template_buckets(const hi3_template *t, int (*out)[2], int max)
 }
 
 /* A request's bot_task, else the model's default; a pre-tokenized row has
- * no assistant prefix, so it defaults to auto. */
+ * no assistant prefix, so it defaults to auto (a prompt body does not). */
 int hi3i_template_bot_task(const hi3_template *t, const struct hi3i_request *r)
 {
 	if (r->bot_task >= 0)
 		return r->bot_task;
-	return r->tokens ? HI3I_BOT_AUTO : hi3i_name_index(hi3i_bot_task_names, t->gen.bot_task);
+	return r->tokens && !hi3i_request_body(r) ? HI3I_BOT_AUTO : hi3i_name_index(hi3i_bot_task_names, t->gen.bot_task);
+}
+
+int hi3i_template_row_task(const hi3_template *t, const struct hi3i_request *r)
+{
+	int task = hi3i_template_bot_task(t, r);
+
+	if (!hi3i_request_text_stage(r))
+		return task;
+	/* generate_image: a CoT stage for these, else one greedy ratio token */
+	return task == HI3I_BOT_THINK || task == HI3I_BOT_RECAPTION || task == HI3I_BOT_THINK_RECAPTION ? task
+	                                                                                      : HI3I_BOT_IMG_RATIO;
 }
 
 int hi3i_template_cfg_factor(const hi3_template *t, int mode)
@@ -495,9 +500,11 @@ static int is_prompt_name(const char *s, size_t n)
 
 /* The system prompt of request r: a name of system_prompt.py (the model's
  * use_system_prompt when the request has none) through get_system_prompt,
- * or the request's literal text; the Instruct code strips it. */
-static int system_text(const hi3_template *t, const hi3_requests *rq, const struct hi3i_request *r,
-                       const char **text, size_t *len, hi3_error *err)
+ * or the request's literal text; the Instruct code strips it (generate_image
+ * does), unless the request says "strip_system": false (the en_recaption
+ * prompt generate_image switches to with drop_think, which it does not). */
+int hi3i_template_system(const hi3_template *t, const hi3_requests *rq, const struct hi3i_request *r,
+                         const char **text, size_t *len, hi3_error *err)
 {
 	const char *name = t->gen.use_system_prompt, *custom = NULL;
 	int strip_nl;
@@ -526,7 +533,7 @@ static int system_text(const hi3_template *t, const hi3_requests *rq, const stru
 		while (strip_nl && *len && (*text)[*len - 1] == '\n')
 			(*len)--;
 	}
-	if (t->instruct_code && *text)
+	if (t->instruct_code && *text && r->strip_system != 0)
 		py_strip(text, len);
 	return 0;
 }
@@ -572,19 +579,41 @@ static int gen_image_section(const hi3_template *t, const hi3_requests *rq, cons
 	return 0;
 }
 
+void hi3i_template_cond_geometry(const hi3_template *t, const struct hi3i_request *r, int k, int *bh, int *bw,
+                                 int *gh, int *gw)
+{
+	int b;
+
+	if (r->cond_grid) {
+		/* continued from conditions: the views as the text stage had them */
+		*bh = r->cond_grid[k][0];
+		*bw = r->cond_grid[k][1];
+		*gh = r->cond_grid[k][2];
+		*gw = r->cond_grid[k][3];
+		return;
+	}
+	b = bucket_of(t, r->cond[k][0], r->cond[k][1]);
+	*bh = t->reso[b][0];
+	*bw = t->reso[b][1];
+	hi3i_vit_grid(r->cond[k][0], r->cond[k][1], t->vit_patch, t->vit_max, gh, gw);
+}
+
 /* The sections of request r (hi3-batching(7); upstream apply_chat_template with one
- * system, user and assistant turn). */
+ * system, user and assistant turn). A gen_image request with image_size
+ * "auto" gives its text stage: a gen_text row with the first task's prefix
+ * (generate_image), or img_ratio's. */
 static int build_sections(const hi3_template *t, const hi3_requests *rq, const struct hi3i_request *r,
                           struct seclist *l, hi3_error *err)
 {
-	int instruct = !strcmp(t->name, "instruct"), final_assistant = 0, task = hi3i_template_bot_task(t, r);
+	int instruct = !strcmp(t->name, "instruct"), final_assistant = 0, task = hi3i_template_row_task(t, r);
+	int mode = hi3i_request_row_mode(r);
 	const char *sys_suffix = instruct ? "\n\n" : "", *user_prefix = instruct ? "User: " : "";
 	const char *bot_prefix = instruct ? "Assistant: " : "", *sep = sys_suffix;
 	const char *ans_open = instruct ? "<answer>" : "", *ans_close = instruct ? "</answer>" : "";
 	const char *sys;
 	size_t sys_len;
 
-	if (system_text(t, rq, r, &sys, &sys_len, err) != 0)
+	if (hi3i_template_system(t, rq, r, &sys, &sys_len, err) != 0)
 		return -1;
 	if (sys && sys_len) {
 		if (add_text(l, sys, sys_len, 0, err) || add_text(l, sys_suffix, strlen(sys_suffix), 0, err))
@@ -594,8 +623,8 @@ static int build_sections(const hi3_template *t, const hi3_requests *rq, const s
 		return -1;
 	for (int i = 0; i < r->n_cond; i++) {
 		struct section s = {.type = SEC_JOINT};
-		int b = bucket_of(t, r->cond[i][0], r->cond[i][1]);
-		int bh = t->reso[b][0], bw = t->reso[b][1];
+		int bh, bw;
+		hi3i_template_cond_geometry(t, r, i, &bh, &bw, &s.vit_h, &s.vit_w);
 		if (!t->cond_vae_vit)
 			return hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'cond_images': config.json's cond_image_type "
 			                     "is not vae_vit; hi3 builds joint (VAE and ViT) cond images only", rq->name,
@@ -603,7 +632,6 @@ static int build_sections(const hi3_template *t, const hi3_requests *rq, const s
 		s.h = bh / (t->down_h * t->patch);
 		s.w = bw / (t->down_w * t->patch);
 		s.ratio = bucket_of(t, bh, bw);
-		hi3i_vit_grid(r->cond[i][0], r->cond[i][1], t->vit_patch, t->vit_max, &s.vit_h, &s.vit_w);
 		if (add(l, s, err))
 			return -1;
 	}
@@ -617,7 +645,7 @@ static int build_sections(const hi3_template *t, const hi3_requests *rq, const s
 	}
 	if (add_text(l, sep, strlen(sep), 0, err))
 		return -1;
-	if (r->cot || r->mode == HI3I_GEN_IMAGE) {
+	if (r->cot || mode == HI3I_GEN_IMAGE) {
 		final_assistant = 1;
 		if (add_text(l, bot_prefix, strlen(bot_prefix), 0, err))
 			return -1;
@@ -631,7 +659,7 @@ static int build_sections(const hi3_template *t, const hi3_requests *rq, const s
 		} else if (r->cot && add_text(l, r->cot, r->cot_len, 1, err)) {
 			return -1;
 		}
-		if (r->mode == HI3I_GEN_IMAGE) {
+		if (mode == HI3I_GEN_IMAGE) {
 			struct section s;
 			if (gen_image_section(t, rq, r, &s, err) || add_text(l, ans_open, strlen(ans_open), 0, err) ||
 			    add(l, s, err) || add_text(l, ans_close, strlen(ans_close), 0, err))
@@ -640,7 +668,7 @@ static int build_sections(const hi3_template *t, const hi3_requests *rq, const s
 		if (add_text(l, sep, strlen(sep), 0, err))
 			return -1;
 	}
-	if (r->mode == HI3I_GEN_TEXT) {
+	if (mode == HI3I_GEN_TEXT) {
 		/* the assistant prefix by bot_task */
 		const char *bp = bot_prefix;
 		char *text;
@@ -905,7 +933,7 @@ int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, in
 	int rc = -1;
 
 	memset(row, 0, sizeof(*row));
-	if (r->tokens && r->mode == HI3I_GEN_TEXT) {
+	if (r->tokens && !hi3i_request_body(r)) {
 		if (!(row->ids = hi3i_malloc(r->n_tokens * sizeof(int64_t), err)))
 			goto out;
 		memcpy(row->ids, r->tokens, r->n_tokens * sizeof(int64_t));
@@ -925,6 +953,18 @@ int hi3_template_encode(const hi3_template *t, const hi3_requests *rq, int i, in
 			hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'bot_task': think_recaption is the Instruct code's; "
 			              "the base model's code knows auto, image, think, recaption and img_ratio (%s)", rq->name,
 			              r->line, t->variant_why);
+			goto out;
+		}
+		if (hi3i_request_text_stage(r) && !t->instruct_code) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'image_size': auto in mode gen_image is the Instruct "
+			              "code's text stage (generate_image); the base model's code is another (%s): give a size",
+			              rq->name, r->line, t->variant_why);
+			goto out;
+		}
+		if (hi3i_request_text_stage(r) && r->cot && hi3i_template_row_task(t, r) != HI3I_BOT_IMG_RATIO) {
+			hi3_error_set(err, HI3_ERR_INPUT, "%s:%d: field 'cot': with image_size auto, bot_task %s generates the "
+			              "cot (upstream's generate_image ignores a given one); give a size to use this cot",
+			              rq->name, r->line, hi3i_bot_task_names[hi3i_template_bot_task(t, r)]);
 			goto out;
 		}
 		if (t->bos_id < 0) {

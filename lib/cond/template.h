@@ -22,6 +22,7 @@ struct hi3_template {
 	char variant_why[160];
 	hi3_gen_defaults gen;        /* generation_config.json */
 	hi3_tok *tok;                /* NULL when not loaded */
+	int clean_up;                /* tokenizer_config.json clean_up_tokenization_spaces (decoding) */
 	char *tok_path;
 	int64_t vocab;               /* 0 when unknown */
 	int64_t pad_id, bos_id, eos_id;  /* -1 when unknown */
@@ -44,6 +45,15 @@ int hi3i_template_special(const hi3_template *t, const hi3_requests *rq, int i, 
                           hi3_error *err);
 /* Append x to the list (*v, *n). */
 int hi3i_list_add(int64_t **v, int *n, int64_t x, hi3_error *err);
+/* The task that ends request r's row: its bot_task, or for the text stage
+ * of a gen_image request with image_size "auto" the one generate_image
+ * runs (think, recaption, think_recaption, else img_ratio). */
+int hi3i_template_row_task(const hi3_template *t, const struct hi3i_request *r);
+/* The system prompt of request r as its row has it (NULL: none): a name
+ * of system_prompt.py through get_system_prompt, or the request's text;
+ * stripped by the Instruct code unless "strip_system" is false. */
+int hi3i_template_system(const hi3_template *t, const hi3_requests *rq, const struct hi3i_request *r,
+                         const char **text, size_t *len, hi3_error *err);
 /* Request i's stop tokens and decoding rules into row (rules.c): by its
  * bot_task and the variant's code, or the request's own stop tokens. */
 int hi3i_template_stops(const hi3_template *t, const hi3_requests *rq, int i, hi3_cond_row *row, hi3_error *err);

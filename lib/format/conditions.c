@@ -52,6 +52,10 @@ static const struct hi3i_fmeta meta[] = {
 	{"tokenizer_hash", "text", 1, -1}, {"model_fingerprint", "text", 1, -1}, {"cfg_factor", "text", 1, -1},
 	{"pad_id", "text", 1, -1}, {"pad_positions", "text", 1, -1}, {"requests", "text", 1, -1},
 	{"vae_posterior", "mean|sample", 0, -1},
+	/* the text stage of gen_image requests with image_size auto, and the
+	 * image stage made from it (tokenize-concat --continue) */
+	{"next_stage", "gen_image", 0, -1},
+	{"text_conditions_hash", "text", 0, -1}, {"text_segment_hash", "text", 0, -1}, {"text_rows", "text", 0, -1},
 	{0},
 };
 const struct hi3i_format hi3i_format_conditions = {
@@ -186,12 +190,28 @@ static int check_meta(struct hi3i_cond *ci, hi3_error *err)
 	v = hi3_cond_meta(c, "pad_positions");
 	if (strcmp(v, "continue") && strcmp(v, "zero"))
 		return vbad(ci, err, "__metadata__ 'pad_positions': expected continue or zero, found '%s'", v);
-	rq = json_loads(c->requests, 0, &je);
+	rq = json_loads(c->requests, JSON_ALLOW_NUL, &je);
 	n = json_is_array(rq) ? json_array_size(rq) : 0;
 	json_decref(rq);
 	if (!rq || n != (size_t)(c->B / ci->cfg_factor))
 		return vbad(ci, err, "__metadata__ 'requests': expected a JSON array of %d requests (B / cfg_factor)",
 		            c->B / ci->cfg_factor);
+	if (hi3_cond_meta(c, "next_stage") && strcmp(c->mode, "gen_text"))
+		return vbad(ci, err, "__metadata__ 'next_stage': only a gen_text stage goes on to another, found mode '%s'",
+		            c->mode);
+	if ((v = hi3_cond_meta(c, "text_rows"))) {
+		json_t *e;
+		size_t i;
+		int good;
+		rq = json_loads(v, 0, &je);
+		good = json_is_array(rq) && json_array_size(rq) == (size_t)(c->B / ci->cfg_factor);
+		json_array_foreach(rq, i, e)
+			good &= json_is_integer(e) && json_integer_value(e) >= 0;
+		json_decref(rq);
+		if (!good)
+			return vbad(ci, err, "__metadata__ 'text_rows': expected a JSON array of %d row indices (B / "
+			            "cfg_factor)", c->B / ci->cfg_factor);
+	}
 	return 0;
 }
 

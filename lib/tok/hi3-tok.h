@@ -20,6 +20,11 @@ typedef struct hi3_tok hi3_tok;
 
 enum hi3_tok_flags {
 	HI3_TOK_SPECIAL = 1,      /* encode: match added tokens in the text; decode: emit special tokens */
+	HI3_TOK_CLEAN_UP = 2,     /* decode: then transformers' clean_up_tokenization (" ." to ".", " n't"
+	                           * to "n't", ...), as a tokenizer_config.json with
+	                           * clean_up_tokenization_spaces true asks */
+	HI3_TOK_SKIP_UNKNOWN = 4, /* decode: leave out ids the tokenizer has no token for, as `tokenizers`
+	                           * does, instead of refusing them */
 };
 
 int hi3_tok_load(hi3_tok **out, const char *path, hi3_error *err);

@@ -1188,6 +1188,31 @@ static const char *token_of(const hi3_tok *t, int64_t id, size_t *len, int *adde
 	return NULL;
 }
 
+/* transformers' PreTrainedTokenizerBase.clean_up_tokenization: each
+ * replacement over the whole text in turn, as Python's str.replace, in
+ * place (every one shortens the text). */
+static size_t clean_up(char *s, size_t n)
+{
+	static const char *const from[] = {" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're"};
+	static const char *const to[] = {".", "?", "!", ",", "'", "n't", "'m", "'s", "'ve", "'re"};
+
+	for (size_t k = 0; k < HI3_ARRAY_SIZE(from); k++) {
+		size_t fl = strlen(from[k]), tl = strlen(to[k]), r = 0, w = 0;
+		while (r < n) {
+			if (n - r >= fl && !memcmp(s + r, from[k], fl)) {
+				memmove(s + w, to[k], tl);
+				w += tl;
+				r += fl;
+			} else {
+				s[w++] = s[r++];
+			}
+		}
+		n = w;
+	}
+	s[n] = 0;
+	return n;
+}
+
 int hi3_tok_decode(const hi3_tok *t, const int64_t *ids, size_t n, int flags, char **text, size_t *len,
                    hi3_error *err)
 {
@@ -1203,6 +1228,8 @@ int hi3_tok_decode(const hi3_tok *t, const int64_t *ids, size_t n, int flags, ch
 		const char *tok = token_of(t, ids[i], &tl, &added);
 		ptrdiff_t sp;
 
+		if (!tok && (flags & HI3_TOK_SKIP_UNKNOWN))
+			continue;
 		if (!tok) {
 			hi3_error_set(err, HI3_ERR_INPUT, "token id %lld (position %zu) is not in the vocabulary of %s",
 			              (long long)ids[i], i, t->path);
@@ -1240,8 +1267,9 @@ int hi3_tok_decode(const hi3_tok *t, const int64_t *ids, size_t n, int flags, ch
 	if (add_lossy(&o, (const unsigned char *)raw.p, raw.n, err) || hi3i_tok_buf_add(&o, "", 1, err))
 		goto out;
 	*text = o.p;
+	o.n = flags & HI3_TOK_CLEAN_UP ? clean_up(o.p, o.n - 1) : o.n - 1;
 	if (len)
-		*len = o.n - 1;
+		*len = o.n;
 	o.p = NULL;
 	rc = 0;
 out:
