@@ -166,11 +166,16 @@ int main(void)
 
 	/* the check can fail: a name and a key taken out of the manual */
 	cut = strdup(man);
-	memcpy(strstr(cut, "gen_image_hw ("), "xxxxxxxxxxxx", 12);
-	n = missing(cut, &hi3i_format_conditions, 1);
-	memcpy(strstr(cut, "token_placement,\nrouting_weights"), "xxxxxxxxxxxxxxx", 15);
-	ok(n == 1 && missing(cut, &hi3i_format_segment, 1) == 1,
-	   "a tensor and a metadata key taken out of the manual are found missing");
+	{
+		char *t = strstr(cut, "gen_image_hw ("), *k = strstr(cut, "token_placement,\nrouting_weights");
+		if (t)
+			memcpy(t, "xxxxxxxxxxxx", 12);
+		n = missing(cut, &hi3i_format_conditions, 1);
+		if (k)
+			memcpy(k, "xxxxxxxxxxxxxxx", 15);
+		ok(t && k && n == 1 && missing(cut, &hi3i_format_segment, 1) == 1,
+		   "a tensor and a metadata key taken out of the manual are found missing");
+	}
 	free(cut);
 
 	/* a writer writes only its table's keys */
