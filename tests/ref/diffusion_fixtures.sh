@@ -6,7 +6,7 @@
 # sde_noise), and what the PyTorch reference (diffusion_ref.py trajectory:
 # upstream's heads and scheduler, UniRL's SDE step, hi3ref's backbone, the
 # whole sequence every step) makes of that noise.
-# Needs HI3 (the hi3 binary) and PYTHON_REF (the Python of /work/venv), with
+# Needs HI3 (the hi3 binary) and PYTHON_REF (a Python with torch; see tests/README), with
 # the mirrors of upstream and UniRL; upstream's modules import torchvision and
 # transformers 4 (transformers.modeling_attn_mask_utils; upstream pins 4.57.1)
 # and diffusers: where the venv's are newer, name older ones in PYTHONPATH
@@ -16,7 +16,7 @@ set -euo pipefail
 out=$1
 here=$(cd "$(dirname "$0")" && pwd)
 : "${HI3:?HI3 must name the hi3 binary}"
-py=${PYTHON_REF:-/work/venv/bin/python}
+py=${PYTHON_REF:-python3}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hi3-diffusion-fixtures.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 "$HI3" -q init-model --preset tiny --seed 1 -o "$tmp/tiny"

@@ -31,7 +31,7 @@ ragged_final_layer).
       and with the KV cache of step 0 (only <timestep> and the image tokens
       fed), one JSON line (scripts/bench-diffusion).
 
-Needs the Python of /work/venv (torch, numpy, safetensors, diffusers, einops,
+Needs a Python with (torch, numpy, safetensors, diffusers, einops,
 transformers) and git.
 """
 import argparse
@@ -53,7 +53,7 @@ import upstream_template as U  # noqa: E402
 import vae_ref  # noqa: E402
 import vit_ref  # noqa: E402
 
-UNIRL_MIRROR = "/work/.mirror/Tencent-Hunyuan+UniRL/repo"
+UNIRL_MIRROR = os.path.join(U.MIRRORS, "Tencent-Hunyuan+UniRL", "repo")
 UNIRL_COMMIT = "1a7b501"
 SEED = 1
 

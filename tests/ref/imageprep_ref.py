@@ -33,7 +33,7 @@ must have AVX-512.
 
 Needs the versions upstream pins (requirements.txt at 1201fe8: pillow 12.0.0,
 transformers 4.57.1; torch 2.8.0, torchvision 0.23.0), numpy, safetensors.
-  make check-ref-image PYTHON_REF=/work/venv/bin/python \\
+  make check-ref-image PYTHON_REF=/path/to/venv/bin/python \\
       UPSTREAM=/path/to/HunyuanImage-3.0.git
 """
 import argparse

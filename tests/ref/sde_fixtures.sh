@@ -7,14 +7,14 @@
 # sde_kernels_ref.py makes of its stored latents, velocities, sigmas and
 # noise as CASE.ref; then each case through the projects' own functions
 # (sde_kernels_ref.py upstream), which must agree with the re-implementation.
-# Needs HI3 (the hi3 binary) and PYTHON_REF (the Python of /work/venv), and
+# Needs HI3 (the hi3 binary) and PYTHON_REF (a Python with torch; see tests/README), and
 # for the upstream check the mirrors of UniRL, FlowCPS and DanceGRPO
 # (UPSTREAM_MIRRORS) and, optionally, FLOW_GRPO_SDE (sde_kernels_ref.py).
 set -euo pipefail
 out=$1
 here=$(cd "$(dirname "$0")" && pwd)
 : "${HI3:?HI3 must name the hi3 binary}"
-py=${PYTHON_REF:-/work/venv/bin/python}
+py=${PYTHON_REF:-python3}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hi3-sde-fixtures.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 "$HI3" -q init-model --preset tiny --seed 1 -o "$tmp/tiny"

@@ -59,7 +59,7 @@ trajectory's cfg dtype, as upstream's pipeline (and hi3) combine.
       must agree bitwise with this re-implementation (a check of the
       re-implementation, not needed for the fixtures).
 
-Needs the Python of /work/venv (torch, numpy, safetensors).
+Needs a Python with (torch, numpy, safetensors).
 """
 import argparse
 import ast
@@ -221,7 +221,7 @@ def cmd_fixture(args):
 
 # ------------------------------------------------------------ upstream check
 
-MIRRORS = os.environ.get("UPSTREAM_MIRRORS", "/work/.mirror")
+MIRRORS = os.environ.get("UPSTREAM_MIRRORS", "")
 
 
 def source(repo, commit, path):

@@ -49,7 +49,7 @@ Case sets (--out tests/fixtures/upstream):
                                here from the tiny-release one: <img_ratio_33>
                                is 130103)
 
-Needs: the Python of /work/venv (torch 2.8, torchvision 0.23, transformers
+Needs: a Python with (torch 2.8, torchvision 0.23, transformers
 4.56.2, tokenizers, pillow, numpy, diffusers, einops) and git.
 """
 import argparse
@@ -61,11 +61,13 @@ import sys
 import tempfile
 import types
 
-MIRROR = "/work/.mirror/suryatmodulus+HunyuanImage-3.0/repo"
+# UPSTREAM_MIRRORS: the folder of the git mirrors, one OWNER+NAME/repo each
+MIRRORS = os.environ.get("UPSTREAM_MIRRORS", "")
+MIRROR = os.path.join(MIRRORS, "suryatmodulus+HunyuanImage-3.0", "repo")
 COMMIT = "1201fe8"
 # the base model's code: Tencent-Hunyuan/HunyuanImage-3.0 before the Instruct
 # release (tokenizer_wrapper.py, hunyuan.py)
-BASE_MIRROR = "/work/.mirror/Tencent-Hunyuan+HunyuanImage-3.0/repo"
+BASE_MIRROR = os.path.join(MIRRORS, "Tencent-Hunyuan+HunyuanImage-3.0", "repo")
 BASE_COMMIT = "1d011c8"
 BASE_FILES = ["tokenizer_wrapper", "configuration_hunyuan", "hunyuan", "image_processor", "system_prompt",
               "autoencoder_kl_3d", "hunyuan_image_3_pipeline", "siglip2"]
