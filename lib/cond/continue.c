@@ -31,17 +31,6 @@
 #include "cond/template.h"
 #include "format/provenance.h"
 
-void hi3_segment_hash(const hi3_segment *s, char out[17])
-{
-	uint64_t h = HI3_HASH_INIT;
-	int64_t dims[2] = {s->B, s->T};
-
-	h = hi3i_hash(h, dims, sizeof(dims));
-	h = hi3i_hash(h, s->cu_seqlens, sizeof(int64_t) * (size_t)(s->B + 1));
-	h = hi3i_hash(h, s->tokens, sizeof(int64_t) * (size_t)s->T);
-	snprintf(out, 17, "%016llx", (unsigned long long)h);
-}
-
 /* The index of tok among the ratio tokens of the buckets, or -1. */
 static int ratio_of(const hi3_template *t, int64_t tok)
 {

@@ -157,9 +157,6 @@ typedef struct hi3_continue_opts {
 } hi3_continue_opts;
 int hi3_cond_continue(hi3_cond **out, const hi3_template *t, const hi3_cond *text, const hi3_segment *seg,
                       const hi3_continue_opts *o, hi3_error *err);
-/* Hash of a segment's responses, its rows and their tokens (16 hex digits):
- * what an image stage's text_segment_hash names. */
-void hi3_segment_hash(const hi3_segment *s, char out[17]);
 
 /* ----------------------------------------------------------------- images */
 

@@ -176,6 +176,9 @@ void hi3_segment_close(hi3_segment *s);
 /* Write s atomically ("-": standard output), after the same checks
  * hi3_segment_open makes. */
 int hi3_segment_write(const hi3_segment *s, const char *path, hi3_error *err);
+/* Hash of a segment's responses, its rows and their tokens (16 hex digits):
+ * what an image stage's text_segment_hash names. */
+void hi3_segment_hash(const hi3_segment *s, char out[17]);
 
 /* A replay file (format hi3.replay, hi3-files(5)): the teacher-forced
  * log-probs of a segment's tokens, and optionally the routing of the pass

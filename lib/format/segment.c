@@ -134,3 +134,14 @@ int hi3_segment_write(const hi3_segment *s, const char *path, hi3_error *err)
 		return -1;
 	return hi3i_codec_write(&hi3i_format_segment, s, dims, m, HI3_ARRAY_SIZE(m), path, err);
 }
+
+void hi3_segment_hash(const hi3_segment *s, char out[17])
+{
+	uint64_t h = HI3_HASH_INIT;
+	int64_t dims[2] = {s->B, s->T};
+
+	h = hi3i_hash(h, dims, sizeof(dims));
+	h = hi3i_hash(h, s->cu_seqlens, sizeof(int64_t) * (size_t)(s->B + 1));
+	h = hi3i_hash(h, s->tokens, sizeof(int64_t) * (size_t)s->T);
+	snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
