@@ -332,6 +332,11 @@ const hi3_par *cli_parallel(hi3_error *err)
 #endif
 }
 
+int cli_rank(void)
+{
+	return par_state == 1 ? par.comm->rank : 0;
+}
+
 int cli_parallel_end(int rc)
 {
 	if (par_state != 1)

@@ -167,6 +167,9 @@ const hi3_par *cli_parallel(hi3_error *err);
  * rank with rc (the error was printed, naming this rank); success
  * finalizes MPI. Returns rc. */
 int cli_parallel_end(int rc);
+/* This process's rank among --parallel's (0 without --parallel): rank 0
+ * alone writes the files every rank computes alike. */
+int cli_rank(void);
 
 /* Open the model named by -m (usage error when missing), with --parallel's layout. With cli.keep_model
  * the model stays open after cli_close_model, and the next open with the same

@@ -213,7 +213,7 @@ int cmd_diffusion_capture(int argc, char **argv)
 	}
 	hi3_cond_close(c);
 	c = NULL;
-	if (rc == 0 && png) {
+	if (rc == 0 && png && cli_rank() == 0) {
 		hi3_trajectory *t = NULL;
 		if (hi3_trajectory_open(&t, out, &err) || hi3_trajectory_png(m, t, png, &err)) {
 			hi3_error_prefix(&err, "no PNG (the trajectory %s is written)", out);
@@ -224,7 +224,7 @@ int cmd_diffusion_capture(int argc, char **argv)
 		hi3_trajectory_close(t);
 	}
 	/* the trajectory is written (and its PNGs, or why not): the checkpoint has served */
-	if (captured && ckpt && unlink(ckpt) != 0 && errno != ENOENT)
+	if (captured && ckpt && cli_rank() == 0 && unlink(ckpt) != 0 && errno != ENOENT)
 		cli_warn("%s: cannot remove: %s", ckpt, strerror(errno));
 	free(ckpt);
 	hi3_trace_free(o.trace);

@@ -2,7 +2,8 @@
 # t6000-parallel.sh -- scale-out (hi3-parallel(7)): layouts of 2 and 4 ranks
 # under mpirun (tp, ep with either expert dispatch, both) give bitwise the
 # same KV files (cache, next logits), segments (tokens, log-probs: greedy,
-# top-k and top-p, the whole vocabulary) and replay files as one process,
+# top-k and top-p, the whole vocabulary), replay files and diffusion
+# trajectories as one process,
 # lm_head split on the vocabulary without exchanging logits rows; KV files
 # cross between layouts; a rank
 # that dies fails every rank and leaves the files resumable; bad layouts and
@@ -137,6 +138,20 @@ test_expect_success 'a trace under tp=4: the logits points (top-k, ids, log-sum-
 test_expect_success 'replay under tp=2,ep=2 writes the replay file of one process' '
 	run 4 tp=2,ep=2 -m tw replay tw.cond tw.seg -o tw4.rep >rep.json &&
 	cmp tw.rep tw4.rep && test_grep -q "\"tokens\"" rep.json
+'
+
+test_expect_success 'diffusion-capture under tp=2 and ep=2: the trajectory and PNGs of one process, no checkpoint left' '
+	printf "%s\n" \
+		"{\"prompt\": \"a red fox\", \"mode\": \"gen_image\", \"image_size\": \"32x48\", \"seed\": 7}" \
+		"{\"prompt\": \"two cats asleep on a warm mat\", \"mode\": \"gen_image\", \"image_size\": \"32x48\", \"seed\": 9}" \
+		>dreq.jsonl &&
+	hi3 -q -m tm tokenize-concat --exact-size dreq.jsonl -o d.cond &&
+	hi3 -q -t 1 -m tm diffusion-capture --steps 3 --sampler sde --sde-steps 1 d.cond -o d1.st --png p1 &&
+	for l in tp=2 ep=2; do
+		run 2 $l -m tm diffusion-capture --steps 3 --sampler sde --sde-steps 1 d.cond -o d-$l.st --png p-$l &&
+		cmp d1.st d-$l.st && cmp p1/row-0.png p-$l/row-0.png && cmp p1/row-1.png p-$l/row-1.png &&
+		test ! -e d-$l.st.partial || return 1
+	done
 '
 
 test_expect_success 'a KV file prefilled by 2 ranks decodes with 1, one prefilled by 1 decodes with 2' '

@@ -5,7 +5,8 @@
 # through the MPI communicator, where a GPU build calls NCCL. tp=2, ep=2
 # (both dispatches) and tp=2,ep=2 give bitwise the KV files, segments
 # (greedy and sampled) and replay files of one emulated CUDA process, and
-# under tp=2 and ep=2 all-to-all its diffusion trajectories; a KV file made
+# under tp=2 and ep=2 all-to-all its diffusion trajectories (resumed under
+# tp=2 from the checkpoint rank 0 alone keeps); a KV file made
 # by 2 ranks decodes with 1; a rank that dies fails every rank and the file
 # resumes to the same bits.
 # Skipped without mpirun or without MPI (configure found none).
@@ -97,6 +98,16 @@ test_expect_success 'cuda, diffusion-capture under tp=2 (KV reuse, CFG, an SDE s
 	one -m tiny diffusion-capture --steps 3 --sampler sde --sde-steps 1 d.cond -o d1.st &&
 	run 2 tp=2 -m tiny diffusion-capture --steps 3 --sampler sde --sde-steps 1 d.cond -o d2.st &&
 	cmp d1.st d2.st
+'
+
+test_expect_success 'cuda, tp=2: rank 0 alone keeps the checkpoint; killed after step 2, --resume gives the same trajectory' '
+	rm -f dk.st dk.st.partial &&
+	{ mpirun -np 2 sh -c "if [ \$OMPI_COMM_WORLD_RANK = 0 ]; then export HI3_TEST_KILL_AT=1:1; fi; \
+		exec \"$MPI_EMU\" -q -t 1 --backend cuda --parallel tp=2 -m tiny diffusion-capture --steps 3 \
+		--sampler sde --sde-steps 1 d.cond -o dk.st" 2>err; rc=$?; } ; echo "mpirun: exit $rc" && test "$rc" -ne 0 &&
+	test ! -e dk.st && test "$(hi3 inspect --tensor steps_done dk.st.partial | tail -n 1)" = 2 &&
+	run 2 tp=2 -m tiny diffusion-capture --resume --steps 3 --sampler sde --sde-steps 1 d.cond -o dk.st &&
+	cmp d1.st dk.st && test ! -e dk.st.partial
 '
 
 test_expect_success 'cuda, diffusion-capture of tiny-moe under ep=2 with the all-to-all: the trajectory of one process' '

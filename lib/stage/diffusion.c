@@ -271,6 +271,8 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 	void *lat = NULL;
 	char hash[17], *seeds = NULL;
 	double t0 = hi3i_now(), t_step0 = 0.0, t_rest = 0.0, t_ck = 0.0;
+	hi3_comm *comm = hi3i_model_comm(m);
+	const int lead = !comm || comm->rank == 0;   /* rank 0 alone keeps the checkpoint and writes the trajectory */
 	size_t n, es;
 	int rows, rc = -1, s0 = 0;
 
@@ -379,8 +381,15 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 	};
 	if (o->checkpoint) {
 		double tc = hi3i_now();
-		if (ckpt_begin(o, &tr, &ck, &done, &s0, &st->checkpoint_found, err))
+		int at[2] = {0, 0};   /* the step resumed from, whether a checkpoint was found */
+		if (lead && ckpt_begin(o, &tr, &ck, &done, &at[0], &at[1], err))
 			goto out;
+		/* the other ranks step from rank 0's checkpoint: its latents */
+		if (comm && (hi3_comm_bcast(comm, at, sizeof(at), 0, err) ||
+		             (at[0] > 0 && hi3_comm_bcast(comm, lat, es * g.B * (size_t)(s.T + 1) * n, 0, err))))
+			goto out;
+		s0 = at[0];
+		st->checkpoint_found = at[1];
 		t_ck += hi3i_now() - tc;
 		for (int b = 0; b < g.B; b++)
 			for (size_t e = 0; e < n; e++)
@@ -442,9 +451,12 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 		}
 	}
 	hi3i_test_kill_point(s.T, 0);
-	if (hi3_trajectory_write(&tr, traj_path, err))
+	if (lead && hi3_trajectory_write(&tr, traj_path, err))
 		goto out;
 	hi3i_test_kill_point(s.T, 1);
+	/* every rank returns once the trajectory is there */
+	if (comm && hi3_comm_barrier(comm, err))
+		goto out;
 	st->B = g.B;
 	st->R = g.R;
 	st->T = s.T;
