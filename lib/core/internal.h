@@ -30,6 +30,10 @@ static inline void hi3i_split(int N, int parts, int i, int *lo, int *n)
 	*n = (int)((int64_t)N * (i + 1) / parts) - *lo;
 }
 
+/* The index of name in a NULL-terminated list of names, or -1 (unknown,
+ * or name NULL): the option and metadata words of one table. */
+int hi3i_name_index(const char *const *names, const char *name);
+
 /* Allocation that reports failure through err (returns NULL). */
 void *hi3i_malloc(size_t n, hi3_error *err);
 void *hi3i_calloc(size_t count, size_t size, hi3_error *err);

@@ -14,6 +14,14 @@
 #include <unistd.h>
 #include "core/internal.h"
 
+int hi3i_name_index(const char *const *names, const char *name)
+{
+	for (int i = 0; name && names[i]; i++)
+		if (!strcmp(name, names[i]))
+			return i;
+	return -1;
+}
+
 int hi3i_read_file(const char *path, char **out, size_t *len, hi3_error *err)
 {
 	FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;

@@ -70,14 +70,6 @@ const char *const hi3i_bot_task_names[] = {"auto", "image", "think", "recaption"
                                            NULL};
 const char *const hi3i_mode_names[] = {"gen_text", "gen_image", NULL};
 
-int hi3i_name_index(const char *const *names, const char *s)
-{
-	for (int i = 0; names[i]; i++)
-		if (!strcmp(names[i], s))
-			return i;
-	return -1;
-}
-
 struct hi3i_cond *hi3i_cond_new(const char *name, hi3_error *err)
 {
 	struct hi3i_cond *ci = hi3i_calloc(1, sizeof(*ci), err);

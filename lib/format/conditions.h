@@ -20,8 +20,6 @@ enum hi3i_bot_task {
 };
 extern const char *const hi3i_mode_names[];       /* by enum hi3i_mode, NULL-terminated */
 extern const char *const hi3i_bot_task_names[];   /* by enum hi3i_bot_task, NULL-terminated */
-/* The index of s in a NULL-terminated list of names, or -1. */
-int hi3i_name_index(const char *const *names, const char *s);
 
 /* Owned tensors of a conditions, by slot. */
 enum { T_IDS, T_POS, T_REAL, T_ROPE, T_BLOCKS, T_SEEDS, T_STOPS, T_GMASK, T_VIT, T_VAE, T_TS, T_FORCED, T_GREEDY,

@@ -154,10 +154,7 @@ const char *const *hi3_init_presets(void)
 
 static int preset_of(const char *name)
 {
-	for (int i = 0; preset_names[i]; i++)
-		if (!strcmp(preset_names[i], name))
-			return i;
-	return -1;
+	return hi3i_name_index(preset_names, name);
 }
 
 /* ------------------------------------------------------- random numbers */

@@ -115,19 +115,16 @@ static int resolve(const hi3_model *m, const hi3_diffusion_opts *o, struct setti
 }
 
 static const char *const ablation_names[] = {"none", "decode-mask", "token-placement", "pos-pad", "rope-pad",
-                                             "rope-1d", "eoi"};
+                                             "rope-1d", "eoi", NULL};
 
 const char *hi3_ablation_name(int a)
 {
-	return a >= 0 && a < (int)HI3_ARRAY_SIZE(ablation_names) ? ablation_names[a] : "?";
+	return a >= 0 && a < (int)HI3_ARRAY_SIZE(ablation_names) - 1 ? ablation_names[a] : "?";
 }
 
 int hi3_ablation_of(const char *s)
 {
-	for (int i = 0; s && i < (int)HI3_ARRAY_SIZE(ablation_names); i++)
-		if (!strcmp(s, ablation_names[i]))
-			return i;
-	return -1;
+	return hi3i_name_index(ablation_names, s);
 }
 
 /* The denoiser's defects of a diffusion ablation (pos-pad: pads write

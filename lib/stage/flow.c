@@ -79,19 +79,16 @@ void hi3i_euler(const float *x, const float *v, size_t n, float sigma, float sig
  *   sqrt(2 pi) terms).
  */
 
-static const char *const kernel_names[] = {"flow-grpo", "cps", "dance-grpo"};
+static const char *const kernel_names[] = {"flow-grpo", "cps", "dance-grpo", NULL};
 
 const char *hi3_sde_kernel_name(int kernel)
 {
-	return kernel >= 0 && kernel < (int)HI3_ARRAY_SIZE(kernel_names) ? kernel_names[kernel] : NULL;
+	return kernel >= 0 && kernel < (int)HI3_ARRAY_SIZE(kernel_names) - 1 ? kernel_names[kernel] : NULL;
 }
 
 int hi3_sde_kernel_of(const char *name)
 {
-	for (int k = 0; name && k < (int)HI3_ARRAY_SIZE(kernel_names); k++)
-		if (!strcmp(name, kernel_names[k]))
-			return k;
-	return -1;
+	return hi3i_name_index(kernel_names, name);
 }
 
 double hi3_sde_kernel_eta(int kernel)

@@ -997,14 +997,14 @@ void hi3i_tok_pre_free(struct tok_pre *pt)
 static int parse_behavior(const char *s, enum tok_split_behavior *out)
 {
 	static const char *const names[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
-	                                    "Contiguous"};
+	                                    "Contiguous", NULL};
 
-	for (size_t i = 0; s && i < HI3_ARRAY_SIZE(names); i++)
-		if (!strcmp(s, names[i])) {
-			*out = (enum tok_split_behavior)i;
-			return 0;
-		}
-	return -1;
+	int i = hi3i_name_index(names, s);
+
+	if (i < 0)
+		return -1;
+	*out = (enum tok_split_behavior)i;
+	return 0;
 }
 
 int hi3i_tok_pre_parse(struct tok_pre **out, json_t *js, const char *path, hi3_error *err)
