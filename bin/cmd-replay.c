@@ -1,5 +1,4 @@
 /* cmd-replay.c -- hi3 replay: teacher-forced log-probs and the ratio report. */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,52 +53,6 @@ static char *format_of(const char *path, hi3_error *err)
 	return f;
 }
 
-/* The part of an RL sample the replay scored, in the report (*text
- * rewritten): "part" is "text" for the text stage of gen_image requests
- * with image_size auto (its conditions' and segment's hashes), "image" for
- * the image stage tokenize-concat --continue made from one (the text
- * stage's hashes and rows it continues); nothing for other conditions. */
-static int name_part(const hi3_cond *c, const hi3_segment *s, char **text, size_t *len)
-{
-	const char *next = hi3_cond_meta(c, "next_stage"), *tc = hi3_cond_meta(c, "text_conditions_hash");
-	json_t *root, *part;
-	char hash[17], *t;
-
-	if ((!next || !s) && !tc)
-		return 0;
-	if (!(root = json_loadb(*text, *len, 0, NULL)) || !(part = json_object()))
-		goto oom;
-	if (next && s) {
-		hi3_segment_hash(s, hash);
-		json_object_set_new(part, "part", json_string("text"));
-		json_object_set_new(part, "next_stage", json_string(next));
-		json_object_set_new(part, "conditions_hash", json_string(s->conditions_hash));
-		json_object_set_new(part, "segment_hash", json_string(hash));
-	} else {
-		json_object_set_new(part, "part", json_string("image"));
-		json_object_set_new(part, "text_conditions_hash", json_string(tc));
-		json_object_set_new(part, "text_segment_hash", json_string(hi3_cond_meta(c, "text_segment_hash")));
-		json_object_set_new(part, "text_rows", json_loads(hi3_cond_meta(c, "text_rows"), 0, NULL));
-	}
-	json_object_set_new(root, "stage", part);
-	t = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-	json_decref(root);
-	if (!t)
-		goto oom;
-	free(*text);
-	*len = strlen(t) + 1;
-	if (!(*text = realloc(t, *len + 1))) {
-		free(t);
-		goto oom;
-	}
-	memcpy(*text + *len - 1, "\n", 2);
-	return 0;
-oom:
-	json_decref(root);
-	cli_warn("out of memory");
-	return HI3_ERR_RUNTIME;
-}
-
 static int replay_trajectory(const char *cond, const char *traj, const char *out, double threshold, int text_opts,
                              int as_captured)
 {
@@ -119,7 +72,7 @@ static int replay_trajectory(const char *cond, const char *traj, const char *out
 		                       "options are for segments)");
 	if (hi3_cond_open(&c, cond, &err) || hi3_trajectory_open(&t, traj, &err) || cli_open_model(&m, &err) ||
 	    hi3_diffusion_replay_to_file(m, c, t, traj, &o, out, &rep, &err) ||
-	    hi3_diffusion_replay_report_json(&rep, &report, &len, &err)) {
+	    hi3_diffusion_replay_report_json(&rep, c, &report, &len, &err)) {
 		cli_progress_end();
 		rc = cli_fail(&err);
 		goto out;
@@ -131,8 +84,6 @@ static int replay_trajectory(const char *cond, const char *traj, const char *out
 		         "along the capture's path" : rep.ablate == HI3_ABLATE_ROPE_1D ? "statelessly (this defect acts "
 		         "alike with and without the KV cache)" : "statelessly: a gap is the defect's own rollout/replay "
 		         "mismatch (--as-captured follows the capture's path)");
-	if ((rc = name_part(c, NULL, &report, &len)) != 0)
-		goto out;
 	rc = fwrite(report, 1, len, stdout) == len ? 0 : HI3_ERR_RUNTIME;
 	if (threshold >= 0 && !(rep.max_abs <= threshold)) {
 		cli_warn("max |replay - rollout| SDE log-prob %.3g exceeds --threshold %.3g", rep.max_abs, threshold);
@@ -208,12 +159,10 @@ int cmd_replay(int argc, char **argv)
 	rc = hi3_replay_to_file(m, c, s, argv[1], &o, record, out, &rep, &err);
 	cli_progress_end();
 	if (rc != 0 || cli_trace_write(&trace, o.trace, &err) != 0 ||
-	    hi3_replay_report_json(&rep, &report, &len, &err) != 0) {
+	    hi3_replay_report_json(&rep, c, s, &report, &len, &err) != 0) {
 		rc = cli_fail(&err);
 		goto out;
 	}
-	if ((rc = name_part(c, s, &report, &len)) != 0)
-		goto out;
 	rc = fwrite(report, 1, len, stdout) == len ? 0 : HI3_ERR_RUNTIME;
 	if (threshold >= 0 && !(rep.max_abs <= threshold)) {
 		cli_warn("max |replay - rollout| log-prob %.3g exceeds --threshold %.3g", rep.max_abs, threshold);

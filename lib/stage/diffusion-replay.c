@@ -15,6 +15,7 @@
 #include "format/provenance.h"
 #include "model/model.h"
 #include "stage/diffusion.h"
+#include "stage/files.h"
 
 static int dtype_of(const char *s, hi3_dtype *dt)
 {
@@ -186,10 +187,10 @@ out:
 	return rc;
 }
 
-int hi3_diffusion_replay_report_json(const hi3_diffusion_replay_report *rep, char **text, size_t *len,
-                                     hi3_error *err)
+int hi3_diffusion_replay_report_json(const hi3_diffusion_replay_report *rep, const hi3_cond *c, char **text,
+                                     size_t *len, hi3_error *err)
 {
-	json_t *root = json_object(), *rows = json_array(), *ov = json_object();
+	json_t *root = json_object(), *rows = json_array(), *ov = json_object(), *part = hi3i_stage_part_json(c, NULL);
 
 	for (int b = 0; b < rep->B; b++) {
 		const hi3_diffusion_replay_row *r = &rep->rows[b];
@@ -213,5 +214,7 @@ int hi3_diffusion_replay_report_json(const hi3_diffusion_replay_report *rep, cha
 	json_object_set_new(root, "rows", rows);
 	json_object_set_new(root, "overall", ov);
 	json_object_set_new(root, "seconds", json_real(rep->seconds));
+	if (part)
+		json_object_set_new(root, "stage", part);
 	return hi3i_json_text(root, JSON_INDENT(2), text, len, err);
 }

@@ -9,6 +9,29 @@
 #include "stage/files.h"
 #include "stage/vocab.h"
 
+json_t *hi3i_stage_part_json(const hi3_cond *c, const hi3_segment *s)
+{
+	const char *next = hi3_cond_meta(c, "next_stage"), *tc = hi3_cond_meta(c, "text_conditions_hash");
+	json_t *part;
+	char hash[17];
+
+	if (((!next || !s) && !tc) || !(part = json_object()))
+		return NULL;
+	if (next && s) {
+		hi3_segment_hash(s, hash);
+		json_object_set_new(part, "part", json_string("text"));
+		json_object_set_new(part, "next_stage", json_string(next));
+		json_object_set_new(part, "conditions_hash", json_string(s->conditions_hash));
+		json_object_set_new(part, "segment_hash", json_string(hash));
+	} else {
+		json_object_set_new(part, "part", json_string("image"));
+		json_object_set_new(part, "text_conditions_hash", json_string(tc));
+		json_object_set_new(part, "text_segment_hash", json_string(hi3_cond_meta(c, "text_segment_hash")));
+		json_object_set_new(part, "text_rows", json_loads(hi3_cond_meta(c, "text_rows"), 0, NULL));
+	}
+	return part;
+}
+
 int hi3_cond_check_model(const hi3_cond *c, const hi3_model *m, hi3_error *err)
 {
 	return hi3i_cond_check_facts(c, hi3i_model_facts(m), err);

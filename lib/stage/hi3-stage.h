@@ -190,8 +190,12 @@ void hi3_replay_report_release(hi3_replay_report *rep);
 int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, const char *seg_path,
                        const hi3_replay_opts *o, int record_routing, const char *path, hi3_replay_report *rep,
                        hi3_error *err);
-/* The report as one JSON object (hi3-replay(1)); *text is malloc'd. */
-int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *len, hi3_error *err);
+/* The report as one JSON object (hi3-replay(1)); *text is malloc'd. c and
+ * s are the files replayed: a part of a two-stage rollout (the text stage
+ * of image_size auto, or the image stage continued from it) is named in
+ * its "stage" object. */
+int hi3_replay_report_json(const hi3_replay_report *rep, const hi3_cond *c, const hi3_segment *s, char **text,
+                           size_t *len, hi3_error *err);
 
 /* -------------------------------------------------------------- diffusion */
 
@@ -315,8 +319,10 @@ int hi3_diffusion_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_traj
                                  const hi3_diffusion_replay_opts *o, const char *path,
                                  hi3_diffusion_replay_report *rep, hi3_error *err);
 void hi3_diffusion_replay_report_release(hi3_diffusion_replay_report *rep);
-int hi3_diffusion_replay_report_json(const hi3_diffusion_replay_report *rep, char **text, size_t *len,
-                                     hi3_error *err);
+/* The report as one JSON object, c's part of a two-stage rollout named as
+ * hi3_replay_report_json names it. */
+int hi3_diffusion_replay_report_json(const hi3_diffusion_replay_report *rep, const hi3_cond *c, char **text,
+                                     size_t *len, hi3_error *err);
 
 /* Decode the final latents of a trajectory with the model's VAE decoder
  * and write one PNG per request, DIR/row-<i>.png (the directory is made

@@ -569,9 +569,10 @@ static json_t *row_json(const hi3_replay_row *r, int i, int routed, int have_rou
 	return o;
 }
 
-int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *len, hi3_error *err)
+int hi3_replay_report_json(const hi3_replay_report *rep, const hi3_cond *c, const hi3_segment *s, char **text,
+                           size_t *len, hi3_error *err)
 {
-	json_t *root = json_object(), *rows = json_array(), *ov;
+	json_t *root = json_object(), *rows = json_array(), *ov, *part = hi3i_stage_part_json(c, s);
 	hi3_replay_row all = {
 		.tokens = rep->tokens, .mean_abs = rep->mean_abs, .max_abs = rep->max_abs,
 		.ratio_mean = rep->ratio_mean, .ratio_min = rep->ratio_min, .ratio_max = rep->ratio_max,
@@ -594,5 +595,7 @@ int hi3_replay_report_json(const hi3_replay_report *rep, char **text, size_t *le
 	json_object_set_new(root, "seconds", json_real(rep->seconds));
 	json_object_set_new(root, "tokens_per_s",
 	                    json_real(rep->seconds > 0 ? (double)rep->tokens / rep->seconds : 0.0));
+	if (part)
+		json_object_set_new(root, "stage", part);
 	return hi3i_json_text(root, JSON_INDENT(2), text, len, err);
 }
