@@ -8,9 +8,8 @@
 #include "backend/backend.h"
 #include "backend/gemm.h"
 
-/* Fork threads for an elementwise op only when it has this much work:
- * below it the fork/join costs more than it saves (decode at small B). */
-#define PAR(work) ((work) >= ((size_t)1 << 16))
+/* Fork threads for an op only when it is worth it (core/internal.h). */
+#define PAR(work) HI3_PAR_WORTH(work)
 
 struct hi3_wt {
 	int kind;

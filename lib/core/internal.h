@@ -22,6 +22,10 @@ _Noreturn void hi3i_assert_fail(const char *what, const char *file, int line);
 #define HI3_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define HI3_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define HI3_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+/* Fork OpenMP threads for a loop only when it has this much work (its
+ * elements times their cost): below it the fork/join costs more than it
+ * saves (decode at small B). */
+#define HI3_PAR_WORTH(work) ((size_t)(work) >= ((size_t)1 << 16))
 
 /* The rows [lo, lo + n) of a length-N axis split into parts: part i. */
 static inline void hi3i_split(int N, int parts, int i, int *lo, int *n)

@@ -261,8 +261,6 @@ static int axis_tv_f32(struct axis *a, int in, int out, hi3_error *err)
 
 /* ------------------------------------------------------------- passes */
 
-#define PAR(work) ((work) > (1 << 16))
-
 static inline uint8_t clip8(int32_t acc, int prec)
 {
 	if (acc < 0)
@@ -332,7 +330,7 @@ MULTIVERSION static void vrow(uint8_t *d, const uint8_t *s, size_t ss, size_t nv
 static void vpass_int(uint8_t *dst, size_t ds, const uint8_t *src, size_t ss, size_t nv, const struct axis *a,
                       int o0, int on, int r0)
 {
-#pragma omp parallel for schedule(static) if (PAR(nv * on * a->ksize))
+#pragma omp parallel for schedule(static) if (HI3_PAR_WORTH(nv * on * a->ksize))
 	for (int y = 0; y < on; y++)
 		vrow(dst + (size_t)y * ds, src + (size_t)(a->lo[o0 + y] - r0) * ss, ss, nv,
 		     a->w + (size_t)(o0 + y) * a->ksize, a->n[o0 + y], a->prec);
@@ -388,7 +386,7 @@ static int hpass_int(uint8_t *dst, size_t ds, const uint8_t *src, size_t ss, int
 	const int xa = a->lo[o0], xb = a->lo[o0 + on - 1] + a->n[o0 + on - 1];
 	int failed = 0;
 
-#pragma omp parallel if (PAR((size_t)rows * on * a->ksize)) reduction(| : failed)
+#pragma omp parallel if (HI3_PAR_WORTH((size_t)rows * on * a->ksize)) reduction(| : failed)
 	{
 		uint8_t *t = malloc((size_t)(xb - xa) * STRIP + 1), *u = malloc((size_t)on * STRIP);
 		if (!t || !u) {
@@ -416,7 +414,7 @@ static int hpass_int(uint8_t *dst, size_t ds, const uint8_t *src, size_t ss, int
 static inline __attribute__((always_inline)) void hpass_f32_any(float *dst, const uint8_t *s8, const float *sf,
                                                                 int rows, int in_w, int C, const struct axis *a)
 {
-#pragma omp parallel for schedule(static) if (PAR((size_t)rows * a->out * a->ksize))
+#pragma omp parallel for schedule(static) if (HI3_PAR_WORTH((size_t)rows * a->out * a->ksize))
 	for (int y = 0; y < rows; y++) {
 		const size_t s0 = (size_t)y * in_w * C;
 		float *d = dst + (size_t)y * a->out * C;
@@ -447,7 +445,7 @@ static void vpass_f32(float *dst, const float *src, int w, int C, const struct a
 {
 	const size_t row = (size_t)w * C;
 
-#pragma omp parallel for schedule(static) if (PAR(row * a->out * a->ksize))
+#pragma omp parallel for schedule(static) if (HI3_PAR_WORTH(row * a->out * a->ksize))
 	for (int y = 0; y < a->out; y++) {
 		const float *k = a->wf + (size_t)y * a->ksize;
 		const float *s = src + (size_t)a->lo[y] * row;
