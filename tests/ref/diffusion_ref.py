@@ -326,11 +326,61 @@ def request_files(path):
     return out
 
 
+class UpstreamBackbone:
+    """Upstream's own HunyuanImage3Model (modeling_hunyuan_image_3.py: its
+    SDPA attention, HunyuanMoE with the default top-k gate and einsum
+    dispatch, HunyuanStaticCache) in fp32 on the CPU, with the weights of a
+    model directory; forward() has hi3ref.Model.forward's arguments for the
+    calls the Denoiser makes and returns the last layer's output before
+    ln_f, as upstream's ragged_final_layer reads it."""
+
+    def __init__(self, M, model_dir, ref):
+        from hunyuan_image_3.configuration_hunyuan_image_3 import HunyuanImage3Config
+        with open(os.path.join(model_dir, "config.json")) as f:
+            raw = json.load(f)
+        raw.pop("vae", None)        # the backbone needs none of the image towers' settings
+        self.cfg = HunyuanImage3Config(**raw)
+        self.cfg._attn_implementation = "sdpa"
+        # HunyuanMoE.forward selects the CUDA device of its input; on the CPU
+        # there is none to select
+        torch.cuda.set_device = lambda *a, **k: None
+        self.model = M.HunyuanImage3Model(self.cfg).float().eval()
+        sd = {k[len("model."):]: v for k, v in ref.w.items() if k.startswith("model.")}
+        missing, unexpected = self.model.load_state_dict(sd, strict=False)
+        assert not unexpected and all(k.startswith("ln_f") for k in missing), (missing, unexpected)
+        self.ref = ref
+        self.L = 0
+
+    def new_cache(self, R, L):
+        self.L = L
+        return upstream_cache(self.cfg, R, L)
+
+    def forward(self, ids, rope, hi, blocks=None, cache=None, slots=None, embeds=None, logits=False):
+        B, T = ids.shape
+        cos, sin = self.ref.rope_cos_sin(rope)
+        if cache is None:
+            mask = hi3ref.attention_mask(torch.arange(T).expand(B, T), hi, blocks, T)
+        else:
+            mask = hi3ref.attention_mask(slots, hi, blocks, self.L)
+        out = self.model(inputs_embeds=embeds.float(), attention_mask=mask.unsqueeze(1),
+                         position_ids=None if cache is None else slots.long(), past_key_values=cache,
+                         use_cache=cache is not None, custom_pos_emb=(cos, sin), mode="gen_image",
+                         return_dict=True)
+        return {"last": out.last_hidden_state}
+
+
+def upstream_cache(cfg, R, L):
+    """Upstream's HunyuanStaticCache for R rows of L slots."""
+    import hunyuan_image_3.modeling_hunyuan_image_3 as M
+    return M.HunyuanStaticCache(config=cfg, max_cache_len=L, max_batch_size=R)
+
+
 class Denoiser:
     """Velocity predictions for the gen_image rows of a conditions file."""
 
-    def __init__(self, M, model_dir, cond_path, requests=None):
+    def __init__(self, M, model_dir, cond_path, requests=None, backbone="hi3ref"):
         self.m = hi3ref.Model(model_dir)
+        self.net = UpstreamBackbone(M, model_dir, self.m) if backbone == "upstream" else self.m
         self.hd = Heads(M, model_dir)
         c, meta = read_st(cond_path)
         self.c, self.meta = c, meta
@@ -352,6 +402,12 @@ class Denoiser:
                      if "image_row" in c else None)
         self.guidance = bool(mc.get("cfg_distilled", False))
         self.meanflow = bool(mc.get("use_meanflow", False))
+
+    def new_cache(self):
+        """An empty KV cache of the backbone for every row and slot."""
+        if self.net is self.m:
+            return hi3ref.StaticCache(self.m.cfg, self.R, self.L)
+        return self.net.new_cache(self.R, self.L)
 
     def embeds(self, x_rows, t, t_r, gv, cols):
         """The input rows of the tokens cols (R, T) for latents x_rows (R, Z, h, w)."""
@@ -396,8 +452,8 @@ class Denoiser:
         e = self.embeds(x_rows, t, t_r, gv, cols)
         rope = torch.stack([self.rope[r][cols[r]] for r in range(R)])
         with torch.no_grad():
-            out = self.m.forward(self.ids.gather(1, cols), rope, hi, self.blocks, cache=cache, slots=slots,
-                                 embeds=e, logits=False)
+            out = self.net.forward(self.ids.gather(1, cols), rope, hi, self.blocks, cache=cache, slots=slots,
+                                   embeds=e, logits=False)
         last = out["last"]
         cr0 = [{int(v): j for j, v in enumerate(cols[r].tolist())} for r in range(R)]
         hid = torch.stack([last[r, cr0[r][self.img_start[r]]:cr0[r][self.img_start[r]] + self.N] for r in range(R)])
@@ -475,16 +531,21 @@ def cmd_bench(a):
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.set_grad_enabled(False)
-    dn = Denoiser(M, a.model, a.cond)
+    dn = Denoiser(M, a.model, a.cond, backbone=a.backbone)
     x = torch.from_numpy(np.random.default_rng(1).standard_normal((dn.B, dn.hd.Z, dn.h, dn.w)).astype(np.float32))
-    res = {"impl": "torch-ref", "torch": torch.__version__, "threads": torch.get_num_threads(), "R": dn.R,
-           "L": dn.L, "image_tokens": dn.N, "steps": a.steps}
-    dn.velocity(x, 1000.0, 0.0, 0.0)                          # warm up
+    res = {"impl": "torch-ref", "backbone": a.backbone, "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "R": dn.R, "L": dn.L, "image_tokens": dn.N, "steps": a.steps}
+    v = dn.velocity(x, 1000.0, 0.0, 0.0)                      # warm up
+    if a.backbone != "hi3ref":
+        # the same math: the velocity of hi3ref's backbone at the same step
+        net, dn.net = dn.net, dn.m
+        res["max_abs_vs_hi3ref"] = float((v - dn.velocity(x, 1000.0, 0.0, 0.0)).abs().max())
+        dn.net = net
     t0 = time.perf_counter()
     for i in range(a.steps):
         dn.velocity(x, 900.0 - i, 0.0, 0.0)
     res["step_full_s"] = (time.perf_counter() - t0) / a.steps
-    cache = hi3ref.StaticCache(dn.m.cfg, dn.R, dn.L)
+    cache = dn.new_cache()
     t0 = time.perf_counter()
     dn.velocity(x, 1000.0, 0.0, 0.0, cache=cache, first=True)
     res["step0_s"] = time.perf_counter() - t0
@@ -523,6 +584,9 @@ def main():
     b.add_argument("--cond", required=True)
     b.add_argument("--steps", type=int, default=3)
     b.add_argument("--threads", type=int, default=0)
+    b.add_argument("--backbone", choices=["upstream", "hi3ref"], default="upstream",
+                   help="the backbone around upstream's heads: upstream's HunyuanImage3Model (default) or "
+                        "hi3ref.Model")
     a = p.parse_args()
     torch.manual_seed(0)
     {"heads": cmd_heads, "trajectory": cmd_trajectory, "bench": cmd_bench}[a.cmd](a)
