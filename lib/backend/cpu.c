@@ -514,12 +514,22 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, cons
 #define scores(...) scores_portable(__VA_ARGS__)
 #endif
 
-/* acc (d) = sum over keys j in [j0, j1) with p[j] != 0 of p[j] * v_j, in
- * key order, one fused multiply-add per element and key. */
+static float max_portable(const float *sc, int n)
+{
+	float mx = -INFINITY;
+
+	for (int j = 0; j < n; j++)
+		if (sc[j] > mx)
+			mx = sc[j];
+	return mx;
+}
+
+/* acc (d) += sum over keys j in [j0, j1) with p[j] != 0 of p[j] * v_j, in
+ * key order, one fused multiply-add per element and key: consecutive ranges
+ * continue one sum, with the same bits as one call over their union. */
 static void pv_portable(float *acc, const float *p, const hi3_kv_src *vs, int64_t base, int j0, int j1, int d,
                         float *vbuf)
 {
-	memset(acc, 0, sizeof(float) * (size_t)d);
 	for (int j = j0; j < j1; j++) {
 		const float *v;
 		if (p[j] == 0.0f)
@@ -531,107 +541,220 @@ static void pv_portable(float *acc, const float *p, const hi3_kv_src *vs, int64_
 }
 
 #if defined(__x86_64__)
-/* The same, with the accumulator in registers (d a multiple of 8, <= 128). */
+/* The same, 64 elements at a time with their eight accumulators in
+ * registers (each element's sum over the keys is independent of the
+ * others, so the split changes no bit). */
 __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float *p, const hi3_kv_src *vs,
                                                         int64_t base, int j0, int j1, int d, float *vbuf)
 {
-	__m256 a[16];
-	const int nv = d / 8;
+	const float *vb = (const float *)vs->base + base;
+	const int64_t st = vs->slot_stride;
+	int c = 0;
 
-	if (d % 8 || d > 128 || vs->dtype != HI3_F32) {
+	if (d % 8 || vs->dtype != HI3_F32) {
 		pv_portable(acc, p, vs, base, j0, j1, d, vbuf);
 		return;
 	}
-	for (int i = 0; i < nv; i++)
-		a[i] = _mm256_setzero_ps();
-	for (int j = j0; j < j1; j++) {
-		const float *v = (const float *)vs->base + base + j * vs->slot_stride;
-		__m256 pj;
-		if (p[j] == 0.0f)
-			continue;
-		pj = _mm256_set1_ps(p[j]);
-		for (int i = 0; i < nv; i++)
-			a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
+	for (; c + 64 <= d; c += 64) {
+		__m256 a0 = _mm256_loadu_ps(acc + c), a1 = _mm256_loadu_ps(acc + c + 8);
+		__m256 a2 = _mm256_loadu_ps(acc + c + 16), a3 = _mm256_loadu_ps(acc + c + 24);
+		__m256 a4 = _mm256_loadu_ps(acc + c + 32), a5 = _mm256_loadu_ps(acc + c + 40);
+		__m256 a6 = _mm256_loadu_ps(acc + c + 48), a7 = _mm256_loadu_ps(acc + c + 56);
+		for (int j = j0; j < j1; j++) {
+			const float *v = vb + j * st + c;
+			__m256 pj;
+			if (p[j] == 0.0f)
+				continue;
+			pj = _mm256_set1_ps(p[j]);
+			a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), a0);
+			a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), a1);
+			a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 16), a2);
+			a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 24), a3);
+			a4 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 32), a4);
+			a5 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 40), a5);
+			a6 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 48), a6);
+			a7 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 56), a7);
+		}
+		_mm256_storeu_ps(acc + c, a0);
+		_mm256_storeu_ps(acc + c + 8, a1);
+		_mm256_storeu_ps(acc + c + 16, a2);
+		_mm256_storeu_ps(acc + c + 24, a3);
+		_mm256_storeu_ps(acc + c + 32, a4);
+		_mm256_storeu_ps(acc + c + 40, a5);
+		_mm256_storeu_ps(acc + c + 48, a6);
+		_mm256_storeu_ps(acc + c + 56, a7);
 	}
-	for (int i = 0; i < nv; i++)
-		_mm256_storeu_ps(acc + 8 * i, a[i]);
+	for (; c < d; c += 8) {
+		__m256 a = _mm256_loadu_ps(acc + c);
+		for (int j = j0; j < j1; j++)
+			if (p[j] != 0.0f)
+				a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vb + j * st + c), a);
+		_mm256_storeu_ps(acc + c, a);
+	}
+}
+
+/* The largest of sc[0..n) above -inf, as the scalar loop "if (sc[j] > mx)
+ * mx = sc[j]" finds it (a NaN never wins). */
+__attribute__((target("avx2"))) static float max_avx2(const float *sc, int n)
+{
+	__m256 m = _mm256_set1_ps(-INFINITY);
+	float l[8], mx = -INFINITY;
+	int j = 0;
+
+	for (; j + 8 <= n; j += 8)
+		m = _mm256_max_ps(_mm256_loadu_ps(sc + j), m);   /* x > m ? x : m, per lane */
+	_mm256_storeu_ps(l, m);
+	for (int i = 0; i < 8; i++)
+		if (l[i] > mx)
+			mx = l[i];
+	for (; j < n; j++)
+		if (sc[j] > mx)
+			mx = sc[j];
+	return mx;
 }
 #define pv(...) (cpu_has_avx2() ? pv_avx2(__VA_ARGS__) : pv_portable(__VA_ARGS__))
+#define max_above_inf(sc, n) (cpu_has_avx2() ? max_avx2(sc, n) : max_portable(sc, n))
 #else
 #define pv(...) pv_portable(__VA_ARGS__)
+#define max_above_inf(sc, n) max_portable(sc, n)
 #endif
 
+
+/* Attention, one work item at a time: up to ATT_TB consecutive queries of
+ * one kv head, each with the query heads that share it (or one query head,
+ * when there are too few items for the threads). The item walks the keys
+ * in tiles of ATT_KT, every query of the item on one tile before the next,
+ * so that a tile of K (then of V) is read from memory once per item, not
+ * once per query head. Each query's arithmetic is unchanged by the tiling:
+ * a key's score is one canonical dot product in any range, the softmax runs
+ * over its keys in order, and pv continues one sum across tiles. */
+#define ATT_TB 4
+#define ATT_KT 64
+#define ATT_QMAX (ATT_TB * 16)
+
+struct att_query {
+	const float *q;
+	float *o, *sc, *acc;
+	int64_t base_k, base_v;
+	int end, a1, b0;          /* keys [0, end): scored in [0, a1) and [b0, end) */
+	float sum;
+};
 
 static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *ks,
                           const hi3_kv_src *vs, const hi3_attn_q *q, const struct hi3_dims *dm, int M)
 {
 	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
 	const float scale = 1.0f / sqrtf((float)d);
+	const size_t par = (size_t)omp_get_max_threads() * 4;
+	/* heads per item (all g of a kv head, or one) and queries per item */
+	const int hb = (g <= 16 && (size_t)M * dm->n_kv >= par) ? g : 1;
+	const int tb = (hb > 1 && (size_t)M * dm->n_kv >= par * ATT_TB) ? ATT_TB : 1;
+	const int n_hg = dm->n_h / hb, n_tb = (M + tb - 1) / tb;
 
 #pragma omp parallel
 	{
-		float *sc = NULL;
+		float *sc = NULL, *acc = NULL;
 		size_t sc_cap = 0;
-		float kbuf[1024], acc[1024];
+		float kbuf[1024];
+		struct att_query aq[ATT_QMAX];
 
+		if (!(acc = malloc(sizeof(float) * (size_t)ATT_QMAX * (size_t)d))) {
+#pragma omp critical(hi3_cpu_fail)
+			hi3i_backend_fail(be, "cpu attention: out of memory for %d accumulators", ATT_QMAX);
+		}
 #pragma omp for schedule(dynamic, 1) collapse(2)
-		for (int m = 0; m < M; m++) {
-			for (int h = 0; h < dm->n_h; h++) {
-				const hi3_attn_q *aq = &q[m];
-				const float *qh = qkv + (size_t)m * W + ((size_t)(h / g) * (g + 2) + (size_t)(h % g)) * d;
-				int end = HI3_MAX(aq->hi + 1, aq->blk_hi), j;
-				float mx = -INFINITY, sum = 0.0f;
-				float *o = out + (size_t)m * dm->n_h * d + (size_t)h * d;
-				int64_t base_k = aq->row * ks->row_stride + (int64_t)(h / g) * ks->head_stride;
-				int64_t base_v = aq->row * vs->row_stride + (int64_t)(h / g) * vs->head_stride;
+		for (int ti = 0; ti < n_tb; ti++) {
+			for (int hg = 0; hg < n_hg; hg++) {
+				int nq = 0, end_max = 0;
 
-				if (end < 0)
-					end = 0;
-				if ((size_t)end > sc_cap) {
+				if (!acc)
+					continue;
+				for (int m = ti * tb; m < HI3_MIN(M, (ti + 1) * tb); m++) {
+					const hi3_attn_q *a = &q[m];
+					int end = HI3_MAX(HI3_MAX(a->hi + 1, a->blk_hi), 0);
+					for (int h = hg * hb; h < (hg + 1) * hb; h++) {
+						struct att_query *x = &aq[nq++];
+						x->q = qkv + (size_t)m * W + ((size_t)(h / g) * (g + 2) + (size_t)(h % g)) * d;
+						x->o = out + (size_t)m * dm->n_h * d + (size_t)h * d;
+						x->base_k = a->row * ks->row_stride + (int64_t)(h / g) * ks->head_stride;
+						x->base_v = a->row * vs->row_stride + (int64_t)(h / g) * vs->head_stride;
+						x->end = end;
+						x->a1 = HI3_MIN(a->hi + 1, end);
+						x->b0 = HI3_MAX(a->blk_lo, x->a1);
+					}
+					end_max = HI3_MAX(end_max, end);
+				}
+				if ((size_t)end_max * (size_t)nq > sc_cap) {
 					free(sc);
-					sc_cap = (size_t)end + 256;
+					sc_cap = ((size_t)end_max + 256) * (size_t)nq;
 					if (!(sc = malloc(sc_cap * sizeof(float)))) {
 						sc_cap = 0;
 #pragma omp critical(hi3_cpu_fail)
 						hi3i_backend_fail(be, "cpu attention: out of memory for the scores of %d keys",
-						                  end);
-						memset(o, 0, sizeof(float) * (size_t)d);
+						                  end_max);
+						for (int i = 0; i < nq; i++)
+							memset(aq[i].o, 0, sizeof(float) * (size_t)d);
 						continue;
 					}
 				}
-				/* admitted: [0, hi] and the query's block [blk_lo, blk_hi) */
-				{
-					int a1 = HI3_MIN(aq->hi + 1, end), b0 = HI3_MAX(aq->blk_lo, a1);
-					if (a1 > 0)
-						scores(qh, ks, base_k, 0, a1, d, scale, sc, kbuf);
-					for (j = HI3_MAX(a1, 0); j < b0 && j < end; j++)
-						sc[j] = -INFINITY;
-					if (b0 < end)
-						scores(qh, ks, base_k, b0, end, d, scale, sc, kbuf);
-					for (j = 0; j < end; j++)
-						if (sc[j] > mx)
-							mx = sc[j];
+				for (int i = 0; i < nq; i++) {
+					aq[i].sc = sc + (size_t)i * (size_t)end_max;
+					aq[i].acc = acc + (size_t)i * (size_t)d;
 				}
-				if (mx == -INFINITY) {               /* admits no key */
-					memset(o, 0, sizeof(float) * (size_t)d);
-					continue;
+				/* scores; keys not admitted: [max(a1, 0), b0) */
+				for (int j0 = 0; j0 < end_max; j0 += ATT_KT) {
+					for (int i = 0; i < nq; i++) {
+						struct att_query *x = &aq[i];
+						int j1 = HI3_MIN(j0 + ATT_KT, x->end), lo, hi;
+						if (j0 >= j1)
+							continue;
+						if ((hi = HI3_MIN(x->a1, j1)) > j0)
+							scores(x->q, ks, x->base_k, j0, hi, d, scale, x->sc, kbuf);
+						for (int j = HI3_MAX(HI3_MAX(x->a1, 0), j0); j < HI3_MIN(x->b0, j1); j++)
+							x->sc[j] = -INFINITY;
+						if ((lo = HI3_MAX(x->b0, j0)) < j1)
+							scores(x->q, ks, x->base_k, lo, j1, d, scale, x->sc, kbuf);
+					}
 				}
 				/* weights in place of the scores (0 for keys not admitted) */
-				for (j = 0; j < end; j++) {
-					if (sc[j] == -INFINITY) {
-						sc[j] = 0.0f;
+				for (int i = 0; i < nq; i++) {
+					struct att_query *x = &aq[i];
+					float mx = max_above_inf(x->sc, x->end), sum = 0.0f, *p = x->sc;
+					if (mx == -INFINITY) {          /* admits no key */
+						x->end = 0;
 						continue;
 					}
-					sc[j] = expf(sc[j] - mx);
-					sum += sc[j];
+					for (int j = 0; j < x->end; j++) {
+						if (p[j] == -INFINITY) {
+							p[j] = 0.0f;
+							continue;
+						}
+						p[j] = expf(p[j] - mx);
+						sum += p[j];
+					}
+					x->sum = sum;
 				}
-				pv(acc, sc, vs, base_v, 0, end, d, kbuf);
+				for (int i = 0; i < nq; i++)
+					memset(aq[i].acc, 0, sizeof(float) * (size_t)d);
+				for (int j0 = 0; j0 < end_max; j0 += ATT_KT)
+					for (int i = 0; i < nq; i++)
+						if (j0 < aq[i].end)
+							pv(aq[i].acc, aq[i].sc, vs, aq[i].base_v, j0,
+							   HI3_MIN(j0 + ATT_KT, aq[i].end), d, kbuf);
+				for (int i = 0; i < nq; i++) {
+					struct att_query *x = &aq[i];
+					if (x->end == 0) {
+						memset(x->o, 0, sizeof(float) * (size_t)d);
+						continue;
+					}
 #pragma omp simd
-				for (int i = 0; i < d; i++)
-					o[i] = acc[i] / sum;
+					for (int k = 0; k < d; k++)
+						x->o[k] = x->acc[k] / x->sum;
+				}
 			}
 		}
 		free(sc);
+		free(acc);
 	}
 }
 
