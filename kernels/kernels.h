@@ -155,6 +155,29 @@ typedef struct hi3k_gemv_job {
  * weights of one dtype, every M <= HI3K_GEMV_MAX_M, every N <= max_N. */
 cudaError_t HI3K(gemv_group)(cudaStream_t s, const hi3k_gemv_job *jobs, int n_jobs, int max_N, int dtype);
 
+/* A weight-only quantized matrix W (N, K) on the device (kernels/qgemv.cu;
+ * the formats and values of lib/backend/quant.h, which cuda.c copies here):
+ * codes and scales as the checkpoint stores them. */
+enum { HI3K_Q_FP8 = 1, HI3K_Q_INT8 = 2, HI3K_Q_NF4 = 3, HI3K_Q_NVFP4 = 4 };
+typedef struct hi3k_qmat {
+	const uint8_t *codes;     /* FP8, INT8 (N, K); NF4 ceil(N K / 2); NVFP4 (N, K / 2) */
+	const void *scale;        /* FP8 (N) or (1); INT8 (N) F32; NF4 absmax F32, or U8 when nested;
+	                           * NVFP4 (N, K / block) e4m3 */
+	const float *nested_absmax;
+	int format, N, K, block;
+	int scale_dtype, per_row, round_to, nested;   /* dtypes: HI3Q_* of backend/qvalue.h */
+	int nested_block;
+	float scale2, offset;
+	float map[16], nested_map[256];
+} hi3k_qmat;
+/* y (M, N) = x (M, K) . W^T for any M, W quantized (q in device memory):
+ * each weight dequantized in registers to the CPU's f32 value, x kept f32;
+ * a column's sum runs in one fixed order whatever M (rows are taken 8 at
+ * a time), so a row alone and batched give the same bits. */
+cudaError_t HI3K(qgemv)(cudaStream_t s, float *y, const float *x, const hi3k_qmat *q, int M, int N, int K);
+/* The jobs of gemv_group, their w a hi3k_qmat: the same bits as one qgemv each. */
+cudaError_t HI3K(qgemv_group)(cudaStream_t s, const hi3k_gemv_job *jobs, int n_jobs, int max_N);
+
 /* The most candidates (top-k) a row's draw can keep. */
 #define HI3K_SAMPLE_MAX_K 1024
 

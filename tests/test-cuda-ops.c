@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/backend.h"
+#include "backend/quant.h"
 #include "model/conv.h"
 #include "tap.h"
 #include "cuda-test.h"
@@ -1075,6 +1076,203 @@ static void test_image_ops(void)
 	test_attention_dense(1, 50, 1, 1100, 0);
 }
 
+/* ---------------------------------------------------------------- quantized */
+
+/* A random weight-only quantized (N, K) matrix of one layout (quant.h),
+ * its bytes in buf (freed by the caller). NaN e4m3 codes are left out: a
+ * NaN weight would make its whole column NaN in the products below. */
+struct qcase {
+	const char *what;
+	int format, N, K, block, per_row, nested, nested_block;
+	hi3_dtype scale_dtype, round_to;
+};
+
+static void *qrand_bytes(size_t n, int fp8)
+{
+	uint8_t *p = malloc(n + 1);
+
+	HI3_ASSERT(p);
+	for (size_t i = 0; i < n; i++) {
+		p[i] = (uint8_t)(urand() * 256.0);
+		if (fp8 && (p[i] & 0x7f) == 0x7f)
+			p[i] ^= 1;
+	}
+	return p;
+}
+
+static hi3_qweight qmake(const struct qcase *c, void **buf)
+{
+	const size_t nk = (size_t)c->N * (size_t)c->K;
+	hi3_qweight q = {.format = c->format, .N = c->N, .K = c->K, .block = c->block, .per_row = c->per_row,
+	                 .scale_dtype = c->scale_dtype, .round_to = c->round_to, .nested = c->nested,
+	                 .nested_block = c->nested_block, .scale2 = 0.37f, .offset = 0.0123f};
+	size_t nsc = 0;
+	float *f;
+
+	switch (c->format) {
+	case HI3_Q_FP8:
+		buf[0] = qrand_bytes(nk, 1);
+		nsc = c->per_row ? (size_t)c->N : 1;
+		buf[1] = malloc(nsc * 4);
+		for (size_t i = 0; i < nsc; i++) {
+			const float v = 0.01f + 0.02f * (float)urand();
+			if (c->scale_dtype == HI3_F32)
+				((float *)buf[1])[i] = v;
+			else
+				((uint16_t *)buf[1])[i] = c->scale_dtype == HI3_BF16 ? hi3_f32_to_bf16(v) : hi3_f32_to_f16(v);
+		}
+		break;
+	case HI3_Q_INT8:
+		buf[0] = qrand_bytes(nk, 0);
+		buf[1] = f = malloc((size_t)c->N * 4);
+		for (int i = 0; i < c->N; i++)
+			f[i] = 0.5f + (float)urand();
+		break;
+	case HI3_Q_NF4:
+		buf[0] = qrand_bytes((nk + 1) / 2, 0);
+		nsc = (nk + (size_t)c->block - 1) / (size_t)c->block;
+		if (c->nested) {
+			const size_t nn = (nsc + (size_t)c->nested_block - 1) / (size_t)c->nested_block;
+			buf[1] = qrand_bytes(nsc, 0);
+			buf[2] = f = malloc(nn * 4);
+			for (size_t i = 0; i < nn; i++)
+				f[i] = 0.01f + 0.01f * (float)urand();
+			for (int i = 0; i < 256; i++)
+				q.nested_map[i] = 2.0f * (float)urand() - 1.0f;
+			q.nested_absmax = buf[2];
+		} else {
+			buf[1] = f = malloc(nsc * 4);
+			for (size_t i = 0; i < nsc; i++)
+				f[i] = 0.1f + (float)urand();
+		}
+		for (int i = 0; i < 16; i++)
+			q.map[i] = (float)i / 7.5f - 1.0f + 0.001f * (float)urand();
+		break;
+	default:                  /* NVFP4 */
+		buf[0] = qrand_bytes(nk / 2, 0);
+		buf[1] = qrand_bytes((size_t)c->N * (size_t)(c->K / c->block), 1);
+		break;
+	}
+	q.codes = buf[0];
+	q.scale = buf[1];
+	return q;
+}
+
+static hi3_wt *qload(hi3_backend *be, const hi3_qweight *q, hi3_tensor *t)
+{
+	hi3_error err = {0};
+	hi3_wt *w;
+
+	*t = (hi3_tensor){.name = "test", .dtype = HI3_U8, .ndim = 1, .shape = {1}, .data = (void *)q->codes,
+	                  .nbytes = 1};
+	if (!(w = be->ops->qweight(be, t, q, &err)))
+		diag("%s qweight: %s", be->name, err.msg);
+	HI3_ASSERT(w);
+	return w;
+}
+
+/* The kernel's weights are hi3i_qweight_at's values (x the identity, so
+ * y[k][n] = W[n, k] alone: M = K rows, several passes of 8); a row alone
+ * gives the bits it gives in a batch of 13; the CPU's product within 1e-5;
+ * a grouped matmul the bits of one matmul each. Odd shapes: nf4 rows that
+ * are not a multiple of the block, and an odd element count. */
+static void test_qmatmul(void)
+{
+	static const struct qcase cases[] = {
+		{"fp8 per-tensor f32", HI3_Q_FP8, 7, 37, 0, 0, 0, 0, HI3_F32, HI3_F32},
+		{"fp8 per-channel bf16", HI3_Q_FP8, 9, 40, 0, 1, 0, 0, HI3_BF16, HI3_BF16},
+		{"fp8 per-channel f16", HI3_Q_FP8, 5, 33, 0, 1, 0, 0, HI3_F16, HI3_F16},
+		{"int8 rows", HI3_Q_INT8, 11, 29, 0, 0, 0, 0, HI3_F32, HI3_F32},
+		{"nf4 block 64, rows of 37", HI3_Q_NF4, 5, 37, 64, 0, 0, 0, HI3_F32, HI3_F32},
+		{"nf4 block 16, bf16", HI3_Q_NF4, 9, 41, 16, 0, 0, 0, HI3_F32, HI3_BF16},
+		{"nf4 double quant, nested block 3", HI3_Q_NF4, 7, 45, 32, 0, 1, 3, HI3_U8, HI3_F32},
+		{"nvfp4", HI3_Q_NVFP4, 7, 48, 16, 0, 0, 0, HI3_F8_E4M3, HI3_F32},
+	};
+
+	for (size_t ci = 0; ci < HI3_ARRAY_SIZE(cases); ci++) {
+		const struct qcase *c = &cases[ci];
+		const int N = c->N, K = c->K, M = 13;
+		void *buf[3] = {NULL, NULL, NULL};
+		const hi3_qweight q = qmake(c, buf);
+		hi3_tensor tg, tc;
+		hi3_wt *wg = qload(gpu, &q, &tg), *wc = qload(cpu, &q, &tc);
+		float *eye = calloc((size_t)K * K, sizeof(float)), *x = randn((size_t)M * K, 1.0f);
+		float *ref = malloc(sizeof(float) * (size_t)M * N), *yv, *ya, *y1;
+		float *dx = dev_copy(x, sizeof(float) * (size_t)M * K), *deye, *dy = dev_nan((size_t)K * N);
+		float *dya = dev_nan((size_t)M * N), *dy1 = dev_nan((size_t)N);
+		int same = 1, alone = 1, bad_n = -1, bad_k = -1;
+		char what[96];
+
+		for (int k = 0; k < K; k++)
+			eye[(size_t)k * K + k] = 1.0f;
+		deye = dev_copy(eye, sizeof(float) * (size_t)K * K);
+		gpu->ops->matmul(gpu, dy, deye, wg, K);
+		yv = fetch(dy, sizeof(float) * (size_t)K * N);
+		for (int n = 0; n < N && same; n++)
+			for (int k = 0; k < K && same; k++)
+				if (!(yv[(size_t)k * N + n] == hi3i_qweight_at(&q, n, k)))
+					same = 0, bad_n = n, bad_k = k;
+		ok(same, "qmatmul %s (%d, %d): every dequantized weight is hi3i_qweight_at's value%s", c->what, N, K,
+		   same ? "" : " (not so at the first mismatch below)");
+		if (!same)
+			diag("W[%d, %d]: kernel %.9g, hi3i_qweight_at %.9g", bad_n, bad_k, yv[(size_t)bad_k * N + bad_n],
+			     hi3i_qweight_at(&q, bad_n, bad_k));
+
+		gpu->ops->matmul(gpu, dya, dx, wg, M);
+		ya = fetch(dya, sizeof(float) * (size_t)M * N);
+		for (int m = 0; m < M; m++) {
+			gpu->ops->matmul(gpu, dy1, dx + (size_t)m * K, wg, 1);
+			y1 = fetch(dy1, sizeof(float) * (size_t)N);
+			alone &= !memcmp(y1, ya + (size_t)m * N, sizeof(float) * (size_t)N);
+			free(y1);
+		}
+		ok(alone, "qmatmul %s: each of 13 rows alone gives its bits in the batch of 13", c->what);
+		cpu->ops->matmul(cpu, ref, x, wc, M);
+		snprintf(what, sizeof(what), "qmatmul %s M=%d: the CPU's product", c->what, M);
+		check(what, dya, ref, (size_t)M * N, 1e-5);
+
+		if (ci + 1 == HI3_ARRAY_SIZE(cases)) {   /* grouped: with another format, 3, 0 and 8 rows */
+			void *b2[3] = {NULL, NULL, NULL};
+			const hi3_qweight q2 = qmake(&cases[4], b2);
+			hi3_tensor t2;
+			hi3_wt *w2 = qload(gpu, &q2, &t2);
+			const hi3_wt *ws[3] = {wg, w2, wg};
+			const int Ms[3] = {3, 0, 8};
+			float *dg[3] = {dev_nan((size_t)8 * N), dev_nan((size_t)N), dev_nan((size_t)8 * N)};
+			float *xg[3] = {dx, dx, dx + K};
+			float *a, *b;
+			int grp;
+
+			gpu->ops->matmul_group(gpu, 3, dg, (const float *const *)xg, ws, Ms);
+			a = fetch(dg[0], sizeof(float) * 3 * (size_t)N);
+			b = fetch(dg[2], sizeof(float) * 8 * (size_t)N);
+			grp = !memcmp(a, ya, sizeof(float) * 3 * (size_t)N) &&
+			      !memcmp(b, ya + N, sizeof(float) * 8 * (size_t)N);
+			ok(grp, "qmatmul_group: products of 3 and 8 rows (and one of 0) equal matmul's bits");
+			free(a);
+			free(b);
+			for (int i = 0; i < 3; i++)
+				gpu->ops->free(gpu, dg[i]);
+			gpu->ops->weight_free(gpu, w2);
+			for (int i = 0; i < 3; i++)
+				free(b2[i]);
+		}
+		free(yv);
+		free(ya);
+		free(eye);
+		free(x);
+		free(ref);
+		gpu->ops->free(gpu, dx);
+		gpu->ops->free(gpu, deye);
+		gpu->ops->free(gpu, dy);
+		gpu->ops->free(gpu, dy1);
+		gpu->ops->weight_free(gpu, wg);
+		cpu->ops->weight_free(cpu, wc);
+		for (int i = 0; i < 3; i++)
+			free(buf[i]);
+	}
+}
+
 int main(void)
 {
 	hi3_error err = {0};
@@ -1095,6 +1293,7 @@ int main(void)
 	test_matmul_paths();
 	test_matmul_group(HI3_F32);
 	test_matmul_group(HI3_BF16);
+	test_qmatmul();
 	test_embed();
 	test_rmsnorm();
 	test_elementwise();

@@ -17,6 +17,12 @@
  *    plain fp32 (CUBLAS_COMPUTE_32F with the default math mode: no TF32),
  *    the exactness path. F16 and F64 matrices are converted to F32; norm
  *    weights are F32; embedding rows keep F32, BF16 or F16.
+ *  - Weight-only quantized matrices (fp8, int8, nf4, nvfp4: quant.h) are
+ *    uploaded as the checkpoint stores them, codes and scales, never as a
+ *    dequantized copy, and multiply through kernels/qgemv.cu for any
+ *    number of rows: each weight dequantized in registers to the CPU's f32
+ *    value (backend/qvalue.h), x kept f32, every column summed in one fixed
+ *    order, so these products alone are batch invariant.
  *  - The KV cache lives on the device: kv_attach copies a host cache (the
  *    mmap'd KV file) up, kv_sync_host copies it back, so files stay the
  *    interface. A rank of a tensor-parallel layout mirrors its own kv heads
@@ -24,7 +30,8 @@
  *    wrote since the last sync, and the sync copies only those (one gather
  *    kernel, one copy): a decode step moves its new slots, not the cache.
  *  - batch_invariant is not offered: cuBLAS may pick another algorithm, and
- *    attention another split, for another batch size.
+ *    attention another split, for another batch size (the quantized
+ *    products above excepted).
  *  - Decode steps from CUDA graphs (--cuda-graphs, on by default where the
  *    driver has graphs): between graph_begin and graph_end (one decode
  *    step of at most HI3K_GEMV_MAX_M rows) the ops are recorded, not
@@ -58,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/backend.h"
+#include "backend/quant.h"
 
 #if defined(HI3_HAVE_CUDA) || defined(HI3_CUDA_EMU)
 
@@ -139,6 +147,8 @@ _Static_assert(sizeof(hi3k_attn_q) == sizeof(hi3_attn_q) && offsetof(hi3k_attn_q
                "hi3k_attn_q must match hi3_attn_q");
 _Static_assert((int)HI3K_F32 == (int)HI3_F32 && (int)HI3K_F16 == (int)HI3_F16 && (int)HI3K_BF16 == (int)HI3_BF16,
                "dtype codes");
+_Static_assert((int)HI3K_Q_FP8 == (int)HI3_Q_FP8 && (int)HI3K_Q_INT8 == (int)HI3_Q_INT8 &&
+               (int)HI3K_Q_NF4 == (int)HI3_Q_NF4 && (int)HI3K_Q_NVFP4 == (int)HI3_Q_NVFP4, "quantized format codes");
 
 #define STAGE_BYTES ((size_t)8 << 20)   /* the pinned upload ring */
 #define UPLOAD_CHUNK ((size_t)64 << 20) /* weight uploads: each of the two pinned buffers */
@@ -228,9 +238,13 @@ struct graph_entry {
 struct hi3_wt {
 	int kind;
 	int N, K;                 /* matrix (N, K); vector n = N; rows (N = V, K = H) */
-	int dtype;                /* HI3K_F32, HI3K_BF16, or for rows HI3K_F16 */
-	void *d;                  /* the device copy */
+	int dtype;                /* HI3K_F32, HI3K_BF16, or for rows HI3K_F16; WT_Q: quantized */
+	void *d;                  /* the device copy (quantized: the codes as stored) */
+	hi3k_qmat *q;             /* quantized: device, the layout and its pointers */
+	void *qs, *qn;            /* ... and its scales and nested absmax (NULL: none), as stored */
 };
+
+#define WT_Q 0x100           /* not a HI3K_ dtype */
 
 /* ---------------------------------------------------------------- errors */
 
@@ -659,18 +673,19 @@ static void upload_release(struct cuda *c)
 }
 
 /*
- * Stream n elements of t (as stored, or widened to f32 when !raw) to dst:
+ * Stream n elements of dtype dt at src (as stored, or widened to f32 when
+ * !raw) to dst:
  * chunk i is read from the mapping into buffer i % 2 once the copy out of
  * that buffer two chunks ago is done (its event), then copied on the
  * stream. Reading chunk i + 1 (page faults, disk) overlaps the copy of
  * chunk i, and the last copies of one weight the reading of the next: no
  * weight waits for its own copy.
  */
-static int upload_stream(struct cuda *c, unsigned char *dst, const hi3_tensor *t, int raw, hi3_error *err)
+static int upload_stream(struct cuda *c, unsigned char *dst, const void *data, hi3_dtype dt, size_t n, int raw,
+                         hi3_error *err)
 {
-	size_t n = (size_t)hi3_tensor_numel(t), es = hi3_dtype_size(t->dtype), eo = raw ? es : sizeof(float);
-	size_t per = c->up_chunk / eo;
-	const unsigned char *src = t->data;
+	const size_t es = hi3_dtype_size(dt), eo = raw ? es : sizeof(float), per = c->up_chunk / eo;
+	const unsigned char *src = data;
 
 	for (size_t e0 = 0; e0 < n; e0 += per) {
 		size_t len = n - e0 < per ? n - e0 : per;
@@ -680,7 +695,7 @@ static int upload_stream(struct cuda *c, unsigned char *dst, const hi3_tensor *t
 		if (raw)
 			memcpy(buf, src + e0 * es, len * es);
 		else
-			hi3_to_f32((float *)buf, src + e0 * es, t->dtype, len);
+			hi3_to_f32((float *)buf, src + e0 * es, dt, len);
 		if (CUDA_CHECK(err, cudaMemcpyAsync(dst + e0 * eo, buf, len * eo, cudaMemcpyHostToDevice, c->stream)) ||
 		    CUDA_CHECK(err, cudaEventRecord(c->up_done[c->up_turn], c->stream)))
 			return -1;
@@ -724,12 +739,88 @@ static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_err
 	}
 	/* on the backend's stream (a plain cudaMemcpy goes to the legacy stream,
 	 * which a non-blocking stream does not wait for); weights_done waits */
-	if (upload_stream(c, w->d, t, raw, err) != 0)
+	if (upload_stream(c, w->d, t->data, t->dtype, n, raw, err) != 0)
 		goto fail;
 	return w;
 fail:
 	if (w->d)
 		cudaFree(w->d);
+	free(w);
+	return NULL;
+}
+
+/* n bytes at src (host) into a new device buffer *dst: 0, or -1 with err set. */
+static int upload_new(struct cuda *c, void **dst, const void *src, size_t n, const char *what, hi3_error *err)
+{
+	if (cudaMalloc(dst, n ? n : 4) != cudaSuccess) {
+		*dst = NULL;
+		return oom(err, n, what);
+	}
+	return upload_stream(c, *dst, src, HI3_U8, n, 1, err);
+}
+
+/*
+ * A weight-only quantized matrix (quant.h): its codes, scales and nested
+ * absmax uploaded as the checkpoint stores them (no dequantized copy), and
+ * its layout (format, maps, pointers) as a hi3k_qmat in device memory, which
+ * kernels/qgemv.cu dequantizes a weight at a time in registers.
+ */
+static hi3_wt *cu_qweight(hi3_backend *be, const hi3_tensor *t, const hi3_qweight *q, hi3_error *err)
+{
+	struct cuda *c = be->ctx;
+	const size_t nk = (size_t)q->N * (size_t)q->K;
+	const size_t blocks = q->format == HI3_Q_NF4 ? (nk + (size_t)q->block - 1) / (size_t)q->block : 0;
+	size_t codes = nk, scales = 0, nested = 0;
+	hi3k_qmat h = {0};
+	hi3_wt *w;
+
+	switch (q->format) {
+	case HI3_Q_FP8:
+		scales = (q->per_row ? (size_t)q->N : 1) * hi3_dtype_size(q->scale_dtype);
+		break;
+	case HI3_Q_INT8:
+		scales = (size_t)q->N * sizeof(float);
+		break;
+	case HI3_Q_NF4:
+		codes = (nk + 1) / 2;
+		scales = blocks * (q->nested ? 1 : sizeof(float));
+		nested = q->nested ? (blocks + (size_t)q->nested_block - 1) / (size_t)q->nested_block * sizeof(float) : 0;
+		break;
+	case HI3_Q_NVFP4:
+		codes = nk / 2;
+		scales = (size_t)q->N * (size_t)(q->K / q->block);
+		break;
+	default:
+		hi3_error_set(err, HI3_ERR_INPUT, "quantized format %d has no CUDA kernel", q->format);
+		return NULL;
+	}
+	graph_flush(c);
+	if (upload_init(c, err) != 0 || !(w = hi3i_calloc(1, sizeof(*w), err)))
+		return NULL;
+	if (be->first_use)
+		be->first_use(be, t, t->data, t->nbytes);
+	w->kind = HI3_WT_MATRIX;
+	w->N = q->N;
+	w->K = q->K;
+	w->dtype = WT_Q;
+	if (upload_new(c, &w->d, q->codes, codes, "the quantized weight", err) != 0 ||
+	    upload_new(c, &w->qs, q->scale, scales, "its scales", err) != 0 ||
+	    (nested && upload_new(c, &w->qn, q->nested_absmax, nested, "its nested absmax", err) != 0))
+		goto fail;
+	h = (hi3k_qmat){.codes = w->d, .scale = w->qs, .nested_absmax = w->qn, .format = q->format, .N = q->N,
+	                .K = q->K, .block = q->block, .scale_dtype = (int)q->scale_dtype, .per_row = q->per_row,
+	                .round_to = (int)q->round_to, .nested = q->nested, .nested_block = q->nested_block,
+	                .scale2 = q->scale2, .offset = q->offset};
+	memcpy(h.map, q->map, sizeof(h.map));
+	memcpy(h.nested_map, q->nested_map, sizeof(h.nested_map));
+	if (upload_new(c, (void **)&w->q, &h, sizeof(h), "the quantized weight's layout", err) != 0)
+		goto fail;
+	return w;
+fail:
+	cudaFree(w->d);
+	cudaFree(w->qs);
+	cudaFree(w->qn);
+	cudaFree(w->q);
 	free(w);
 	return NULL;
 }
@@ -761,6 +852,11 @@ static void cu_weight_free(hi3_backend *be, hi3_wt *w)
 		return;
 	OP_CHECK(c, cudaStreamSynchronize(c->stream));    /* no kernel still reads it */
 	OP_CHECK(c, cudaFree(w->d));
+	if (w->q) {
+		OP_CHECK(c, cudaFree(w->q));
+		OP_CHECK(c, cudaFree(w->qs));
+		OP_CHECK(c, cudaFree(w->qn));
+	}
 	free(w);
 }
 
@@ -1043,13 +1139,17 @@ static void run_gemv(struct cuda *c, const void *p)
 {
 	const struct a_gemv *a = p;
 
-	OP_CHECK(c, HI3K(gemv)(c->stream, a->y, a->x, a->w->d, a->w->dtype, (int)a->M, a->w->N, a->w->K));
+	if (a->w->q)
+		OP_CHECK(c, HI3K(qgemv)(c->stream, a->y, a->x, a->w->q, (int)a->M, a->w->N, a->w->K));
+	else
+		OP_CHECK(c, HI3K(gemv)(c->stream, a->y, a->x, a->w->d, a->w->dtype, (int)a->M, a->w->N, a->w->K));
 	op_done(c, "matmul");
 }
 
 /* y (M, N) = x (M, K) . W^T: a few rows through the gemv kernel; more
  * through cuBLAS, in whose column-major terms y^T = W x^T with W (N, K)
- * row-major read as its transpose. */
+ * row-major read as its transpose. A quantized W: any M through the
+ * qgemv kernel (batch-invariant, kernels/qgemv.cu). */
 static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M)
 {
 	struct cuda *c = be->ctx;
@@ -1059,7 +1159,7 @@ static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 
 	if (M <= 0)
 		return;
-	if (M <= HI3K_GEMV_MAX_M) {   /* decode: one pass over W, no cast, no cuBLAS */
+	if (M <= HI3K_GEMV_MAX_M || w->q) {   /* decode: one pass over W, no cast, no cuBLAS */
 		const struct a_gemv a = {y, x, w, M};
 		defer(c, run_gemv, &a, sizeof(a));
 		return;
@@ -1086,12 +1186,15 @@ static void run_gemv_group(struct cuda *c, const void *p)
 {
 	const struct a_gemv_group *a = p;
 
-	OP_CHECK(c, HI3K(gemv_group)(c->stream, a->jobs, (int)a->n, (int)a->max_N, (int)a->dtype));
+	if (a->dtype == WT_Q)
+		OP_CHECK(c, HI3K(qgemv_group)(c->stream, a->jobs, (int)a->n, (int)a->max_N));
+	else
+		OP_CHECK(c, HI3K(gemv_group)(c->stream, a->jobs, (int)a->n, (int)a->max_N, (int)a->dtype));
 	op_done(c, "matmul_group");
 }
 
 /* n products at once: those of up to 8 rows (decode's experts) in one
- * grouped gemv launch, the same bits as a matmul each; any others one by
+ * grouped gemv launch (qgemv for quantized weights), the same bits as a matmul each; any others one by
  * one. Products of 0 rows are jobs too (that do nothing), so that a decode
  * step launches the same grid whichever experts its tokens chose. */
 static void cu_matmul_group(hi3_backend *be, int n, float *const *y, const float *const *x, const hi3_wt *const *w,
@@ -1119,7 +1222,8 @@ static void cu_matmul_group(hi3_backend *be, int n, float *const *y, const float
 			c->jobs_h_cap = cap;
 		}
 		dtype = w[i]->dtype;
-		c->jobs_h[n_small++] = (hi3k_gemv_job){y[i], x[i], w[i]->d, M[i], w[i]->N, w[i]->K, 0};
+		c->jobs_h[n_small++] = (hi3k_gemv_job){y[i], x[i], w[i]->q ? (const void *)w[i]->q : w[i]->d, M[i], w[i]->N,
+		                                       w[i]->K, 0};
 		max_N = HI3_MAX(max_N, w[i]->N);
 	}
 	if (!n_small)
@@ -1726,6 +1830,7 @@ static const hi3_backend_ops cuda_ops = {
 	.kv_detach = cu_kv_detach,
 	.kv_layer = cu_kv_layer,
 	.kv_sync_host = cu_kv_sync_host,
+	.qweight = cu_qweight,
 	.matmul = cu_matmul,
 	.matmul_group = cu_matmul_group,
 	.embed = cu_embed,

@@ -1,7 +1,8 @@
 /*
  * quant.c -- the values of weight-only quantized matrices (quant.h): the
  * e4m3 and e2m1 decoders, the e4m3 encoder `hi3 quantize` uses, and the
- * dequantization of a tile of rows that the GEMM multiplies.
+ * dequantization of a tile of rows that the GEMM multiplies. The value of
+ * one code is qvalue.h's formula, the one the CUDA kernel uses.
  *
  * Stored bytes are read with memcpy (or unaligned loads): a tensor of a
  * safetensors file need not be aligned for its dtype. With AVX2 the fp8
@@ -13,6 +14,10 @@
 #include <math.h>
 #include <string.h>
 #include "backend/quant.h"
+#include "backend/qvalue.h"
+
+_Static_assert(HI3Q_F32 == (int)HI3_F32 && HI3Q_F16 == (int)HI3_F16 && HI3Q_BF16 == (int)HI3_BF16 &&
+               HI3Q_E4M3 == (int)HI3_F8_E4M3, "qvalue.h dtype codes");
 
 const char *hi3i_qformat_name(int format)
 {
@@ -23,13 +28,7 @@ const char *hi3i_qformat_name(int format)
 
 float hi3i_e4m3_to_f32(uint8_t b)
 {
-	const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-	float v;
-
-	if (e == 15 && m == 7)
-		return NAN;
-	v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m / 8.0f, -6);
-	return s ? -v : v;
+	return hi3q_e4m3(b);
 }
 
 uint8_t hi3i_f32_to_e4m3(float f)
@@ -59,9 +58,7 @@ uint8_t hi3i_f32_to_e4m3(float f)
 
 float hi3i_e2m1_to_f32(unsigned c)
 {
-	static const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-	return c & 8 ? -v[c & 7] : v[c & 7];
+	return hi3q_e2m1(c);
 }
 
 static float e4m3_lut[256];
@@ -97,15 +94,6 @@ static float scale_at(const void *p, hi3_dtype dt, size_t i)
 	}
 }
 
-static float round_to(float v, hi3_dtype dt)
-{
-	if (dt == HI3_BF16)
-		return hi3_bf16_to_f32(hi3_f32_to_bf16(v));
-	if (dt == HI3_F16)
-		return hi3_f16_to_f32(hi3_f32_to_f16(v));
-	return v;
-}
-
 /* NF4: the scale of absmax block b. */
 static float nf4_absmax(const hi3_qweight *q, size_t b)
 {
@@ -114,9 +102,7 @@ static float nf4_absmax(const hi3_qweight *q, size_t b)
 	if (!q->nested)
 		return scale_at(q->scale, HI3_F32, b);
 	memcpy(&a, (const float *)q->nested_absmax + b / (size_t)q->nested_block, 4);
-	/* two roundings, as bitsandbytes (no fused multiply-add) */
-	volatile float p = q->nested_map[((const uint8_t *)q->scale)[b]] * a;
-	return p + q->offset;
+	return hi3q_nested_absmax(q->nested_map[((const uint8_t *)q->scale)[b]], a, q->offset);
 }
 
 #if defined(__x86_64__)
@@ -213,23 +199,21 @@ static void rows_fp8(const hi3_qweight *q, float *dst, size_t ld, int n0, int ro
 				d[k] = e4m3_lut[c[k]] * s;
 		else
 			for (int k = k8; k < nk; k++)
-				d[k] = round_to(e4m3_lut[c[k]] * s, q->round_to);
+				d[k] = hi3q_round(e4m3_lut[c[k]] * s, (int)q->round_to);
 	}
 }
 
 static void rows_int8(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
 {
-	const float inv127 = 7.874015718698502e-3f;
-
 	for (int r = 0; r < rows; r++) {
 		const int n = n0 + r;
 		const float s = scale_at(q->scale, HI3_F32, (size_t)n);
 		const int8_t *c = (const int8_t *)q->codes + (size_t)n * q->K + k0;
 		float *d = dst + (size_t)r * ld;
-		const int k8 = have_avx2() ? int8_run_avx2(d, c, nk, s, inv127) : 0;
+		const int k8 = have_avx2() ? int8_run_avx2(d, c, nk, s, HI3Q_INV127) : 0;
 
 		for (int k = k8; k < nk; k++)
-			d[k] = ((float)c[k] * s) * inv127;
+			d[k] = hi3q_int8(c[k], s);
 	}
 }
 
@@ -243,13 +227,12 @@ static void rows_nf4(const hi3_qweight *q, float *dst, size_t ld, int n0, int ro
 
 		for (int k = 0; k < nk; k++) {
 			const size_t i = i0 + k;
-			const uint8_t byte = q->codes[i / 2];
-			const unsigned c = i & 1 ? byte & 15 : byte >> 4;
+			const unsigned c = hi3q_nf4_code(q->codes, i);
 			if (i / (size_t)q->block != b) {
 				b = i / (size_t)q->block;
 				a = nf4_absmax(q, b);
 			}
-			d[k] = round_to(q->map[c] * a, q->round_to);
+			d[k] = hi3q_round(q->map[c] * a, (int)q->round_to);
 		}
 	}
 }
@@ -267,12 +250,12 @@ static void rows_nvfp4(const hi3_qweight *q, float *dst, size_t ld, int n0, int 
 		float s = 0;
 
 		for (int k = k0; k < k0 + nk; k++) {
-			const unsigned v = k & 1 ? c[k / 2] >> 4 : c[k / 2] & 15;
+			const unsigned v = hi3q_nvfp4_code(c, k);
 			if (k / q->block != b) {
 				b = k / q->block;
 				s = e4m3_lut[sc[b]] * q->scale2;
 			}
-			d[k - k0] = hi3i_e2m1_to_f32(v) * s;
+			d[k - k0] = hi3q_e2m1(v) * s;
 		}
 	}
 }

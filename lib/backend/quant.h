@@ -2,7 +2,8 @@
  * quant.h -- weight-only quantized matrices as published checkpoints store
  * them, and the one definition of their values (hi3-quant(7)): the GEMM
  * dequantizes a tile of them in registers/L1 with these functions, the
- * checks and `hi3 quantize` use the same ones.
+ * checks and `hi3 quantize` use the same ones; the formulas themselves are
+ * in qvalue.h, which the CUDA kernel (kernels/qgemv.cu) shares.
  *
  * A weight W (N, K) of a format is a code per element and its scales; the
  * value of element (n, k), in f32, is:

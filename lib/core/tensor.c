@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 #include "core/internal.h"
+#include "backend/qvalue.h"
 
 static const struct {
 	const char *name;
@@ -53,67 +54,20 @@ float hi3_bf16_to_f32(uint16_t h)
 	return f;
 }
 
+/* one definition for C and CUDA (backend/qvalue.h) */
 uint16_t hi3_f32_to_bf16(float f)
 {
-	uint32_t u;
-
-	memcpy(&u, &f, 4);
-	if ((u & 0x7fffffffu) > 0x7f800000u)      /* NaN: keep it quiet */
-		return (uint16_t)((u >> 16) | 0x40);
-	u += 0x7fffu + ((u >> 16) & 1);            /* round to nearest even */
-	return (uint16_t)(u >> 16);
+	return hi3q_f32_to_bf16(f);
 }
 
 float hi3_f16_to_f32(uint16_t h)
 {
-	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-	uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-	float f;
-
-	if (exp == 0) {
-		if (man == 0) {
-			u = sign;
-		} else {                          /* subnormal */
-			f = ldexpf((float)man, -24);
-			return sign ? -f : f;
-		}
-	} else if (exp == 31) {
-		u = sign | 0x7f800000u | (man << 13);
-	} else {
-		u = sign | ((exp + 112) << 23) | (man << 13);
-	}
-	memcpy(&f, &u, 4);
-	return f;
+	return hi3q_f16_to_f32(h);
 }
 
 uint16_t hi3_f32_to_f16(float f)
 {
-	uint32_t u, sign, man;
-	int exp;
-
-	memcpy(&u, &f, 4);
-	sign = (u >> 16) & 0x8000;
-	exp = (int)((u >> 23) & 0xff) - 127 + 15;
-	man = u & 0x7fffff;
-	if (((u >> 23) & 0xff) == 0xff)
-		return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
-	if (exp >= 31)
-		return (uint16_t)(sign | 0x7c00);
-	if (exp <= 0) {
-		if (exp < -10)
-			return (uint16_t)sign;
-		man |= 0x800000;
-		int shift = 14 - exp;
-		uint32_t half = 1u << (shift - 1), rest = man & ((1u << shift) - 1);
-		uint32_t r = man >> shift;
-		if (rest > half || (rest == half && (r & 1)))
-			r++;
-		return (uint16_t)(sign | r);
-	}
-	uint32_t r = ((uint32_t)exp << 10) | (man >> 13), rest = man & 0x1fff;
-	if (rest > 0x1000 || (rest == 0x1000 && (r & 1)))
-		r++;                                 /* may carry into the exponent: correct */
-	return (uint16_t)(sign | r);
+	return hi3q_f32_to_f16(f);
 }
 
 static double f8_to_f64(uint8_t v, int e4m3)
