@@ -6,7 +6,8 @@
 # (both dispatches) and tp=2,ep=2 give bitwise the KV files, segments
 # (greedy and sampled) and replay files of one emulated CUDA process, and
 # under tp=2 and ep=2 all-to-all its diffusion trajectories (resumed under
-# tp=2 from the checkpoint rank 0 alone keeps); a KV file made
+# tp=2 from the checkpoint rank 0 alone keeps); ep=2 with a quantized
+# checkpoint (tp=2 refuses one by name); a KV file made
 # by 2 ranks decodes with 1; a rank that dies fails every rank and the file
 # resumes to the same bits.
 # Skipped without mpirun or without MPI (configure found none).
@@ -73,6 +74,24 @@ test_expect_success 'cuda, tiny-moe, ep=2: bitwise one process' '
 '
 test_expect_success 'cuda, tiny-moe, ep=2 with the all-to-all dispatch: bitwise one process' '
 	layout tm 2 ep=2,dispatch=alltoall
+'
+# a quantized checkpoint (tests/fixtures/quant, ModelOpt fp8 + nvfp4 routed
+# experts) on its base model (make_quant_fixtures.py's): ep splits whole
+# experts, so each rank uploads its experts' packed matrices as stored
+test_expect_success 'cuda, a quantized checkpoint (fp8 + nvfp4 experts), ep=2: bitwise one process; tp=2 refused' '
+	hi3 -q init-model --preset tiny-moe --seed 1 --dtype bf16 --set hidden_size=64 --set num_hidden_layers=1 \
+		--set moe_intermediate_size=32 --set intermediate_size=64 --set attention_head_dim=16 -o qbase &&
+	cp -r "$FIXTURES/quant/modelopt-mixed" q && chmod -R u+w q && rm -rf q/ref &&
+	ln -s "$PWD/qbase/model.safetensors" q/base.safetensors &&
+	cp qbase/tokenizer.json qbase/tokenizer_config.json qbase/generation_config.json q/ &&
+	hi3 -q -m q tokenize-concat req.jsonl -o q.cond &&
+	one -m q prefill q.cond -o q.kv0 --max-new 7 &&
+	cp q.kv0 q.kv-g && one -m q decode --greedy q.cond q.kv-g -o q.seg-g &&
+	cp q.kv0 q.kv-s && one -m q decode $SAMPLE q.cond q.kv-s -o q.seg-s &&
+	one -m q replay q.cond q.seg-s -o q.rep >/dev/null &&
+	layout q 2 ep=2 &&
+	test_must_fail 2 run 2 tp=2 -m q prefill q.cond -o qtp.kv 2>err &&
+	test_grep "a quantized weight (fp8) is not split over tensor-parallel ranks yet" err && test ! -e qtp.kv
 '
 test_expect_success 'cuda, wider MoE, tp=2,ep=2 on 4 ranks: bitwise one process' '
 	layout tw 4 tp=2,ep=2
