@@ -81,6 +81,7 @@ steps() {
 	step cuda-trace      90 gpu check shtest t4300-cuda-trace
 	step cuda-diffusion  90 gpu check shtest t4310-cuda-diffusion
 	step cuda-graphs     90 gpu check shtest t4400-cuda-graphs
+	step cuda-quant      90 gpu check shtest t4500-cuda-quant
 	step ranks-cpu       90 ranks cpu s_ranks_cpu
 	step parity          90 gpu check s_parity
 	step nccl            60 gpu check tap test-comm-nccl
