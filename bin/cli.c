@@ -12,8 +12,13 @@
 #include "par/comm-mpi.h"
 #endif
 
-struct cli_globals cli = {.backend = "cpu", .batch_invariant = 1};
+struct cli_globals cli = {.backend = "cpu", .batch_invariant = -1};
 static hi3_log_fn log_fn;     /* NULL: libhi3's own printer */
+
+int cli_batch_invariant(void)
+{
+	return cli.batch_invariant >= 0 ? cli.batch_invariant : strcmp(cli.backend, "cuda") != 0;
+}
 
 void cli_log_to(hi3_log_fn fn)
 {
@@ -48,8 +53,9 @@ const struct cli_option cli_global_options[] = {
 	OPT_STRING('m', "model", &cli.model_dir, "DIR", "model directory (config.json, *.safetensors, tokenizer.json)"),
 	OPT_STRING(0, "backend", &cli.backend, "NAME", "cpu (default) or cuda", .choices = backends),
 	OPT_CHOICE(0, "batch-invariant", &cli.batch_invariant, on_off,
-	           "on (default): reductions in an order independent of the batch, so a row gives the same bits "
-	           "alone or batched; off: OpenBLAS sgemm (CPU)"),
+	           "on: reductions in an order independent of the batch, so a row gives the same bits alone or "
+	           "batched (default on the CPU; cuda: no cuBLAS, slower prefill); off: OpenBLAS sgemm (CPU), "
+	           "cuBLAS and split attention (cuda, its default)"),
 	OPT_CHOICE(0, "cuda-graphs", &cli.cuda_graphs, graphs_on_off,
 	           "cuda: decode steps replayed from CUDA graphs (the same bits; default on where the driver has "
 	           "them); off: every kernel launched one by one"),
@@ -378,7 +384,7 @@ static int kept_matches(void)
 
 int cli_open_model(hi3_model **m, hi3_error *err)
 {
-	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = cli.batch_invariant,
+	hi3_model_opts o = {.backend = cli.backend, .threads = cli.threads, .batch_invariant = cli_batch_invariant(),
 	                    .cuda_graphs = cli.cuda_graphs};
 	char *dir, *backend;
 

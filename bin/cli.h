@@ -13,7 +13,7 @@ struct cli_globals {
 	const char *backend;     /* --backend */
 	int threads;             /* -t/--threads */
 	int quiet, verbose;      /* -q, -v */
-	int batch_invariant;     /* --batch-invariant=on|off (default on) */
+	int batch_invariant;     /* --batch-invariant=on|off; -1: not given (cli_batch_invariant) */
 	int cuda_graphs;         /* --cuda-graphs: 0 default (on where the driver has graphs), 1 on, 2 off */
 	const char *parallel;    /* --parallel tp=T,ep=E, or NULL */
 	int keep_model;          /* hi3 run: the model stays open for the next command */
@@ -158,6 +158,9 @@ void cli_log_to(hi3_log_fn fn);
 int cli_same_file(const char *a, const char *b);
 /* Print an hi3_error and return its exit status. */
 int cli_fail(const hi3_error *err);
+/* --batch-invariant, or when not given the backend's default: on for the
+ * CPU, off for CUDA (whose invariant mode gives up cuBLAS: hi3(1)). */
+int cli_batch_invariant(void);
 void cli_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The layout of --parallel, its communicator started on first use (hi3-mpi

@@ -78,7 +78,7 @@ int cmd_bench(int argc, char **argv)
 		json_object_set_new(o, "batch", json_integer(B));
 		json_object_set_new(o, "prompt_len", json_integer(P));
 		json_object_set_new(o, "new", json_integer(N));
-		json_object_set_new(o, "batch_invariant", json_boolean(cli.batch_invariant));
+		json_object_set_new(o, "batch_invariant", json_boolean(cli_batch_invariant()));
 		for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 			json_object_set_new(o, f[i].k, json_real(f[i].v));
 		json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -86,7 +86,7 @@ int cmd_bench(int argc, char **argv)
 		json_decref(o);
 	} else {
 		printf("model %s (%s weights), B = %lld, prompt %lld, %lld new, batch-invariant %s\n", cli.model_dir,
-		       hi3_dtype_name(wdt), (long long)B, (long long)P, (long long)N, cli.batch_invariant ? "on" : "off");
+		       hi3_dtype_name(wdt), (long long)B, (long long)P, (long long)N, cli_batch_invariant() ? "on" : "off");
 		printf("  memory read bandwidth         %8.2f GB/s\n", bw / 1e9);
 		printf("  one layer's prefill GEMMs     OpenBLAS sgemm %8.2f GFLOP/s   hi3 in place %8.2f GFLOP/s\n",
 		       gflops / tb / 1e9, gflops / th / 1e9);

@@ -9,7 +9,9 @@
  * One warp per output column n: lane l reads 16 bytes of W's row at a time
  * (8 bf16 or 4 f32 values), multiplies them with the matching elements of
  * each of the M rows of x (small, read through the cache), and the warp
- * sums its lanes at the end.
+ * sums its lanes at the end. gemv_rows takes any M, 8 rows a pass, each
+ * row summed as in a pass of its own: batch invariant, what the CUDA
+ * backend runs instead of cuBLAS with --batch-invariant=on.
  */
 #include "common.cuh"
 
@@ -75,15 +77,18 @@ static __device__ __forceinline__ void gemv_column(float *y, const float *x, con
 	}
 }
 
-/* grid (N / GEMV_WARPS), block 32 GEMV_WARPS */
+/* grid (N / GEMV_WARPS, passes), block 32 GEMV_WARPS: rows [8 p, 8 p + M)
+ * of pass p, the M rows of the last pass its remainder (M <= 8 rows: one
+ * pass); a row's sum is the same arithmetic in every pass */
 template <int M, bool BF>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(float *y, const float *x, const void *w, int N, int K)
 {
 	const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+	const size_t m0 = (size_t)blockIdx.y * HI3K_GEMV_MAX_M;
 
 	if (n < N)                /* a whole warp either way: no barrier inside */
-		gemv_column<M, BF>(y, x, w, n, N, K);
+		gemv_column<M, BF>(y + m0 * (size_t)N, x + m0 * (size_t)K, w, n, N, K);
 }
 
 /* grid (max N / GEMV_WARPS, n_jobs), block 32 GEMV_WARPS: job blockIdx.y,
@@ -120,14 +125,34 @@ extern "C" cudaError_t HI3K(gemv_group)(cudaStream_t s, const hi3k_gemv_job *job
 	return cudaGetLastError();
 }
 
+/* passes of M rows each from y, x */
 template <int M>
-static cudaError_t launch(cudaStream_t s, float *y, const float *x, const void *w, int dtype, int N, int K)
+static cudaError_t launch(cudaStream_t s, float *y, const float *x, const void *w, int dtype, int N, int K,
+                          unsigned passes = 1)
 {
 	void (*kernel)(float *, const float *, const void *, int, int) =
 		dtype == HI3K_BF16 ? gemv_kernel<M, true> : gemv_kernel<M, false>;
 
-	HI3K_LAUNCH(kernel, dim3(div_up((size_t)N, GEMV_WARPS)), dim3(GEMV_WARPS * 32), 0, s)(y, x, w, N, K);
+	HI3K_LAUNCH(kernel, dim3(div_up((size_t)N, GEMV_WARPS), passes), dim3(GEMV_WARPS * 32), 0, s)(y, x, w, N, K);
 	return cudaGetLastError();
+}
+
+/* Any M: passes of 8 rows (at most 65535 a launch), then the rest. */
+extern "C" cudaError_t HI3K(gemv_rows)(cudaStream_t s, float *y, const float *x, const void *w, int dtype, int M,
+                                       int N, int K)
+{
+	if (M < 0 || (dtype != HI3K_F32 && dtype != HI3K_BF16))
+		return cudaErrorInvalidValue;
+	while (M > HI3K_GEMV_MAX_M) {
+		const int p = M / HI3K_GEMV_MAX_M < 65535 ? M / HI3K_GEMV_MAX_M : 65535;
+		const cudaError_t e = launch<HI3K_GEMV_MAX_M>(s, y, x, w, dtype, N, K, (unsigned)p);
+		if (e != cudaSuccess)
+			return e;
+		y += (size_t)p * HI3K_GEMV_MAX_M * (size_t)N;
+		x += (size_t)p * HI3K_GEMV_MAX_M * (size_t)K;
+		M -= p * HI3K_GEMV_MAX_M;
+	}
+	return HI3K(gemv)(s, y, x, w, dtype, M, N, K);
 }
 
 extern "C" cudaError_t HI3K(gemv)(cudaStream_t s, float *y, const float *x, const void *w, int dtype, int M, int N,

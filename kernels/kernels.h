@@ -144,6 +144,9 @@ cudaError_t HI3K(softmax_rows)(cudaStream_t s, float *sc, int n, int M, float sc
 /* y (M, N) = x (M, K) . W^T, W (N, K) F32 or BF16 (x rounded to bf16 for
  * it, like the cuBLAS path), M <= HI3K_GEMV_MAX_M: one pass over W. */
 cudaError_t HI3K(gemv)(cudaStream_t s, float *y, const float *x, const void *w, int dtype, int M, int N, int K);
+/* The same for any M, 8 rows a pass: each row the bits it gets from gemv
+ * alone (the batch-invariant matmul, no cuBLAS). */
+cudaError_t HI3K(gemv_rows)(cudaStream_t s, float *y, const float *x, const void *w, int dtype, int M, int N, int K);
 /* One product of a grouped gemv (device memory, like its pointers). */
 typedef struct hi3k_gemv_job {
 	float *y;
@@ -165,7 +168,7 @@ typedef struct hi3k_qmat {
 	                           * NVFP4 (N, K / block) e4m3 */
 	const float *nested_absmax;
 	int format, N, K, block;
-	int scale_dtype, per_row, round_to, nested;   /* dtypes: HI3Q_* of backend/qvalue.h */
+	int scale_dtype, per_row, round_to, nested;   /* dtypes: HI3Q_* of core/qvalue.h */
 	int nested_block;
 	float scale2, offset;
 	float map[16], nested_map[256];

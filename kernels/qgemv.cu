@@ -5,7 +5,7 @@
  * or int8 codes with their row or tensor scales; nf4 nibbles with absmax
  * blocks, nested or not; nvfp4 nibbles with e4m3 block scales and a global
  * scale); each weight is dequantized in registers by the formulas of
- * backend/qvalue.h, the ones the CPU uses, so it is the CPU's f32 value
+ * core/qvalue.h, the ones the CPU uses, so it is the CPU's f32 value
  * bit for bit; x stays f32 (weight-only: activations are not quantized).
  *
  * One warp per output column n, as in gemv.cu: lane l takes k = l, l + 32,
@@ -18,7 +18,7 @@
  * which the F32/BF16 path uses above 8 rows, promises no such thing).
  */
 #include "common.cuh"
-#include "backend/qvalue.h"
+#include "core/qvalue.h"
 
 #define QGEMV_WARPS 8
 #define QGEMV_ROWS 8              /* rows of x per pass over a column */

@@ -521,7 +521,13 @@ s_parity() {
 		tee "$WORK/parity.out"
 	[ "${PIPESTATUS[0]}" = 0 ] || exit 1
 	grep -q '^\[PASS\]' "$WORK/parity.out" && ! grep -q '^\[FAIL\]' "$WORK/parity.out" || exit 1
-	detail "$(grep -c '^\[PASS\]' "$WORK/parity.out") parity checks passed"
+	# asked for, the CUDA backend is batch invariant: tolerance 0
+	"$HI3" --backend cuda --batch-invariant=on parity -m "$m" "$SRCDIR/tests/cuda-parity.jsonl" --steps 3,5 |
+		tee "$WORK/parity-inv.out"
+	[ "${PIPESTATUS[0]}" = 0 ] || exit 1
+	grep -q '^\[PASS\]' "$WORK/parity-inv.out" && ! grep -q '^\[FAIL\]' "$WORK/parity-inv.out" || exit 1
+	detail "$(grep -c '^\[PASS\]' "$WORK/parity.out") parity checks passed (1e-5), $(grep -c '^\[PASS\]' \
+		"$WORK/parity-inv.out") bitwise with --batch-invariant=on"
 }
 
 # hi3-mpi and an mpirun for a step of several ranks ($MPI, $MPIRUN): a

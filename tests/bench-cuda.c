@@ -175,7 +175,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	{
-		hi3_model_opts mo = {.backend = backend, .batch_invariant = 1, .cuda_graphs = graphs};
+		hi3_model_opts mo = {.backend = backend, .batch_invariant = strcmp(backend, "cuda") != 0, .cuda_graphs = graphs};
 		if (hi3_model_open(&m, dir, &mo, &err) != 0)
 			goto fail;
 	}

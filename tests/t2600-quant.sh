@@ -128,11 +128,4 @@ test_expect_success 'modelopt: a layer stored in another form than quantized_lay
 	refused x "is stored packed U8 but its quant_algo is FP8"
 '
 
-test_expect_success 'the CUDA backend refuses quantized weights with a clear message' '
-	if test -x "$BUILDDIR/tests/hi3-cuda-emu"; then
-		test_must_fail 2 "$BUILDDIR/tests/hi3-cuda-emu" -q --backend cuda -m bnb-nf4 prefill bnb-nf4.c.st -o g.k.st 2>err &&
-		test_grep "no kernels for quantized weights yet" err && test ! -e g.k.st
-	fi
-'
-
 test_done

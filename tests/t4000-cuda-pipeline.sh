@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # t4000-cuda-pipeline.sh -- the pipeline with --backend cuda gives what the CPU
-# gives: prefill, decode (greedy and sampled, in one call or split), parity.
+# gives: prefill, decode (greedy and sampled, in one call or split), parity
+# (bitwise with --batch-invariant=on).
 # In make check the CUDA backend runs on the CPU emulation of tests/cuda-emu
 # (tests/hi3-cuda-emu is hi3 linked with it); make check-cuda runs this
 # file on the GPU with HI3_CUDA_BIN naming the real hi3.
@@ -57,6 +58,12 @@ test_expect_success 'parity on cuda: batched rows equal rows alone' '
 	cuda parity -m tm req.jsonl --steps 3,5 >parity.out &&
 	cat parity.out &&
 	grep -q "^\[PASS\]" parity.out && ! grep -q "^\[FAIL\]" parity.out
+'
+
+test_expect_success 'parity on cuda with --batch-invariant=on: bitwise (no cuBLAS, unsplit attention)' '
+	"$CUDA_BIN" -q --backend cuda --batch-invariant=on parity -m tm req.jsonl --steps 3,5 >parity.out &&
+	cat parity.out &&
+	test $(grep -c "^\[PASS\]" parity.out) = 12 && test $(grep -c "logp max|d|=0 prefill-KV max|d|=0 (" parity.out) = 12
 '
 
 # The cond image's VAE rows come from about twenty convolutions and group

@@ -1076,6 +1076,51 @@ static void test_image_ops(void)
 	test_attention_dense(1, 50, 1, 1100, 0);
 }
 
+/* With batch_invariant asked for, F32 and BF16 products of any M run the
+ * gemv kernel 8 rows a pass (no cuBLAS): each row of a batch of 13 is
+ * the bits of that row alone, and the CPU's product within the usual
+ * tolerance. */
+static void test_matmul_invariant(void)
+{
+	static const hi3_dtype dts[] = {HI3_F32, HI3_BF16};
+	const int N = 37, M = 13;
+	hi3_backend *inv;
+	hi3_error err = {0};
+
+	HI3_ASSERT(hi3i_backend_cuda(&inv, 0, 1, &err) == 0 && inv->batch_invariant);
+	for (size_t i = 0; i < 2 * HI3_ARRAY_SIZE(dts); i++) {
+		const int K = i < HI3_ARRAY_SIZE(dts) ? 80 : 81;   /* 16-byte loads, and not */
+		float *wv = randn((size_t)N * K, 0.1f), *x = randn((size_t)M * K, 1.0f), *ya, *y1;
+		hi3_tensor t = tensor(dts[i % HI3_ARRAY_SIZE(dts)], 2, N, K, wv);
+		hi3_wt *w = load(inv, &t, HI3_WT_MATRIX), *wc = load(cpu, &t, HI3_WT_MATRIX);
+		float *dx = inv->ops->alloc(inv, sizeof(float) * (size_t)M * K), *dy = inv->ops->alloc(inv, sizeof(float) * M * N);
+		float *dy1 = inv->ops->alloc(inv, sizeof(float) * N), *ref = malloc(sizeof(float) * (size_t)M * N);
+		int alone = 1;
+
+		HI3_ASSERT(dx && dy && dy1 && ref && inv->ops->upload(inv, dx, x, sizeof(float) * (size_t)M * K) == 0);
+		inv->ops->matmul(inv, dy, dx, w, M);
+		ya = malloc(sizeof(float) * (size_t)M * N);
+		y1 = malloc(sizeof(float) * (size_t)N);
+		HI3_ASSERT(ya && y1 && inv->ops->download(inv, ya, dy, sizeof(float) * (size_t)M * N) == 0);
+		for (int m = 0; m < M; m++) {
+			inv->ops->matmul(inv, dy1, dx + (size_t)m * K, w, 1);
+			HI3_ASSERT(inv->ops->download(inv, y1, dy1, sizeof(float) * (size_t)N) == 0);
+			alone &= !memcmp(y1, ya + (size_t)m * N, sizeof(float) * (size_t)N);
+		}
+		cpu->ops->matmul(cpu, ref, x, wc, M);
+		ok(alone && rel_err(ya, ref, (size_t)M * N) <= (t.dtype == HI3_BF16 ? 1e-2 : 1e-5),
+		   "batch-invariant matmul %s K=%d: 13 rows, each the bits of the row alone; the CPU's within %.0e (%.2e)",
+		   hi3_dtype_name(t.dtype), K, t.dtype == HI3_BF16 ? 1e-2 : 1e-5, rel_err(ya, ref, (size_t)M * N));
+		inv->ops->free(inv, dx);
+		inv->ops->free(inv, dy);
+		inv->ops->free(inv, dy1);
+		inv->ops->weight_free(inv, w);
+		cpu->ops->weight_free(cpu, wc);
+		free(t.data), free(wv), free(x), free(ya), free(y1), free(ref);
+	}
+	inv->ops->destroy(inv);
+}
+
 /* ---------------------------------------------------------------- quantized */
 
 /* A random weight-only quantized (N, K) matrix of one layout (quant.h),
@@ -1285,7 +1330,7 @@ int main(void)
 		printf("Bail out! cpu backend: %s\n", err.msg);
 		return 1;
 	}
-	if (hi3i_backend_cuda(&gpu, 0, 1, &err) != 0) {
+	if (hi3i_backend_cuda(&gpu, 0, 0, &err) != 0) {
 		printf("Bail out! %s\n", err.msg);
 		return 1;
 	}
@@ -1294,6 +1339,7 @@ int main(void)
 	test_matmul_group(HI3_F32);
 	test_matmul_group(HI3_BF16);
 	test_qmatmul();
+	test_matmul_invariant();
 	test_embed();
 	test_rmsnorm();
 	test_elementwise();

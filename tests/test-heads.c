@@ -68,7 +68,8 @@ static void run(const char *srcdir, const char *stem, const char *preset, hi3_dt
 	char *dir = hi3i_asprintf("%s/%s", root, stem), *path = hi3i_asprintf("%s/tests/fixtures/diffusion/%s.safetensors",
 	                                                                        srcdir, stem);
 	hi3_init_opts io = {.preset = preset, .seed = 1, .dtype = dt, .dtype_given = 1};
-	hi3_model_opts mo = {.backend = backend, .threads = 2, .batch_invariant = 1};
+	/* the backend's default: on for the CPU, off (cuBLAS) for CUDA */
+	hi3_model_opts mo = {.backend = backend, .threads = 2, .batch_invariant = strcmp(backend, "cuda") != 0};
 	hi3_model *m = NULL;
 	hi3_st *st = NULL;
 	struct hi3i_heads *hd = NULL;

@@ -295,7 +295,7 @@ static void test_globals(void)
 	ok(parse(opts, "--help") == CLI_PARSE_HELP && !*err_text, "--help, nothing on stderr");
 	cli.threads = 0;
 	cli.backend = "cpu";
-	cli.batch_invariant = 1;
+	cli.batch_invariant = -1;
 	cli.model_dir = NULL;
 	cli.verbose = 0;
 }

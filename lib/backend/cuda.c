@@ -21,7 +21,7 @@
  *    uploaded as the checkpoint stores them, codes and scales, never as a
  *    dequantized copy, and multiply through kernels/qgemv.cu for any
  *    number of rows: each weight dequantized in registers to the CPU's f32
- *    value (backend/qvalue.h), x kept f32, every column summed in one fixed
+ *    value (core/qvalue.h), x kept f32, every column summed in one fixed
  *    order, so these products alone are batch invariant.
  *  - The KV cache lives on the device: kv_attach copies a host cache (the
  *    mmap'd KV file) up, kv_sync_host copies it back, so files stay the
@@ -29,9 +29,14 @@
  *    only, and writes back only those (the other ranks write theirs). kv_store notes, per cache row, the first and last slot it
  *    wrote since the last sync, and the sync copies only those (one gather
  *    kernel, one copy): a decode step moves its new slots, not the cache.
- *  - batch_invariant is not offered: cuBLAS may pick another algorithm, and
- *    attention another split, for another batch size (the quantized
- *    products above excepted).
+ *  - batch_invariant (asked for: --batch-invariant=on with --backend cuda;
+ *    off unless asked) replaces what depends on the batch size: every
+ *    matmul runs the gemv kernel in passes of 8 rows (gemv_rows), never
+ *    cuBLAS, and attention over the cache takes its keys unsplit, so a
+ *    row gives the same bits alone or batched, at the price of prefill
+ *    speed (no tensor cores, W read once per 8 rows). Without it cuBLAS
+ *    may pick another algorithm, and attention another split, for
+ *    another batch size; the quantized products are invariant either way.
  *  - Decode steps from CUDA graphs (--cuda-graphs, on by default where the
  *    driver has graphs): between graph_begin and graph_end (one decode
  *    step of at most HI3K_GEMV_MAX_M rows) the ops are recorded, not
@@ -1142,14 +1147,15 @@ static void run_gemv(struct cuda *c, const void *p)
 	if (a->w->q)
 		OP_CHECK(c, HI3K(qgemv)(c->stream, a->y, a->x, a->w->q, (int)a->M, a->w->N, a->w->K));
 	else
-		OP_CHECK(c, HI3K(gemv)(c->stream, a->y, a->x, a->w->d, a->w->dtype, (int)a->M, a->w->N, a->w->K));
+		OP_CHECK(c, HI3K(gemv_rows)(c->stream, a->y, a->x, a->w->d, a->w->dtype, (int)a->M, a->w->N, a->w->K));
 	op_done(c, "matmul");
 }
 
 /* y (M, N) = x (M, K) . W^T: a few rows through the gemv kernel; more
  * through cuBLAS, in whose column-major terms y^T = W x^T with W (N, K)
  * row-major read as its transpose. A quantized W: any M through the
- * qgemv kernel (batch-invariant, kernels/qgemv.cu). */
+ * qgemv kernel (batch-invariant, kernels/qgemv.cu); batch_invariant: any
+ * M through the gemv kernel, 8 rows a pass. */
 static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M)
 {
 	struct cuda *c = be->ctx;
@@ -1159,7 +1165,7 @@ static void cu_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 
 	if (M <= 0)
 		return;
-	if (M <= HI3K_GEMV_MAX_M || w->q) {   /* decode: one pass over W, no cast, no cuBLAS */
+	if (M <= HI3K_GEMV_MAX_M || w->q || be->batch_invariant) {   /* decode: one pass over W, no cuBLAS */
 		const struct a_gemv a = {y, x, w, M};
 		defer(c, run_gemv, &a, sizeof(a));
 		return;
@@ -1471,8 +1477,9 @@ static void cu_attention(hi3_backend *be, float *out, const float *qkv, const hi
 
 	if (M <= 0 || check_dims(c, dm))
 		return;
-	if (!self) {              /* enough blocks for every multiprocessor, twice, counted over the
-		                   * model's kv heads: every layout splits the keys alike */
+	if (!self && !be->batch_invariant) {   /* enough blocks for every multiprocessor, twice, counted
+		                                * over the model's kv heads: every layout splits the keys
+		                                * alike (not the batch sizes: batch_invariant does not split) */
 		int blocks = M * (dm->kv_all > 0 ? dm->kv_all : dm->n_kv), want = 2 * c->n_sm;
 		nsplit = blocks >= want ? 1 : HI3_MIN((want + blocks - 1) / blocks, 64);
 		if (nsplit > 1 &&
@@ -1874,7 +1881,6 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	int n = 0, dev = 0;
 
 	(void)threads;
-	(void)batch_invariant;
 	*out = NULL;
 	if ((e = cudaGetDeviceCount(&n)) != cudaSuccess) {
 		(void)cudaGetLastError();
@@ -1924,7 +1930,7 @@ int hi3i_backend_cuda(hi3_backend **out, int threads, int batch_invariant, hi3_e
 	        prop.major, prop.minor, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30));
 	be->name = "cuda";
 	be->ops = &cuda_ops;
-	be->batch_invariant = 0;
+	be->batch_invariant = batch_invariant != 0;
 	*out = be;
 	return 0;
 fail:

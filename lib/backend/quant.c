@@ -2,7 +2,7 @@
  * quant.c -- the values of weight-only quantized matrices (quant.h): the
  * e4m3 and e2m1 decoders, the e4m3 encoder `hi3 quantize` uses, and the
  * dequantization of a tile of rows that the GEMM multiplies. The value of
- * one code is qvalue.h's formula, the one the CUDA kernel uses.
+ * one code is core/qvalue.h's formula, the one the CUDA kernel uses.
  *
  * Stored bytes are read with memcpy (or unaligned loads): a tensor of a
  * safetensors file need not be aligned for its dtype. With AVX2 the fp8
@@ -14,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 #include "backend/quant.h"
-#include "backend/qvalue.h"
+#include "core/qvalue.h"
 
 _Static_assert(HI3Q_F32 == (int)HI3_F32 && HI3Q_F16 == (int)HI3_F16 && HI3Q_BF16 == (int)HI3_BF16 &&
                HI3Q_E4M3 == (int)HI3_F8_E4M3, "qvalue.h dtype codes");

@@ -3,7 +3,7 @@
  * them, and the one definition of their values (hi3-quant(7)): the GEMM
  * dequantizes a tile of them in registers/L1 with these functions, the
  * checks and `hi3 quantize` use the same ones; the formulas themselves are
- * in qvalue.h, which the CUDA kernel (kernels/qgemv.cu) shares.
+ * in core/qvalue.h, which the CUDA kernel (kernels/qgemv.cu) shares.
  *
  * A weight W (N, K) of a format is a code per element and its scales; the
  * value of element (n, k), in f32, is:

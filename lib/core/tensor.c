@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 #include "core/internal.h"
-#include "backend/qvalue.h"
+#include "core/qvalue.h"
 
 static const struct {
 	const char *name;
@@ -54,7 +54,7 @@ float hi3_bf16_to_f32(uint16_t h)
 	return f;
 }
 
-/* one definition for C and CUDA (backend/qvalue.h) */
+/* one definition for C and CUDA (core/qvalue.h) */
 uint16_t hi3_f32_to_bf16(float f)
 {
 	return hi3q_f32_to_bf16(f);

@@ -1,8 +1,9 @@
 /*
  * qvalue.h -- the value formulas of weight-only quantized matrices
- * (quant.h, hi3-quant(7)), written once for the C library (backend/quant.c,
- * the CPU GEMM's tiles) and the CUDA kernels (kernels/qgemv.cu, built by
- * nvcc and, for make check, against tests/cuda-emu), so that a weight
+ * (backend/quant.h, hi3-quant(7)) and the f16/bf16 roundings they use,
+ * written once for the C library (tensor.c's conversions, backend/quant.c
+ * and the CPU GEMM's tiles) and the CUDA kernels (kernels/qgemv.cu, built
+ * by nvcc and, for make check, against tests/cuda-emu), so that a weight
  * dequantized on the GPU is the CPU's value bit for bit.
  *
  * Only <stdint.h> and plain arithmetic: every function is exact (bit
