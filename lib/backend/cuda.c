@@ -710,6 +710,20 @@ static int upload_stream(struct cuda *c, unsigned char *dst, const void *data, h
 	return 0;
 }
 
+/* A new weight of t, its bytes reported read (first_use), uploads ready. */
+static hi3_wt *weight_new(hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err)
+{
+	hi3_wt *w;
+
+	graph_flush(be->ctx);
+	if (upload_init(be->ctx, err) != 0 || !(w = hi3i_calloc(1, sizeof(*w), err)))
+		return NULL;
+	if (be->first_use)
+		be->first_use(be, t, t->data, t->nbytes);
+	w->kind = kind;
+	return w;
+}
+
 static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_error *err)
 {
 	struct cuda *c = be->ctx;
@@ -722,12 +736,8 @@ static hi3_wt *cu_weight(hi3_backend *be, const hi3_tensor *t, int kind, hi3_err
 		              hi3_dtype_name(t->dtype));
 		return NULL;
 	}
-	graph_flush(c);
-	if (upload_init(c, err) != 0 || !(w = hi3i_calloc(1, sizeof(*w), err)))
+	if (!(w = weight_new(be, t, kind, err)))
 		return NULL;
-	if (be->first_use)
-		be->first_use(be, t, t->data, t->nbytes);
-	w->kind = kind;
 	w->N = (int)t->shape[0];
 	w->K = t->ndim > 1 ? (int)t->shape[1] : 1;
 	if (kind == HI3_WT_MATRIX && w->N > 0)    /* a conv weight [Cout, C, k...]: (Cout, C k...) */
@@ -799,12 +809,8 @@ static hi3_wt *cu_qweight(hi3_backend *be, const hi3_tensor *t, const hi3_qweigh
 		hi3_error_set(err, HI3_ERR_INPUT, "quantized format %d has no CUDA kernel", q->format);
 		return NULL;
 	}
-	graph_flush(c);
-	if (upload_init(c, err) != 0 || !(w = hi3i_calloc(1, sizeof(*w), err)))
+	if (!(w = weight_new(be, t, HI3_WT_MATRIX, err)))
 		return NULL;
-	if (be->first_use)
-		be->first_use(be, t, t->data, t->nbytes);
-	w->kind = HI3_WT_MATRIX;
 	w->N = q->N;
 	w->K = q->K;
 	w->dtype = WT_Q;
