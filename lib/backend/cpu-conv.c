@@ -17,8 +17,11 @@
  * op would give it, bit for bit), so that a tap is a fixed offset and the
  * output positions of a frame, row after row at the packed row stride Wp,
  * are consecutive (the Wp - W columns between rows are computed and
- * dropped); the packed input lives in the backend's scratch, on 2 MiB
- * pages (a tile reads dozens of channel planes at once). A register tile
+ * dropped); the zero frames before and after the image are not packed,
+ * and a frame's tiles leave out the taps that would read them (exact:
+ * see conv_packed). The packed input lives in the backend's scratch, or
+ * when large in a buffer of the conv's own, on 2 MiB pages (a tile reads
+ * dozens of channel planes at once). A register tile
  * is TP = 32 positions by up to TC = 12 output channels: per (c, tap) two
  * 16-float loads of the packed input and one broadcast weight per channel
  * (AVX-512: 24 accumulators). A thread takes a share of the position
@@ -32,6 +35,7 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "backend/cpu.h"
 
 #if defined(__x86_64__)
@@ -64,10 +68,12 @@ struct cgeom {
 	const int *off;           /* (taps): the packed offset of each tap */
 };
 
-/* One register tile: positions v0 .. v0 + TP - 1 of the packed frame,
- * output channels co0 .. co0 + nc - 1, input channels [c0, c1). acc
- * (TC, TP) holds the partial sums in (read when c0 > 0) and out. */
-static void tile_portable(const struct cgeom *g, size_t v0, int co0, int nc, int c0, int c1, float *acc)
+/* One register tile: positions v0 .. v0 + TP - 1 of the packed frames
+ * (v0 + off[t] >= 0 for a tap t in [t0, t1)), output channels co0 .. co0 +
+ * nc - 1, input channels [c0, c1), taps [t0, t1) of each. acc (TC, TP)
+ * holds the partial sums in (read when c0 > 0) and out. */
+static void tile_portable(const struct cgeom *g, ptrdiff_t v0, int t0, int t1, int co0, int nc, int c0, int c1,
+                          float *acc)
 {
 	if (c0 == 0)
 		memset(acc, 0, sizeof(float) * TC * TP);
@@ -75,11 +81,12 @@ static void tile_portable(const struct cgeom *g, size_t v0, int co0, int nc, int
 		const unsigned char *wr = g->w + (size_t)(co0 + j) * g->wrow;
 		float *a = acc + j * TP;
 		for (int c = c0; c < c1; c++) {
-			const float *x = g->xp + (size_t)c * g->cs + v0;
-			for (int t = 0; t < g->taps; t++) {
+			const float *x = g->xp + (size_t)c * g->cs;
+			for (int t = t0; t < t1; t++) {
 				const float wv = wget(wr, g->kind, (size_t)c * g->taps + t);
+				const float *xt = x + (v0 + g->off[t]);
 				for (int i = 0; i < TP; i++)
-					a[i] = fmaf(x[g->off[t] + i], wv, a[i]);
+					a[i] = fmaf(xt[i], wv, a[i]);
 			}
 		}
 	}
@@ -88,8 +95,8 @@ static void tile_portable(const struct cgeom *g, size_t v0, int co0, int nc, int
 #ifdef HAVE_X86
 /* AVX2: two 8-float vectors of positions by 6 channels (12 accumulators),
  * over the tile's two halves of positions and of channels in turn. */
-__attribute__((target("avx2,fma"))) static void tile_avx2(const struct cgeom *g, size_t v0, int co0, int nc, int c0,
-                                                          int c1, float *acc)
+__attribute__((target("avx2,fma"))) static void tile_avx2(const struct cgeom *g, ptrdiff_t v0, int t0, int t1, int co0,
+                                                          int nc, int c0, int c1, float *acc)
 {
 	for (int h = 0; h < TP / 16; h++)
 		for (int j0 = 0; j0 < nc; j0 += 6) {
@@ -105,10 +112,10 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(const struct cgeom *g,
 				for (int i = 0; i < 2; i++)
 					a[j][i] = c0 ? _mm256_loadu_ps(acc + (j0 + j) * TP + 16 * h + 8 * i) : _mm256_setzero_ps();
 			for (int c = c0; c < c1; c++) {
-				const float *x = g->xp + (size_t)c * g->cs + v0 + 16 * h;
+				const float *x = g->xp + (size_t)c * g->cs + 16 * h;
 				const size_t k0 = (size_t)c * taps;
-				for (int t = 0; t < taps; t++) {
-					const float *xt = x + g->off[t];
+				for (int t = t0; t < t1; t++) {
+					const float *xt = x + (v0 + g->off[t]);
 					const __m256 x0 = _mm256_loadu_ps(xt), x1 = _mm256_loadu_ps(xt + 8);
 #pragma GCC unroll 6
 					for (int j = 0; j < 6; j++) {
@@ -127,8 +134,9 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(const struct cgeom *g,
 /* AVX-512: two 16-float vectors of positions by 12 channels (24
  * accumulators); a channel past nc repeats the last one and is dropped. */
 #define T512 __attribute__((target("avx512f,avx2,fma")))
-T512 __attribute__((always_inline)) static inline void tile512_k(const struct cgeom *g, size_t v0, int co0, int nc,
-                                                                 int c0, int c1, float *acc, const int kind)
+T512 __attribute__((always_inline)) static inline void tile512_k(const struct cgeom *g, ptrdiff_t v0, int t0, int t1,
+                                                                 int co0, int nc, int c0, int c1, float *acc,
+                                                                 const int kind)
 {
 	const int taps = g->taps;
 	const unsigned char *wr[TC];
@@ -143,10 +151,10 @@ T512 __attribute__((always_inline)) static inline void tile512_k(const struct cg
 		for (int i = 0; i < 2; i++)
 			a[j][i] = c0 ? _mm512_loadu_ps(acc + j * TP + 16 * i) : _mm512_setzero_ps();
 	for (int c = c0; c < c1; c++) {
-		const float *x = g->xp + (size_t)c * g->cs + v0;
+		const float *x = g->xp + (size_t)c * g->cs;
 		const size_t k0 = (size_t)c * taps;
-		for (int t = 0; t < taps; t++) {
-			const float *xt = x + g->off[t];
+		for (int t = t0; t < t1; t++) {
+			const float *xt = x + (v0 + g->off[t]);
 			const __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + 16);
 #pragma GCC unroll 12
 			for (int j = 0; j < TC; j++) {
@@ -163,18 +171,19 @@ T512 __attribute__((always_inline)) static inline void tile512_k(const struct cg
 			_mm512_storeu_ps(acc + j * TP + 16 * i, a[j][i]);
 }
 
-T512 static void tile512(const struct cgeom *g, size_t v0, int co0, int nc, int c0, int c1, float *acc)
+T512 static void tile512(const struct cgeom *g, ptrdiff_t v0, int t0, int t1, int co0, int nc, int c0, int c1,
+                        float *acc)
 {
 	if (g->kind == WF32)
-		tile512_k(g, v0, co0, nc, c0, c1, acc, WF32);
+		tile512_k(g, v0, t0, t1, co0, nc, c0, c1, acc, WF32);
 	else if (g->kind == WBF16)
-		tile512_k(g, v0, co0, nc, c0, c1, acc, WBF16);
+		tile512_k(g, v0, t0, t1, co0, nc, c0, c1, acc, WBF16);
 	else
-		tile512_k(g, v0, co0, nc, c0, c1, acc, WF16);
+		tile512_k(g, v0, t0, t1, co0, nc, c0, c1, acc, WF16);
 }
 #endif
 
-typedef void tile_fn(const struct cgeom *g, size_t v0, int co0, int nc, int c0, int c1, float *acc);
+typedef void tile_fn(const struct cgeom *g, ptrdiff_t v0, int t0, int t1, int co0, int nc, int c0, int c1, float *acc);
 
 static tile_fn *pick_tile(void)
 {
@@ -196,22 +205,23 @@ struct pre {
 	int G, act;
 };
 
-/* Pack frames [f0 - pt, f1 + pt) of image xb (T, H, W, C) channels-last
- * into xp: channel c at xp + c cs, frame-major, Hp x Wp with a zero border
- * of (ph, pw), zero frames outside [0, T). */
-static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *cv, int f0, int f1,
+/* Pack frames [fa, fb) (within [0, T)) of image xb (T, H, W, C)
+ * channels-last into xp: channel c at xp + c cs, frame-major, Hp x Wp with
+ * a zero border of (ph, pw). The zero frames before and after the image
+ * are not packed: no tap reads them (conv_packed). */
+static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *cv, int fa, int fb,
                  const struct pre *pr, int bi)
 {
-	const int C = cv->C, H = cv->H, W = cv->W, pt = cv->kt / 2, ph = cv->kh / 2, pw = cv->kw / 2;
-	const int Hp = H + 2 * ph, Wp = W + 2 * pw, Tp = f1 - f0 + 2 * pt, rows = Tp * Hp;
+	const int C = cv->C, H = cv->H, W = cv->W, ph = cv->kh / 2, pw = cv->kw / 2;
+	const int Hp = H + 2 * ph, Wp = W + 2 * pw, rows = (fb - fa) * Hp;
 	const int cg = pr ? C / pr->G : 1;
 
 #pragma omp for schedule(static)
 	for (int r = 0; r < rows; r++) {
-		const int t = f0 - pt + r / Hp, h = r % Hp - ph;
+		const int t = fa + r / Hp, h = r % Hp - ph;
 		const size_t o = (size_t)r * Wp;
 
-		if (t < 0 || t >= cv->T || h < 0 || h >= H) {
+		if (h < 0 || h >= H) {
 			for (int c = 0; c < C; c++)
 				memset(xp + c * cs + o, 0, sizeof(float) * (size_t)Wp);
 			continue;
@@ -266,6 +276,30 @@ static void store_tile(float *y, const float *acc, const hi3_wt *b, const struct
 #define WBLOCK_BYTES ((size_t)256 << 10)
 #define PART_BYTES ((size_t)512 << 10)
 
+/* A packed input of more than this many bytes gets a buffer of its own,
+ * freed when the conv ends, instead of the backend's scratch (which stays
+ * at its largest size): a pass then holds the big packed frames of a level
+ * only while that level runs. */
+#define OWN_PACK_BYTES ((size_t)16 << 20)
+
+/* n floats for the packed input: the scratch, or *own (to free) */
+static float *pack_alloc(hi3_backend *be, size_t n, float **own)
+{
+	const size_t huge = (size_t)2 << 20, bytes = (n * sizeof(float) + huge - 1) / huge * huge;
+	void *p = NULL;
+
+	*own = NULL;
+	if (n * sizeof(float) <= OWN_PACK_BYTES)
+		return hi3i_cpu_scratch(be, n);
+	/* 2 MiB pages where the kernel offers them, as the scratch's */
+	if (posix_memalign(&p, huge, bytes) != 0)
+		return NULL;
+#ifdef MADV_HUGEPAGE
+	madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+	return *own = p;
+}
+
 static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
                         const struct hi3_conv *cv, int64_t p0, int64_t n, const struct pre *pr)
 {
@@ -287,14 +321,16 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 		for (int dy = 0; dy < cv->kh; dy++)
 			for (int dx = 0; dx < cv->kw; dx++)
 				off[t++] = (int)((size_t)dt * plane + (size_t)dy * Wp + (size_t)dx);
-	/* image by image: the frames [f0, f1) that rows [p0, p0 + n) touch */
+	/* image by image: the frames [f0, f1) that rows [p0, p0 + n) touch,
+	 * which read the frames [fa, fb) of the image */
 	for (int64_t q = p0; q < p0 + n;) {
 		const int bi = (int)(q / P);
 		const int64_t pb = (int64_t)bi * P, q1 = HI3_MIN(p0 + n, pb + P);
 		const int f0 = (int)((q - pb) / ((int64_t)H * W)), f1 = (int)((q1 - 1 - pb) / ((int64_t)H * W)) + 1;
-		const size_t cs = (size_t)(f1 - f0 + 2 * pt) * plane + 2 * TP;   /* + slack for a tile past a frame */
+		const int fa = HI3_MAX(0, f0 - pt), fb = HI3_MIN(T, f1 + pt);
+		const size_t cs = (size_t)(fb - fa) * plane + 2 * TP;   /* + slack for a tile past a frame */
 		const size_t npos = (size_t)(f1 - f0) * fr_tiles;
-		float *xp = hi3i_cpu_scratch(be, cs * (size_t)C + TP);
+		float *own, *xp = pack_alloc(be, cs * (size_t)C + TP, &own);
 		const struct cgeom g = {C, Cout, taps, w->mat.dtype == HI3_BF16 ? WBF16 : w->mat.dtype == HI3_F16 ? WF16 : WF32,
 		                        w->mat.data, (size_t)C * taps * es, xp, cs, off};
 		int failed = 0;
@@ -319,7 +355,7 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 			const size_t pbk = cb >= C ? 1 : HI3_MAX(1, PART_BYTES / ((size_t)HI3_MAX(ncot, 1) * TC * TP * sizeof(float)));
 			float *part = ncot > 0 ? hi3i_aligned_alloc(sizeof(float) * pbk * (size_t)ncot * TC * TP, NULL) : NULL;
 
-			pack(xp, cs, x + pb * C, cv, f0, f1, pr, bi);   /* ends with a barrier */
+			pack(xp, cs, x + pb * C, cv, fa, fb, pr, bi);   /* ends with a barrier */
 			if (ncot > 0 && !part)
 				failed = 1;
 			for (size_t b0 = pa; part && b0 < pe; b0 += pbk) {
@@ -327,20 +363,28 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 				for (int c0 = 0; c0 < C; c0 += cb) {
 					const int c1 = HI3_MIN(C, c0 + cb);
 					for (size_t pos = b0; pos < b1; pos++) {
-						const int fr = (int)(pos / fr_tiles);
-						const size_t u0 = (pos % fr_tiles) * TP, v0 = (size_t)fr * plane + u0;
+						/* output frame f reads frames f + dt - pt; the taps of
+						 * the frames outside [0, T), zeros, are left out of the
+						 * chain: fmaf(0, w, a) is a for the finite w and the
+						 * a != -0 of a chain from +0, so the bits stay those of
+						 * the whole chain */
+						const int f = f0 + (int)(pos / fr_tiles), kk = cv->kh * cv->kw;
+						const int t0 = HI3_MAX(0, pt - f) * kk, t1 = HI3_MIN(cv->kt, T + pt - f) * kk;
+						const size_t u0 = (pos % fr_tiles) * TP;
+						const ptrdiff_t v0 = (ptrdiff_t)(f - pt - fa) * (ptrdiff_t)plane + (ptrdiff_t)u0;
 						for (int ct = ca; ct < ce; ct++) {
 							const int co0 = ct * TC, nc = HI3_MIN(TC, Cout - co0);
 							float *acc = part + ((pos - b0) * (size_t)ncot + (size_t)(ct - ca)) * TC * TP;
-							tile(&g, v0, co0, nc, c0, c1, acc);
+							tile(&g, v0, t0, t1, co0, nc, c0, c1, acc);
 							if (c1 == C)
-								store_tile(y, acc, b, cv, Cout, co0, nc, pb, f0 + fr, u0, q, q1);
+								store_tile(y, acc, b, cv, Cout, co0, nc, pb, f, u0, q, q1);
 						}
 					}
 				}
 			}
 			free(part);
 		}
+		free(own);
 		if (failed) {
 			hi3i_backend_fail(be, "cpu conv: out of memory for the partial sums of %d channels", Cout);
 			return;

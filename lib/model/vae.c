@@ -522,6 +522,15 @@ static int need(struct run *r, int i, int64_t floats)
 	return reserve(r->v, &r->v->buf[i], &r->v->cap[i], (size_t)floats, r->err);
 }
 
+/* Frees buffer i: the next need() allocates it at the size then wanted. */
+static void release(struct run *r, int i)
+{
+	if (r->v->buf[i])
+		r->be->ops->free(r->be, r->v->buf[i]);
+	r->v->buf[i] = NULL;
+	r->v->cap[i] = 0;
+}
+
 static void swap(struct run *r, int i, int j)
 {
 	float *p = r->v->buf[i];
@@ -653,6 +662,11 @@ static int downsample(struct run *r, const struct vae_level *lv)
 	r->be->ops->space_to_depth(r->be, b[A], b[X], 1, T, H, W, lv->Cin, rt);
 	r->be->ops->add_group_mean(r->be, b[Bt], b[A], Pl, lv->Cout, F * lv->Cin / lv->Cout);
 	swap(r, X, Bt);
+	/* the activation is now 4-8x smaller: the level's two temporaries are
+	 * freed rather than kept at their size for the rest of the pass, so
+	 * that the deeper levels' weights, read next, add to less */
+	release(r, A);
+	release(r, Bt);
 	r->d.T /= rt;
 	r->d.H /= 2;
 	r->d.W /= 2;
