@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <string.h>
 #include "backend/backend.h"
+#include "backend/cpu.h"
 #include "backend/gemm.h"
 #include "model/conv.h"
 #include "tap.h"
@@ -182,6 +183,21 @@ static void test_conv(int kt, int k, int B, int C)
 	hi3i_conv_rows(cpu, y2, x, &cw, &cv, NULL, 7, 29);
 	ok(!memcmp(y2 + 7 * Co, y + 7 * Co, sizeof(float) * 29 * Co) && isnan(y2[7 * Co - 1]) && isnan(y2[36 * Co]),
 	   "conv %dx%dx%d: a range of rows gives the bits of the whole, and writes nothing else", kt, k, k);
+	/* frames convolved in bands of 1 and of 2 rows (the packed input's
+	 * budget cut to fit them), the whole and a range of rows */
+	for (int bh = 1; bh <= 2; bh++) {
+		const size_t keep = hi3i_cpu_conv_pack_bytes;
+		hi3i_cpu_conv_pack_bytes = bh == 1 ? 1 : (size_t)(bh + k / 2 * 2) * T * (W + k / 2 * 2) * C * sizeof(float);
+		hi3i_conv(cpu, y2, x, &cw, &cv, NULL);
+		ok(!memcmp(y2, y, sizeof(float) * P * Co), "conv %dx%dx%d C=%d: in bands of %d row%s, the same bits", kt, k, k, C,
+		   bh, bh > 1 ? "s" : "");
+		for (size_t i = 0; i < P * Co; i++)
+			y2[i] = NAN;
+		hi3i_conv_rows(cpu, y2, x, &cw, &cv, NULL, 7, 29);
+		ok(!memcmp(y2 + 7 * Co, y + 7 * Co, sizeof(float) * 29 * Co) && isnan(y2[7 * Co - 1]) && isnan(y2[36 * Co]),
+		   "conv %dx%dx%d C=%d: in bands of %d row%s, a range of rows too", kt, k, k, C, bh, bh > 1 ? "s" : "");
+		hi3i_cpu_conv_pack_bytes = keep;
+	}
 	if (B > 1) {
 		/* image 1 alone, on one thread */
 		const struct hi3_conv one = {1, T, H, W, C, kt, k, k};

@@ -35,7 +35,6 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
-#include <sys/mman.h>
 #include "backend/cpu.h"
 
 #if defined(__x86_64__)
@@ -205,20 +204,26 @@ struct pre {
 	int G, act;
 };
 
-/* Pack frames [fa, fb) (within [0, T)) of image xb (T, H, W, C)
- * channels-last into xp: channel c at xp + c cs, frame-major, Hp x Wp with
- * a zero border of (ph, pw). The zero frames before and after the image
- * are not packed: no tap reads them (conv_packed). */
-static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *cv, int fa, int fb,
+/* Pack rows [h0 - ph, h0 + nh + ph) of frames [fa, fb) (within [0, T))
+ * of image xb (T, H, W, C) channels-last into xp: channel c at xp + c cs,
+ * frame-major, (nh + 2 ph) x Wp per frame, zero outside the image's rows
+ * and columns, then TP2 zeros (a tile's slack past the last frame). The
+ * zero frames before and after the image are not packed: no tap reads
+ * them (conv_packed). */
+#define TP2 (2 * TP)
+static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *cv, int fa, int fb, int h0, int nh,
                  const struct pre *pr, int bi)
 {
 	const int C = cv->C, H = cv->H, W = cv->W, ph = cv->kh / 2, pw = cv->kw / 2;
-	const int Hp = H + 2 * ph, Wp = W + 2 * pw, rows = (fb - fa) * Hp;
+	const int Hb = nh + 2 * ph, Wp = W + 2 * pw, rows = (fb - fa) * Hb;
 	const int cg = pr ? C / pr->G : 1;
 
+#pragma omp for schedule(static) nowait
+	for (int c = 0; c < C; c++)
+		memset(xp + c * cs + (size_t)rows * Wp, 0, sizeof(float) * TP2);
 #pragma omp for schedule(static)
 	for (int r = 0; r < rows; r++) {
-		const int t = fa + r / Hp, h = r % Hp - ph;
+		const int t = fa + r / Hb, h = h0 + r % Hb - ph;
 		const size_t o = (size_t)r * Wp;
 
 		if (h < 0 || h >= H) {
@@ -250,19 +255,19 @@ static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *c
 	}
 }
 
-/* y = acc + b for the positions of tile (fr, i0) of the packed frame that
- * are outputs in [q, q1) of the image at pb. */
+/* y = acc + b for the positions of tile u0 of frame f of the band of rows
+ * [h0, h0 + nh) that are outputs in [q, q1) of the image at pb. */
 static void store_tile(float *y, const float *acc, const hi3_wt *b, const struct hi3_conv *cv, int Cout, int co0,
-                       int nc, int64_t pb, int f, size_t u0, int64_t q, int64_t q1)
+                       int nc, int64_t pb, int f, int h0, int nh, size_t u0, int64_t q, int64_t q1)
 {
 	const int H = cv->H, W = cv->W, Wp = W + 2 * (cv->kw / 2);
 
 	for (int i = 0; i < TP; i++) {
 		const size_t u = u0 + (size_t)i;
 		const int hh = (int)(u / (size_t)Wp), ww = (int)(u % (size_t)Wp);
-		const int64_t p = pb + ((int64_t)f * H + hh) * W + ww;
+		const int64_t p = pb + ((int64_t)f * H + h0 + hh) * W + ww;
 		float *yr;
-		if (hh >= H || ww >= W || p < q || p >= q1)
+		if (hh >= nh || ww >= W || p < q || p >= q1)
 			continue;
 		yr = y + p * Cout + co0;
 		for (int j = 0; j < nc; j++)
@@ -276,51 +281,27 @@ static void store_tile(float *y, const float *acc, const hi3_wt *b, const struct
 #define WBLOCK_BYTES ((size_t)256 << 10)
 #define PART_BYTES ((size_t)512 << 10)
 
-/* A packed input of more than this many bytes gets a buffer of its own,
- * freed when the conv ends, instead of the backend's scratch (which stays
- * at its largest size): a pass then holds the big packed frames of a level
- * only while that level runs. */
-#define OWN_PACK_BYTES ((size_t)16 << 20)
-
-/* n floats for the packed input: the scratch, or *own (to free) */
-static float *pack_alloc(hi3_backend *be, size_t n, float **own)
-{
-	const size_t huge = (size_t)2 << 20, bytes = (n * sizeof(float) + huge - 1) / huge * huge;
-	void *p = NULL;
-
-	*own = NULL;
-	if (n * sizeof(float) <= OWN_PACK_BYTES)
-		return hi3i_cpu_scratch(be, n);
-	/* 2 MiB pages where the kernel offers them, as the scratch's */
-	if (posix_memalign(&p, huge, bytes) != 0)
-		return NULL;
-#ifdef MADV_HUGEPAGE
-	madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-	return *own = p;
-}
+/* At most about hi3i_cpu_conv_pack_bytes of packed input: an image's frames are
+ * packed and convolved in bands of output rows (with the rows above and
+ * below them that the taps read), so the packed input stays this small
+ * whatever the picture, instead of a copy of the whole activation. */
+size_t hi3i_cpu_conv_pack_bytes = (size_t)12 << 20;
 
 static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
                         const struct hi3_conv *cv, int64_t p0, int64_t n, const struct pre *pr)
 {
 	const int C = cv->C, Cout = w->N, H = cv->H, W = cv->W, T = cv->T;
-	const int pt = cv->kt / 2, ph = cv->kh / 2, pw = cv->kw / 2, taps = cv->kt * cv->kh * cv->kw;
-	const int Hp = H + 2 * ph, Wp = W + 2 * pw;
+	const int pt = cv->kt / 2, ph = cv->kh / 2, pw = cv->kw / 2, taps = cv->kt * cv->kh * cv->kw, kk = cv->kh * cv->kw;
+	const int Wp = W + 2 * pw;
 	const int64_t P = (int64_t)T * H * W;
-	const size_t plane = (size_t)Hp * Wp, fr_v = (size_t)H * Wp, fr_tiles = (fr_v + TP - 1) / TP;
 	const int nco = (Cout + TC - 1) / TC;
 	const size_t es = hi3_dtype_size(w->mat.dtype);
 	tile_fn *tile = pick_tile();
-	int off[27 * 27];         /* taps <= kt kh kw of odd sizes: checked below */
 
-	HI3_ASSERT(w->K == C * taps && taps <= (int)HI3_ARRAY_SIZE(off) && cv->kt % 2 && cv->kh % 2 && cv->kw % 2);
+	HI3_ASSERT(w->K == C * taps && taps <= 27 * 27 && cv->kt % 2 && cv->kh % 2 && cv->kw % 2);
 	if (n <= 0)
 		return;
 	hi3i_cpu_mark_used(be, w);
-	for (int dt = 0, t = 0; dt < cv->kt; dt++)
-		for (int dy = 0; dy < cv->kh; dy++)
-			for (int dx = 0; dx < cv->kw; dx++)
-				off[t++] = (int)((size_t)dt * plane + (size_t)dy * Wp + (size_t)dx);
 	/* image by image: the frames [f0, f1) that rows [p0, p0 + n) touch,
 	 * which read the frames [fa, fb) of the image */
 	for (int64_t q = p0; q < p0 + n;) {
@@ -328,63 +309,83 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 		const int64_t pb = (int64_t)bi * P, q1 = HI3_MIN(p0 + n, pb + P);
 		const int f0 = (int)((q - pb) / ((int64_t)H * W)), f1 = (int)((q1 - 1 - pb) / ((int64_t)H * W)) + 1;
 		const int fa = HI3_MAX(0, f0 - pt), fb = HI3_MIN(T, f1 + pt);
-		const size_t cs = (size_t)(fb - fa) * plane + 2 * TP;   /* + slack for a tile past a frame */
-		const size_t npos = (size_t)(f1 - f0) * fr_tiles;
-		float *own, *xp = pack_alloc(be, cs * (size_t)C + TP, &own);
-		const struct cgeom g = {C, Cout, taps, w->mat.dtype == HI3_BF16 ? WBF16 : w->mat.dtype == HI3_F16 ? WF16 : WF32,
-		                        w->mat.data, (size_t)C * taps * es, xp, cs, off};
+		/* output rows per band: (bh + 2 ph) packed rows of every frame
+		 * within PACK_BYTES, at least 1 */
+		const size_t rows = hi3i_cpu_conv_pack_bytes / ((size_t)(fb - fa) * (size_t)Wp * (size_t)C * sizeof(float));
+		const int bh = (int)HI3_MIN((size_t)H, rows > (size_t)(2 * ph) + 1 ? rows - (size_t)(2 * ph) : 1);
+		const size_t cs = (size_t)(fb - fa) * (size_t)(bh + 2 * ph) * (size_t)Wp + TP2;   /* + slack for a tile past a frame */
+		float *xp = hi3i_cpu_scratch(be, cs * (size_t)C + TP);
 		int failed = 0;
 
 		if (!xp) {
 			hi3i_backend_fail(be, "cpu conv: out of memory for the packed input of %d channels", C);
 			return;
 		}
-		for (int c = 0; c < C; c++)          /* the slack past the last frame */
-			memset(xp + (size_t)c * cs + cs - 2 * TP, 0, sizeof(float) * 2 * TP);
 #pragma omp parallel reduction(| : failed)
 		{
-			/* a thread's share: position tiles [pa, pe) by channel tiles [ca,
-			 * ce), positions split when there are enough of them */
-			const int nt = omp_get_num_threads(), id = omp_get_thread_num(), by_pos = npos >= (size_t)nt * 4;
-			const size_t pa = by_pos ? npos * (size_t)id / (size_t)nt : 0;
-			const size_t pe = by_pos ? npos * (size_t)(id + 1) / (size_t)nt : npos;
-			const int ca = by_pos ? 0 : nco * id / nt, ce = by_pos ? nco : nco * (id + 1) / nt, ncot = ce - ca;
-			/* input channels per block: their weights for [ca, ce) in WBLOCK_BYTES;
-			 * position tiles per block: their partial sums in PART_BYTES */
-			const int cb = (int)HI3_MAX(16, HI3_MIN((size_t)C, WBLOCK_BYTES / ((size_t)HI3_MAX(ncot, 1) * TC * taps * es)));
-			const size_t pbk = cb >= C ? 1 : HI3_MAX(1, PART_BYTES / ((size_t)HI3_MAX(ncot, 1) * TC * TP * sizeof(float)));
-			float *part = ncot > 0 ? hi3i_aligned_alloc(sizeof(float) * pbk * (size_t)ncot * TC * TP, NULL) : NULL;
+			const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+			/* the partial sums of a block of pbk position tiles by ncot
+			 * channel tiles (below): pbk ncot <= max(ncot, PART_BYTES / a
+			 * tile's) */
+			const size_t ptiles = PART_BYTES / (TC * TP * sizeof(float)) + (size_t)nco;
+			float *part = hi3i_aligned_alloc(sizeof(float) * ptiles * TC * TP, NULL);
 
-			pack(xp, cs, x + pb * C, cv, fa, fb, pr, bi);   /* ends with a barrier */
-			if (ncot > 0 && !part)
+			if (!part)
 				failed = 1;
-			for (size_t b0 = pa; part && b0 < pe; b0 += pbk) {
-				const size_t b1 = HI3_MIN(pe, b0 + pbk);
-				for (int c0 = 0; c0 < C; c0 += cb) {
-					const int c1 = HI3_MIN(C, c0 + cb);
-					for (size_t pos = b0; pos < b1; pos++) {
-						/* output frame f reads frames f + dt - pt; the taps of
-						 * the frames outside [0, T), zeros, are left out of the
-						 * chain: fmaf(0, w, a) is a for the finite w and the
-						 * a != -0 of a chain from +0, so the bits stay those of
-						 * the whole chain */
-						const int f = f0 + (int)(pos / fr_tiles), kk = cv->kh * cv->kw;
-						const int t0 = HI3_MAX(0, pt - f) * kk, t1 = HI3_MIN(cv->kt, T + pt - f) * kk;
-						const size_t u0 = (pos % fr_tiles) * TP;
-						const ptrdiff_t v0 = (ptrdiff_t)(f - pt - fa) * (ptrdiff_t)plane + (ptrdiff_t)u0;
-						for (int ct = ca; ct < ce; ct++) {
-							const int co0 = ct * TC, nc = HI3_MIN(TC, Cout - co0);
-							float *acc = part + ((pos - b0) * (size_t)ncot + (size_t)(ct - ca)) * TC * TP;
-							tile(&g, v0, t0, t1, co0, nc, c0, c1, acc);
-							if (c1 == C)
-								store_tile(y, acc, b, cv, Cout, co0, nc, pb, f, u0, q, q1);
+			for (int h0 = 0; h0 < H; h0 += bh) {
+				const int nh = HI3_MIN(bh, H - h0);
+				const size_t plane = (size_t)(nh + 2 * ph) * Wp, fr_tiles = ((size_t)nh * Wp + TP - 1) / TP;
+				const size_t npos = (size_t)(f1 - f0) * fr_tiles;
+				/* a thread's share: position tiles [pa, pe) by channel tiles
+				 * [ca, ce), positions split when there are enough of them */
+				const int by_pos = npos >= (size_t)nt * 4;
+				const size_t pa = by_pos ? npos * (size_t)id / (size_t)nt : 0;
+				const size_t pe = by_pos ? npos * (size_t)(id + 1) / (size_t)nt : npos;
+				const int ca = by_pos ? 0 : nco * id / nt, ce = by_pos ? nco : nco * (id + 1) / nt, ncot = ce - ca;
+				/* input channels per block: their weights for [ca, ce) in
+				 * WBLOCK_BYTES; position tiles per block: their partial sums
+				 * in PART_BYTES */
+				const int cb = (int)HI3_MAX(16, HI3_MIN((size_t)C, WBLOCK_BYTES / ((size_t)HI3_MAX(ncot, 1) * TC * taps * es)));
+				const size_t pbk = cb >= C ? 1 : HI3_MAX(1, PART_BYTES / ((size_t)HI3_MAX(ncot, 1) * TC * TP * sizeof(float)));
+				int off[27 * 27];   /* the packed offset of each tap */
+				const struct cgeom g = {C,  Cout, taps, w->mat.dtype == HI3_BF16 ? WBF16 : w->mat.dtype == HI3_F16 ? WF16 : WF32,
+				                        w->mat.data, (size_t)C * taps * es, xp, cs, off};
+
+				for (int dt = 0, t = 0; dt < cv->kt; dt++)
+					for (int dy = 0; dy < cv->kh; dy++)
+						for (int dx = 0; dx < cv->kw; dx++)
+							off[t++] = (int)((size_t)dt * plane + (size_t)dy * Wp + (size_t)dx);
+				if (h0 > 0) {
+#pragma omp barrier
+				}
+				pack(xp, cs, x + pb * C, cv, fa, fb, h0, nh, pr, bi);   /* ends with a barrier */
+				for (size_t b0 = pa; part && b0 < pe; b0 += pbk) {
+					const size_t b1 = HI3_MIN(pe, b0 + pbk);
+					for (int c0 = 0; c0 < C; c0 += cb) {
+						const int c1 = HI3_MIN(C, c0 + cb);
+						for (size_t pos = b0; pos < b1; pos++) {
+							/* output frame f reads frames f + dt - pt; the taps of
+							 * the frames outside [0, T), zeros, are left out of
+							 * the chain: fmaf(0, w, a) is a for the finite w and
+							 * the a != -0 of a chain from +0, so the bits stay
+							 * those of the whole chain */
+							const int f = f0 + (int)(pos / fr_tiles);
+							const int t0 = HI3_MAX(0, pt - f) * kk, t1 = HI3_MIN(cv->kt, T + pt - f) * kk;
+							const size_t u0 = (pos % fr_tiles) * TP;
+							const ptrdiff_t v0 = (ptrdiff_t)(f - pt - fa) * (ptrdiff_t)plane + (ptrdiff_t)u0;
+							for (int ct = ca; ct < ce; ct++) {
+								const int co0 = ct * TC, nc = HI3_MIN(TC, Cout - co0);
+								float *acc = part + ((pos - b0) * (size_t)ncot + (size_t)(ct - ca)) * TC * TP;
+								tile(&g, v0, t0, t1, co0, nc, c0, c1, acc);
+								if (c1 == C)
+									store_tile(y, acc, b, cv, Cout, co0, nc, pb, f, h0, nh, u0, q, q1);
+							}
 						}
 					}
 				}
 			}
 			free(part);
 		}
-		free(own);
 		if (failed) {
 			hi3i_backend_fail(be, "cpu conv: out of memory for the partial sums of %d channels", Cout);
 			return;

@@ -100,6 +100,9 @@ float *hi3i_cpu_scratch(hi3_backend *be, size_t n);
 /* cpu-conv.c: the conv op */
 void hi3i_cpu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
                    const struct hi3_conv *cv, const struct hi3_conv_norm *norm, int64_t p0, int64_t n);
+/* The conv's packed input, at most about this many bytes (12 MiB): frames
+ * are convolved in bands of rows that fit (tests make it small). */
+extern size_t hi3i_cpu_conv_pack_bytes;
 
 /* cpu-image.c (backend.h documents each op) */
 /* mean and rstd (B, G) of groupnorm over x (B, P, C): the sums of the
