@@ -124,11 +124,12 @@ static void conv_input_ref(float *y, const float *x, const hi3_wt *w, const hi3_
  * then + b, every kernel the CPU has); a range of rows, an image alone, a
  * bf16 weight (widening is exact), and a normalised input (the bits of
  * groupnorm then conv). C = 70 > 64 carries partial sums over blocks of
- * input channels; Co = 13 leaves a tile of 1 channel; W = 4 puts 2
- * columns of padding between rows of a tile. */
-static void test_conv(int kt, int k, int B, int C)
+ * input channels; Co = 13 leaves a tile of 1 channel, 16 and 20 tiles of
+ * 4 and 8 (the AVX-512 kernel's own cases); W = 4 puts 2 columns of
+ * padding between rows of a tile. */
+static void test_conv(int kt, int k, int B, int C, int Co)
 {
-	const int T = 3, H = 5, W = 4, Co = 13, taps = kt * k * k;
+	const int T = 3, H = 5, W = 4, taps = kt * k * k;
 	const struct hi3_conv cv = {B, T, H, W, C, kt, k, k};
 	const size_t P = (size_t)B * T * H * W, K = (size_t)C * taps;
 	float *x = randu(P * C, -1, 1), *w = randu((size_t)Co * K, -0.5f, 0.5f), *b = randu(Co, -1, 1);
@@ -514,10 +515,12 @@ int main(void)
 		printf("Bail out! cpu backend: %s\n", err.msg);
 		return 1;
 	}
-	test_conv(3, 3, 2, 6);
-	test_conv(3, 3, 2, 70);
-	test_conv(1, 3, 1, 6);
-	test_conv(1, 1, 2, 6);
+	test_conv(3, 3, 2, 6, 13);
+	test_conv(3, 3, 2, 70, 13);
+	test_conv(3, 3, 1, 6, 16);
+	test_conv(3, 3, 1, 70, 20);
+	test_conv(1, 3, 1, 6, 13);
+	test_conv(1, 1, 2, 6, 13);
 	test_groupnorm(37, HI3_ACT_NONE);
 	test_groupnorm(2500, HI3_ACT_SILU);
 	test_layernorm();

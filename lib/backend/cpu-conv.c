@@ -50,8 +50,12 @@ enum { WF32, WBF16, WF16 };
 /* Weight i of w (of kind) as f32: the one place a weight format is read. */
 static inline float wget(const void *w, int kind, size_t i)
 {
-	if (kind == WBF16)
-		return hi3_bf16_to_f32(((const uint16_t *)w)[i]);
+	if (kind == WBF16) {      /* hi3_bf16_to_f32, inline: the kernels call it per weight */
+		const uint32_t u = (uint32_t)((const uint16_t *)w)[i] << 16;
+		float f;
+		memcpy(&f, &u, sizeof(f));
+		return f;
+	}
 	if (kind == WF16)
 		return hi3_f16_to_f32(((const uint16_t *)w)[i]);
 	return ((const float *)w)[i];
@@ -59,7 +63,7 @@ static inline float wget(const void *w, int kind, size_t i)
 
 /* A conv of one image, in the packed frame. */
 struct cgeom {
-	int C, Cout, taps, kind;
+	int C, Cout, taps, kind, kw;
 	const unsigned char *w;   /* row co at w + co * C * taps * es */
 	size_t wrow;              /* bytes of a weight row */
 	const float *xp;          /* packed input: channel c at xp + c * cs */
@@ -170,9 +174,75 @@ T512 __attribute__((always_inline)) static inline void tile512_k(const struct cg
 			_mm512_storeu_ps(acc + j * TP + 16 * i, a[j][i]);
 }
 
+/* The same tile for kw = 3 and nch = 4, 8 or 12 channels (every Cout the
+ * VAE has leaves a last tile of 4 or 8), in the same order: a row of taps
+ * (dt, dy) at a time, its three dx unrolled, and the weights addressed as
+ * nch / 4 pointers (row co0 + 4 i) plus 0, 1, 2, 3 row strides, so that the
+ * inner loop needs a few registers where tile512_k's twelve row pointers
+ * spill. */
+T512 __attribute__((always_inline)) static inline void tile512_k3(const struct cgeom *g, ptrdiff_t v0, int t0, int t1,
+                                                                  int co0, int c0, int c1, float *acc, const int kind,
+                                                                  const int nch)
+{
+	const size_t es = kind == WF32 ? 4 : 2, rs = g->wrow / es;   /* elements from a weight row to the next */
+	const int taps = g->taps;
+	__m512 a[TC][2];
+
+#pragma GCC unroll 12
+	for (int j = 0; j < nch; j++)
+#pragma GCC unroll 2
+		for (int i = 0; i < 2; i++)
+			a[j][i] = c0 ? _mm512_loadu_ps(acc + j * TP + 16 * i) : _mm512_setzero_ps();
+	for (int c = c0; c < c1; c++) {
+		const float *x = g->xp + (size_t)c * g->cs;
+		const unsigned char *wc = g->w + (size_t)co0 * g->wrow + (size_t)c * taps * es;
+		for (int t = t0; t < t1; t += 3) {
+			const float *xt = x + (v0 + g->off[t]);
+#pragma GCC unroll 3
+			for (int dx = 0; dx < 3; dx++) {
+				const __m512 x0 = _mm512_loadu_ps(xt + dx), x1 = _mm512_loadu_ps(xt + dx + 16);
+#pragma GCC unroll 3
+				for (int q = 0; q < nch / 4; q++) {
+					const unsigned char *wq = wc + ((size_t)(4 * q) * rs + (size_t)(t + dx)) * es;
+#pragma GCC unroll 4
+					for (int r = 0; r < 4; r++) {
+						const __m512 wv = _mm512_set1_ps(wget(wq, kind, (size_t)r * rs));
+						a[4 * q + r][0] = _mm512_fmadd_ps(x0, wv, a[4 * q + r][0]);
+						a[4 * q + r][1] = _mm512_fmadd_ps(x1, wv, a[4 * q + r][1]);
+					}
+				}
+			}
+		}
+	}
+#pragma GCC unroll 12
+	for (int j = 0; j < nch; j++)
+#pragma GCC unroll 2
+		for (int i = 0; i < 2; i++)
+			_mm512_storeu_ps(acc + j * TP + 16 * i, a[j][i]);
+}
+
+#define TILE512_K3(kind)                                                          \
+	do {                                                                          \
+		if (nc == 12)                                                         \
+			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 12);         \
+		else if (nc == 8)                                                     \
+			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 8);          \
+		else                                                                  \
+			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 4);          \
+	} while (0)
+
 T512 static void tile512(const struct cgeom *g, ptrdiff_t v0, int t0, int t1, int co0, int nc, int c0, int c1,
                         float *acc)
 {
+	if (g->kw == 3 && nc % 4 == 0) {
+		if (g->kind == WF32)
+			TILE512_K3(WF32);
+		else if (g->kind == WBF16)
+			TILE512_K3(WBF16);
+		else
+			TILE512_K3(WF16);
+		return;
+	}
 	if (g->kind == WF32)
 		tile512_k(g, v0, t0, t1, co0, nc, c0, c1, acc, WF32);
 	else if (g->kind == WBF16)
@@ -349,7 +419,7 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 				const size_t pbk = cb >= C ? 1 : HI3_MAX(1, PART_BYTES / ((size_t)HI3_MAX(ncot, 1) * TC * TP * sizeof(float)));
 				int off[27 * 27];   /* the packed offset of each tap */
 				const struct cgeom g = {C,  Cout, taps, w->mat.dtype == HI3_BF16 ? WBF16 : w->mat.dtype == HI3_F16 ? WF16 : WF32,
-				                        w->mat.data, (size_t)C * taps * es, xp, cs, off};
+				                        cv->kw, w->mat.data, (size_t)C * taps * es, xp, cs, off};
 
 				for (int dt = 0, t = 0; dt < cv->kt; dt++)
 					for (int dy = 0; dy < cv->kh; dy++)
