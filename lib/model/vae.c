@@ -28,6 +28,8 @@
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "model/conv.h"
 #include "model/model.h"
 #include "model/vae.h"
@@ -754,6 +756,30 @@ out:
 	return rc;
 }
 
+/* The encoder's weights, read in place from the checkpoint's read-only
+ * file mapping, are given back to the page cache before each picture: the
+ * process's pages of them are dropped (madvise MADV_DONTNEED, whole pages
+ * inside each tensor) and fault back in, from the page cache, when their
+ * level runs. So the first levels, whose activations are the largest (3 x
+ * 134 MB at 256 x 256, 9% of the released encoder's weights each), do not
+ * run beside the deep levels' weights (1024 channels: 92% of them), and a
+ * pass holds at most about its weights plus the activations of the level
+ * at hand. A checkpoint is always a file mapping (hi3_ckpt_open), never
+ * anonymous memory, which this would zero. */
+static void encoder_weights_out(hi3_vae *v)
+{
+	const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	static const char pre[] = "vae.encoder.";
+
+	for (int i = 0; i < hi3_ckpt_count(v->ck); i++) {
+		const hi3_tensor *t = hi3_ckpt_at(v->ck, i);
+		const uintptr_t a = ((uintptr_t)t->data + page - 1) & ~(page - 1);
+		const uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~(page - 1);
+		if (!strncmp(t->name, pre, sizeof(pre) - 1) && e > a)
+			madvise((void *)a, e - a, MADV_DONTNEED);
+	}
+}
+
 /* mean, logvar (Cz, h, w) host of the encoder of x (T, H, W, Cin) host channels-last */
 static int encode_one(hi3_vae *v, const float *x, int H, int W, float *mean, float *logvar, float *host,
                       hi3_error *err)
@@ -817,6 +843,7 @@ int hi3_vae_encode(hi3_vae *v, const float *images, int B, int H, int W, float *
 				x[p * Cin + ch] = im[(size_t)ch * HW + p];
 		for (int t = 1; t < T; t++)
 			memcpy(x + (size_t)t * HW * Cin, x, sizeof(float) * HW * Cin);
+		encoder_weights_out(v);
 		if (encode_one(v, x, H, W, mean + (size_t)bi * Cz * hw, logvar + (size_t)bi * Cz * hw, host, err))
 			goto out;
 	}
