@@ -74,56 +74,74 @@ void hi3i_cpu_bias_add(hi3_backend *be, float *x, const hi3_wt *b, int64_t M, in
 
 /* ------------------------------------------------------------ norms */
 
-/* The sum over chunk j (positions [j CH, (j+1) CH) of P) of group g of
- * image b: (x - mean)^2 when sq, else x; elements in (position, channel)
- * order into eight lanes. */
-static float gn_chunk(const float *x, int64_t P, int C, int cg, int g, int64_t j, int sq, float mean)
+/* The sums over chunk j (positions [j CH, (j+1) CH) of P) of every group
+ * of an image x, (x - mean_g)^2 when sq, else x, in eight lanes each:
+ * element i of a group's chunk, in (position, channel) order, into lane
+ * i % 8, lane[((g nch) + j) 8 + i % 8]. The chunk is read once, position by
+ * position, every group's lanes updated from the position's row: a
+ * group's cg channels of the chunk's k-th position are its elements k cg
+ * + c, lanes (k cg + c) % 8, each lane still in its elements' order. */
+static void gn_chunk(float *lane, int64_t nch, const float *x, int64_t P, int C, int G, int64_t j, int sq,
+                     const float *mean)
 {
+	const int cg = C / G;
 	const int64_t p0 = j * HI3_GN_CHUNK, p1 = HI3_MIN(P, p0 + HI3_GN_CHUNK);
-	float l[8] = {0};
-	unsigned i = 0;
 
+	for (int g = 0; g < G; g++)
+		memset(lane + ((int64_t)g * nch + j) * 8, 0, sizeof(float) * 8);
 	for (int64_t p = p0; p < p1; p++) {
-		const float *v = x + p * C + (int64_t)g * cg;
-		for (int c = 0; c < cg; c++, i++) {
-			float e = sq ? (v[c] - mean) * (v[c] - mean) : v[c];
-			l[i & 7] += e;
+		const float *v = x + p * C;
+		const unsigned s = (unsigned)((p - p0) * cg) & 7u;   /* the lane of the position's first element */
+		for (int g = 0; g < G; g++) {
+			const float *vg = v + (int64_t)g * cg, m = sq ? mean[g] : 0.0f;
+			float *a = lane + ((int64_t)g * nch + j) * 8;
+			if (cg % 8 == 0) {
+				for (int c = 0; c < cg; c += 8)
+					for (int l = 0; l < 8; l++)
+						a[l] += sq ? (vg[c + l] - m) * (vg[c + l] - m) : vg[c + l];
+			} else if (cg == 4) {
+				for (int l = 0; l < 4; l++)
+					a[s + l] += sq ? (vg[l] - m) * (vg[l] - m) : vg[l];
+			} else {
+				for (int c = 0; c < cg; c++)
+					a[(s + (unsigned)c) & 7u] += sq ? (vg[c] - m) * (vg[c] - m) : vg[c];
+			}
 		}
 	}
-	return lane_tree(l);
 }
 
 int hi3i_cpu_groupnorm_stats(hi3_backend *be, float *mean, float *rstd, const float *x, int B, int64_t P, int C,
                              int G, float eps)
 {
 	const int cg = G > 0 ? C / G : 1;
-	const int64_t nch = (P + HI3_GN_CHUNK - 1) / HI3_GN_CHUNK, jobs = (int64_t)B * G * nch;
+	const int64_t nch = (P + HI3_GN_CHUNK - 1) / HI3_GN_CHUNK, jobs = (int64_t)B * nch;
 	const float cnt = (float)((double)P * cg);
-	float *part = malloc(sizeof(float) * (size_t)(jobs ? jobs : 1));
+	float *lane = malloc(sizeof(float) * 8 * (size_t)(jobs ? jobs : 1) * (size_t)(G > 0 ? G : 1));
 
 	HI3_ASSERT(G > 0 && C % G == 0);
-	if (!part) {
-		hi3i_backend_fail(be, "cpu groupnorm: out of memory for the sums of %lld chunks", (long long)jobs);
+	if (!lane) {
+		hi3i_backend_fail(be, "cpu groupnorm: out of memory for the sums of %lld chunks", (long long)(jobs * G));
 		return -1;
 	}
 	for (int pass = 0; pass < 2; pass++) {
 #pragma omp parallel for schedule(static) if (jobs > 1 && PAR((size_t)B * (size_t)P * (size_t)C))
 		for (int64_t q = 0; q < jobs; q++) {
-			const int64_t bg = q / nch, j = q % nch;
-			const int bi = (int)(bg / G), g = (int)(bg % G);
-			part[q] = gn_chunk(x + (int64_t)bi * P * C, P, C, cg, g, j, pass, pass ? mean[bg] : 0.0f);
+			const int bi = (int)(q / nch);
+			gn_chunk(lane + (int64_t)bi * G * nch * 8, nch, x + (int64_t)bi * P * C, P, C, G, q % nch, pass,
+			         mean + (int64_t)bi * G);
 		}
+		/* per group, its chunks' lane trees added in order */
 		for (int64_t bg = 0; bg < (int64_t)B * G; bg++) {
 			float s = 0.0f;
 			for (int64_t j = 0; j < nch; j++)
-				s += part[bg * nch + j];
+				s += lane_tree(lane + (bg * nch + j) * 8);
 			if (!pass)
 				mean[bg] = s / cnt;
 			else
 				rstd[bg] = 1.0f / sqrtf(s / cnt + eps);
 		}
 	}
-	free(part);
+	free(lane);
 	return 0;
 }
 
