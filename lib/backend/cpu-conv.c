@@ -137,6 +137,25 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(const struct cgeom *g,
 /* AVX-512: two 16-float vectors of positions by 12 channels (24
  * accumulators); a channel past nc repeats the last one and is dropped. */
 #define T512 __attribute__((target("avx512f,avx2,fma")))
+/* A tile's n channels of accumulators from acc (zero when c0 = 0), and back. */
+T512 __attribute__((always_inline)) static inline void acc512_in(__m512 a[][2], const float *acc, const int n, int c0)
+{
+#pragma GCC unroll 12
+	for (int j = 0; j < n; j++)
+#pragma GCC unroll 2
+		for (int i = 0; i < 2; i++)
+			a[j][i] = c0 ? _mm512_loadu_ps(acc + j * TP + 16 * i) : _mm512_setzero_ps();
+}
+
+T512 __attribute__((always_inline)) static inline void acc512_out(__m512 a[][2], float *acc, const int n)
+{
+#pragma GCC unroll 12
+	for (int j = 0; j < n; j++)
+#pragma GCC unroll 2
+		for (int i = 0; i < 2; i++)
+			_mm512_storeu_ps(acc + j * TP + 16 * i, a[j][i]);
+}
+
 T512 __attribute__((always_inline)) static inline void tile512_k(const struct cgeom *g, ptrdiff_t v0, int t0, int t1,
                                                                  int co0, int nc, int c0, int c1, float *acc,
                                                                  const int kind)
@@ -148,11 +167,7 @@ T512 __attribute__((always_inline)) static inline void tile512_k(const struct cg
 #pragma GCC unroll 12
 	for (int j = 0; j < TC; j++)
 		wr[j] = g->w + (size_t)(co0 + HI3_MIN(j, nc - 1)) * g->wrow;
-#pragma GCC unroll 12
-	for (int j = 0; j < TC; j++)
-#pragma GCC unroll 2
-		for (int i = 0; i < 2; i++)
-			a[j][i] = c0 ? _mm512_loadu_ps(acc + j * TP + 16 * i) : _mm512_setzero_ps();
+	acc512_in(a, acc, TC, c0);
 	for (int c = c0; c < c1; c++) {
 		const float *x = g->xp + (size_t)c * g->cs;
 		const size_t k0 = (size_t)c * taps;
@@ -167,11 +182,7 @@ T512 __attribute__((always_inline)) static inline void tile512_k(const struct cg
 			}
 		}
 	}
-#pragma GCC unroll 12
-	for (int j = 0; j < TC; j++)
-#pragma GCC unroll 2
-		for (int i = 0; i < 2; i++)
-			_mm512_storeu_ps(acc + j * TP + 16 * i, a[j][i]);
+	acc512_out(a, acc, TC);
 }
 
 /* The same tile for kw = 3 and nch = 4, 8 or 12 channels (every Cout the
@@ -188,11 +199,7 @@ T512 __attribute__((always_inline)) static inline void tile512_k3(const struct c
 	const int taps = g->taps;
 	__m512 a[TC][2];
 
-#pragma GCC unroll 12
-	for (int j = 0; j < nch; j++)
-#pragma GCC unroll 2
-		for (int i = 0; i < 2; i++)
-			a[j][i] = c0 ? _mm512_loadu_ps(acc + j * TP + 16 * i) : _mm512_setzero_ps();
+	acc512_in(a, acc, nch, c0);
 	for (int c = c0; c < c1; c++) {
 		const float *x = g->xp + (size_t)c * g->cs;
 		const unsigned char *wc = g->w + (size_t)co0 * g->wrow + (size_t)c * taps * es;
@@ -214,11 +221,7 @@ T512 __attribute__((always_inline)) static inline void tile512_k3(const struct c
 			}
 		}
 	}
-#pragma GCC unroll 12
-	for (int j = 0; j < nch; j++)
-#pragma GCC unroll 2
-		for (int i = 0; i < 2; i++)
-			_mm512_storeu_ps(acc + j * TP + 16 * i, a[j][i]);
+	acc512_out(a, acc, nch);
 }
 
 #define TILE512_K3(kind)                                                          \
