@@ -612,11 +612,112 @@ __attribute__((target("avx2"))) static float max_avx2(const float *sc, int n)
 			mx = sc[j];
 	return mx;
 }
+/* The softmax weights in place of the scores: p[j] = expf(p[j] - mx), 0 for
+ * a key not admitted (-inf). exp_avx2 reproduces the C library's expf bit
+ * for bit on |x| < 88, eight at a time: this is the algorithm of glibc's
+ * expf (2.28 on, from Arm's optimized-routines) as its FMA build runs it, in
+ * double: k = round(x 32/ln2), r = x 32/ln2 - k, 2^(k/32) from a table of
+ * 2^(i/32) and the exponent bits, times a cubic in r, rounded to float.
+ * Other inputs (NaN, |x| >= 88 but -inf) go to expf itself. It is used
+ * only when it gives expf's bits on a probe of 2^16 inputs
+ * (exp_vector_ok); otherwise every weight is expf's. */
+static const uint64_t exp_tab[32] = {
+	0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+	0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+	0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+	0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+	0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+	0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+	0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+	0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
+
+static void exp_portable(float *p, int n, float mx)
+{
+	for (int j = 0; j < n; j++)
+		p[j] = p[j] == -INFINITY ? 0.0f : expf(p[j] - mx);
+}
+
+__attribute__((target("avx2,fma"))) static __m128 exp4_avx2(__m128 x)
+{
+	const __m256d inv = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
+	const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-20), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-13);
+	const __m256d c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-6), one = _mm256_set1_pd(1.0);
+	__m256d xd = _mm256_cvtps_pd(x), kd = _mm256_fmadd_pd(inv, xd, shift), r, z, y;
+	__m256i ki = _mm256_castpd_si256(kd), t;
+
+	kd = _mm256_sub_pd(kd, shift);
+	r = _mm256_fmsub_pd(inv, xd, kd);
+	t = _mm256_i64gather_epi64((const long long *)exp_tab, _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
+	t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
+	z = _mm256_fmadd_pd(r, c0, c1);
+	y = _mm256_fmadd_pd(r, c2, one);
+	y = _mm256_fmadd_pd(z, _mm256_mul_pd(r, r), y);
+	return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
+}
+
+__attribute__((target("avx2,fma"))) static void exp_avx2(float *p, int n, float mx)
+{
+	const __m256 ninf = _mm256_set1_ps(-INFINITY), vmx = _mm256_set1_ps(mx);
+	int j = 0;
+
+	for (; j + 8 <= n; j += 8) {
+		__m256 s = _mm256_loadu_ps(p + j), x = _mm256_sub_ps(s, vmx), e;
+		__m256 masked = _mm256_cmp_ps(s, ninf, _CMP_EQ_OQ);
+		__m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 20), _mm256_set1_epi32(0x7ff));
+		__m256 special = _mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x42a)));
+		if (_mm256_movemask_ps(_mm256_andnot_ps(masked, special))) {
+			exp_portable(p + j, 8, mx);
+			continue;
+		}
+		e = _mm256_set_m128(exp4_avx2(_mm256_extractf128_ps(x, 1)), exp4_avx2(_mm256_castps256_ps128(x)));
+		_mm256_storeu_ps(p + j, _mm256_andnot_ps(masked, e));
+	}
+	exp_portable(p + j, n - j, mx);
+}
+
+/* 1 when exp_avx2 gives expf's bits on 2^16 inputs over [-88, 88] (the
+ * scores minus their max lie in [-88, 0]) and on the edges; the first call
+ * probes (not from within a parallel region: cpu_attention asks before). */
+static int exp_vector_ok(void)
+{
+	static int ok = -1;
+	int v = __atomic_load_n(&ok, __ATOMIC_RELAXED);
+
+	if (v < 0) {
+		enum { N = 1 << 16 };
+		float *a = malloc(sizeof(float) * 2 * N), *b = a + N;
+		uint32_t u = 12345;
+		if (!(v = a && cpu_has_avx2())) {
+			free(a);
+			return 0;                       /* asked again next time */
+		}
+		for (int i = 0; i < N; i++) {
+			u = u * 1664525u + 1013904223u;
+			a[i] = i < N / 2 ? -88.0f * (float)i / (N / 2) : ((float)(u >> 8) / 16777216.0f - 0.5f) * 176.0f;
+		}
+		a[1] = -INFINITY;
+		a[2] = -87.99999f;
+		a[3] = 87.99999f;
+		a[4] = -0.0f;
+		a[5] = -1e-30f;
+		memcpy(b, a, sizeof(float) * N);
+		exp_avx2(a, N, 0.0f);
+		exp_portable(b, N, 0.0f);
+		v = memcmp(a, b, sizeof(float) * N) == 0;
+		free(a);
+		__atomic_store_n(&ok, v, __ATOMIC_RELAXED);
+	}
+	return v;
+}
+#define softmax_exp(vec, p, n, mx) ((vec) ? exp_avx2(p, n, mx) : exp_portable(p, n, mx))
 #define pv(...) (cpu_has_avx2() ? pv_avx2(__VA_ARGS__) : pv_portable(__VA_ARGS__))
 #define max_above_inf(sc, n) (cpu_has_avx2() ? max_avx2(sc, n) : max_portable(sc, n))
 #else
 #define pv(...) pv_portable(__VA_ARGS__)
 #define max_above_inf(sc, n) max_portable(sc, n)
+#define exp_vector_ok() 0
+#define softmax_exp(vec, p, n, mx) ((void)(vec), exp_portable(p, n, mx))
 #endif
 
 
@@ -650,6 +751,7 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 	const int hb = (g <= 16 && (size_t)M * dm->n_kv >= par) ? g : 1;
 	const int tb = (hb > 1 && (size_t)M * dm->n_kv >= par * ATT_TB) ? ATT_TB : 1;
 	const int n_hg = dm->n_h / hb, n_tb = (M + tb - 1) / tb;
+	const int vexp = exp_vector_ok();       /* before the threads: the probe runs once */
 
 #pragma omp parallel
 	{
@@ -724,14 +826,11 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 						x->end = 0;
 						continue;
 					}
-					for (int j = 0; j < x->end; j++) {
-						if (p[j] == -INFINITY) {
-							p[j] = 0.0f;
-							continue;
-						}
-						p[j] = expf(p[j] - mx);
+					/* the sum in key order; the zeros of the keys not
+					 * admitted leave it as it is (it is +0 or above) */
+					softmax_exp(vexp, p, x->end, mx);
+					for (int j = 0; j < x->end; j++)
 						sum += p[j];
-					}
 					x->sum = sum;
 				}
 				for (int i = 0; i < nq; i++)
