@@ -10,9 +10,13 @@
  * other work on the machine weighs little), for 256- and, where the CPU has
  * it, 512-bit vectors: the machine's peak, and the clock it implies (two
  * FMA units). Without it the peak is measured first and every shape's
- * line gives both GEMMs' fraction of it (the widest vectors'). SET: all (default), prefill (the `small` preset and the real
- * layer shape), vit (the released SigLIP2 and aligner widths at 1024
- * patches). One JSON line per shape and weight dtype: the best of REPS
+ * line gives both GEMMs' fraction of it (the widest vectors'). SET: all
+ * (default), prefill (the `small` preset and the real layer shape), vit
+ * (the released SigLIP2 and aligner widths at 1024 patches), quant (the
+ * prefill shapes and B = 1 decode products of the real layer shape, M = 1
+ * and 8, with weights F32, BF16 and each quantized format of quant.h:
+ * int8 row scales, fp8 with BF16 row scales and rounding, nf4 in blocks of
+ * 64 rounded to BF16, nvfp4). One JSON line per shape and weight dtype: the best of REPS
  * runs of each, taken in turn, in GFLOP/s of wall time; OpenBLAS always
  * multiplies f32 weights (it has no bf16 path), so a bf16 line compares
  * hi3 reading bf16 with sgemm reading f32. Where hi3 runs its AVX-512
@@ -136,7 +140,69 @@ static const struct shape shapes[] = {
 	{"vit", "vit fc2", 1024, 1152, 4304},
 	{"vit", "aligner 1", 1024, 4096, 1152},
 	{"vit", "aligner 2", 1024, 4096, 4096},
+	/* B = 1 decode: the real layer's products, one row (bandwidth-bound:
+	 * the weights stream from memory), and 8 rows */
+	{"decode", "real qkv, 1 row", 1, 6144, 4096},
+	{"decode", "real o, 1 row", 1, 4096, 4096},
+	{"decode", "real expert down, 1 row", 1, 4096, 3072},
+	{"decode", "real qkv, 8 rows", 8, 6144, 4096},
 };
+
+/* The weight forms of a line: F32, BF16, then (set quant) the quantized
+ * ones, each of its own codes and scales (their values do not change the
+ * speed). */
+enum { D_F32, D_BF16, D_INT8, D_FP8, D_NF4, D_NVFP4, D_N };
+static const char *const dname[D_N] = {"F32", "BF16", "int8", "fp8", "nf4", "nvfp4"};
+
+/* q over buf (N K + N K / 8 + 8 N bytes) for form d, codes from w. */
+static void make_q(hi3_qweight *q, unsigned char *buf, int d, const float *w, int N, int K)
+{
+	const size_t nk = (size_t)N * K;
+
+	memset(q, 0, sizeof(*q));
+	q->N = N;
+	q->K = K;
+	q->codes = buf;
+	q->scale = buf + nk;
+	q->round_to = HI3_F32;
+	for (size_t i = 0; i < nk; i++)
+		buf[i] = (unsigned char)(i * 2654435761u >> 13);
+	switch (d) {
+	case D_INT8:
+		q->format = HI3_Q_INT8;
+		q->scale_dtype = HI3_F32;
+		for (int n = 0; n < N; n++)
+			((float *)q->scale)[n] = 0.5f + fabsf(w[(size_t)n * K]);
+		break;
+	case D_FP8:
+		q->format = HI3_Q_FP8;
+		q->scale_dtype = q->round_to = HI3_BF16;
+		q->per_row = 1;
+		for (size_t i = 0; i < nk; i++)
+			buf[i] = hi3i_f32_to_e4m3(w[i] * 400.0f);
+		for (int n = 0; n < N; n++)
+			((uint16_t *)q->scale)[n] = hi3_f32_to_bf16(1.0f / 400.0f);
+		break;
+	case D_NF4:
+		q->format = HI3_Q_NF4;
+		q->block = 64;
+		q->round_to = HI3_BF16;
+		q->scale_dtype = HI3_F32;
+		for (int i = 0; i < 16; i++)
+			q->map[i] = -1.0f + (float)i / 7.5f;
+		for (size_t b = 0; b < nk / 64; b++)
+			((float *)q->scale)[b] = 0.5f + (float)(b % 7) / 7.0f;
+		break;
+	default:
+		q->format = HI3_Q_NVFP4;
+		q->block = 16;
+		q->scale2 = 0.01f;
+		q->scale_dtype = HI3_F8_E4M3;
+		for (size_t b = 0; b < nk / 16; b++)
+			((unsigned char *)q->scale)[b] = (unsigned char)(48 + b % 16);
+		break;
+	}
+}
 
 int main(int argc, char **argv)
 {
@@ -148,7 +214,7 @@ int main(int argc, char **argv)
 
 	if ((argc > a0 && hi3i_parse_i64(argv[a0], 0, 1024, &threads)) ||
 	    (argc > a0 + 1 && hi3i_parse_i64(argv[a0 + 1], 1, 1000, &reps))) {
-		fprintf(stderr, "usage: bench-gemm --peak [THREADS]\n       bench-gemm [THREADS [REPS [all|prefill|vit]]]\n");
+		fprintf(stderr, "usage: bench-gemm --peak [THREADS]\n       bench-gemm [THREADS [REPS [all|prefill|vit|quant]]]\n");
 		return 2;
 	}
 	if (threads > 0)
@@ -165,16 +231,19 @@ int main(int argc, char **argv)
 	for (size_t s = 0; s < HI3_ARRAY_SIZE(shapes); s++) {
 		const struct shape *sh = &shapes[s];
 		const int M = sh->M, N = sh->N, K = sh->K;
+		const int quant = !strcmp(set, "quant");
 		float *x, *w, *y;
 		uint16_t *wb;
+		unsigned char *qb;
 
-		if (strcmp(set, "all") && strcmp(set, sh->set))
+		if (quant ? !strcmp(sh->set, "vit") : strcmp(set, "all") ? strcmp(set, sh->set) : !strcmp(sh->set, "decode"))
 			continue;
 		x = malloc(sizeof(float) * (size_t)M * K);
 		w = malloc(sizeof(float) * (size_t)N * K);
 		y = malloc(sizeof(float) * (size_t)M * N);
 		wb = malloc(2 * (size_t)N * K);
-		if (!x || !w || !y || !wb) {
+		qb = malloc((size_t)N * K + (size_t)N * K / 8 + 8 * (size_t)N);
+		if (!x || !w || !y || !wb || !qb) {
 			fprintf(stderr, "bench-gemm: out of memory\n");
 			return 1;
 		}
@@ -184,12 +253,17 @@ int main(int argc, char **argv)
 			w[i] = (float)((i * 40503u) % 997) / 997.0f - 0.5f;
 			wb[i] = hi3_f32_to_bf16(w[i]);
 		}
-		for (int d = 0; d < 2; d++) {
-			const hi3_dtype dt = d ? HI3_BF16 : HI3_F32;
+		for (int d = 0; d < (quant ? D_N : 2); d++) {
 			double tb = INFINITY, th = INFINITY, t2avx = INFINITY, fl = 2.0 * M * N * K;
+			hi3_qweight q;
 			hi3_wmat wm;
 
-			hi3i_wmat_init(&wm, d ? (void *)wb : (void *)w, dt, N, K, NULL);
+			if (d >= D_INT8) {
+				make_q(&q, qb, d, w, N, K);
+				hi3i_wmat_init_q(&wm, &q);
+			} else {
+				hi3i_wmat_init(&wm, d ? (void *)wb : (void *)w, d ? HI3_BF16 : HI3_F32, N, K, NULL);
+			}
 			for (int r = 0; r < reps; r++) {
 				double t0 = hi3i_now(), t1, t2;
 				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
@@ -212,7 +286,7 @@ int main(int argc, char **argv)
 			printf("{\"shape\": \"%s\", \"M\": %d, \"N\": %d, \"K\": %d, \"dtype\": \"%s\", "
 			       "\"sgemm_gflop_s\": %.2f, \"hi3_gflop_s\": %.2f, \"hi3_over_sgemm\": %.3f, "
 			       "\"hi3_of_peak\": %.3f, \"sgemm_of_peak\": %.3f, \"hi3_avx2_gflop_s\": %.2f}\n",
-			       sh->name, M, N, K, hi3_dtype_name(dt), fl / tb * 1e-9, fl / th * 1e-9, tb / th,
+			       sh->name, M, N, K, dname[d], fl / tb * 1e-9, fl / th * 1e-9, tb / th,
 			       top > 0 ? fl / th / top : 0.0, top > 0 ? fl / tb / top : 0.0, fl / t2avx * 1e-9);
 			fflush(stdout);
 		}
@@ -220,6 +294,7 @@ int main(int argc, char **argv)
 		free(w);
 		free(y);
 		free(wb);
+		free(qb);
 	}
 	return 0;
 }

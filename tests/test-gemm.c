@@ -130,8 +130,11 @@ static void check_group(void)
 }
 
 /* Codes and scales of format fmt for a random (N, K) matrix, at odd
- * offsets of one buffer (a tensor need not be aligned). */
-static void check_quant(int fmt, int N, int K, int M)
+ * offsets of one buffer (a tensor need not be aligned); alt picks the
+ * format's other forms: FP8 1 one F32 scale, no rounding; 2 F16 scales and
+ * rounding (read through a buffer); NF4 1 F32 absmax in blocks of 32, no
+ * rounding. */
+static void check_quant(int fmt, int N, int K, int M, int alt)
 {
 	uint64_t s = (uint64_t)(fmt * 7919 + N * 131 + K);
 	const size_t nk = (size_t)N * K, nb = (nk + 63) / 64;
@@ -150,15 +153,19 @@ static void check_quant(int fmt, int N, int K, int M)
 		buf[1 + i] = (unsigned char)(frand(&s) * 127 + 128);
 	switch (fmt) {
 	case HI3_Q_FP8:              /* per-row BF16 scales, values rounded to BF16 */
-		q.scale_dtype = HI3_BF16;
-		q.round_to = HI3_BF16;
-		q.per_row = 1;
+		q.scale_dtype = alt == 1 ? HI3_F32 : alt == 2 ? HI3_F16 : HI3_BF16;
+		q.round_to = alt == 1 ? HI3_F32 : q.scale_dtype;
+		q.per_row = alt != 1;
 		for (int n = 0; n < N; n++) {
-			uint16_t h = hi3_f32_to_bf16(0.01f + fabsf(frand(&s)) * 0.1f);
-			memcpy((unsigned char *)q.scale + 2 * n, &h, 2);
+			float f = 0.01f + fabsf(frand(&s)) * 0.1f;
+			uint16_t h = alt == 2 ? hi3_f32_to_f16(f) : hi3_f32_to_bf16(f);
+			if (alt == 1)
+				memcpy((unsigned char *)q.scale + 4 * n, &f, 4);
+			else
+				memcpy((unsigned char *)q.scale + 2 * n, &h, 2);
 		}
-		for (size_t i = 0; i < nk; i++)     /* no NaN codes */
-			if ((buf[1 + i] & 0x7f) == 0x7f)
+		for (size_t i = 0; i < nk; i++)     /* NaN codes (their bits too) in row 0 of the F32 form */
+			if ((buf[1 + i] & 0x7f) == 0x7f && (alt != 1 || i >= (size_t)K))
 				buf[1 + i] ^= 1;
 		break;
 	case HI3_Q_INT8:
@@ -169,6 +176,17 @@ static void check_quant(int fmt, int N, int K, int M)
 		}
 		break;
 	case HI3_Q_NF4:              /* double quantization, blocks across rows */
+		if (alt == 1) {
+			q.block = 32;
+			q.scale_dtype = HI3_F32;
+			for (int i = 0; i < 16; i++)
+				q.map[i] = -1.0f + (float)i / 7.5f;
+			for (size_t b = 0; b < (nk + 31) / 32; b++) {
+				float f = 0.5f + fabsf(frand(&s));
+				memcpy((unsigned char *)q.scale + 4 * b, &f, 4);
+			}
+			break;
+		}
 		q.block = 64;
 		q.nested = 1;
 		q.nested_block = 4;
@@ -209,8 +227,8 @@ static void check_quant(int fmt, int N, int K, int M)
 		same &= !memcmp(y, yf, sizeof(float) * (size_t)M * N);
 	}
 	hi3i_gemm_isa(-1);
-	ok(same, "%s M=%d N=%d K=%d: every kernel gives the bits of the F32 matrix of its values",
-	   hi3i_qformat_name(fmt), M, N, K);
+	ok(same, "%s (%d) M=%d N=%d K=%d: every kernel gives the bits of the F32 matrix of its values",
+	   hi3i_qformat_name(fmt), alt, M, N, K);
 	hi3i_gemm_ref(y, x, &p, M);
 	ok(!memcmp(y, yf, sizeof(float) * (size_t)M * N), "%s M=%d N=%d K=%d: the reference loops too",
 	   hi3i_qformat_name(fmt), M, N, K);
@@ -267,10 +285,23 @@ int main(void)
 	check_group();
 	check_e4m3();
 	for (int fmt = HI3_Q_FP8; fmt <= HI3_Q_NVFP4; fmt++) {
-		check_quant(fmt, 37, 96, 19);
-		check_quant(fmt, 13, 1040, 9);   /* several k slices */
-		check_quant(fmt, 6, 32, 1);
+		check_quant(fmt, 37, 96, 19, 0);
+		check_quant(fmt, 13, 1040, 9, 0);   /* several k slices */
+		check_quant(fmt, 6, 32, 1, 0);
+		check_quant(fmt, 7, 4720, 12, 0);   /* several k slices of the AVX-512 kernel */
+		check_quant(fmt, 7, 2608, 24, 0);   /* several k slices dequantized into its panel */
+		check_quant(fmt, 8, 1056, 3, 1);
+		check_quant(fmt, 19, 96, 40, 1);
 	}
+	/* K % 8 != 0: the tail k of INT8 and FP8 rows, NF4 rows and blocks
+	 * off the 8-k steps (read through a buffer); FP8 rounded to F16 */
+	for (int fmt = HI3_Q_FP8; fmt <= HI3_Q_NF4; fmt++) {
+		check_quant(fmt, 11, 37, 10, 0);
+		check_quant(fmt, 5, 1043, 2, 1);
+		check_quant(fmt, 5, 2603, 20, 0);
+	}
+	check_quant(HI3_Q_FP8, 9, 40, 12, 2);
+	check_quant(HI3_Q_FP8, 9, 40, 1, 2);
 	/* K = 2100 and 2051 take several k slices (lanes carried between them) */
 	/* (N, K, M): with AVX-512, M >= 8 takes the packed kernel: rows past a
 	 * tile of 8, N past a tile of 6, K % 8, and K = 4700 (several k slices,

@@ -18,18 +18,25 @@
  * registers for a few rows (decode), else a chunk's k slice is widened once
  * into an f32 buffer and reused by the block's row tiles.
  * Widening is exact, so the bits are the same every way. A quantized
- * weight (quant.h) is always dequantized that way, a chunk's k slice into
- * the f32 buffer, even for one row: each value is a function of its stored
- * bits alone, so the bits are again those of the f32 weights it stands for.
+ * weight (quant.h) is dequantized in registers inside the tile the same
+ * way for up to WIDEN_ROWS rows (quant-x86.h: int8, fp8, nf4 and nvfp4
+ * rows eight values at a time, the codes read where they lie), or, for
+ * more rows, forms those decoders do not read and the portable kernel, a
+ * chunk's k slice into the f32 buffer:
+ * each value is a function of its stored bits alone, so the bits are again
+ * those of the f32 weights it stands for.
  *
  * With AVX-512 (checked at run time) a product of 8 rows or more takes the
  * kernel of the AVX-512 section below instead: x packed by pairs of rows,
- * the same lanes, twice the width, about twice the rate.
+ * the same lanes, twice the width, about twice the rate. It decodes
+ * quantized weights in its registers for up to WIDEN_ROWS rows; for more,
+ * a chunk's k slice is dequantized once into a panel its row tiles read.
  */
 #include <math.h>
 #include <string.h>
 #include <omp.h>
 #include "backend/gemm.h"
+#include "backend/quant-x86.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -44,7 +51,9 @@
 #define WCHUNK ((size_t)128 << 10) /* bytes of f32 W (a chunk's k slice) reused across a block's rows */
 #define WIDEN_ROWS (4 * BR)       /* narrow W: widened into a buffer for more rows than this, else in registers */
 
-enum { WF32, WBF16, WF16 };       /* how a W row is read */
+/* How a W row is read: as stored, or (WQ + hi3i_qrow_kind) a quantized
+ * row dequantized in registers by quant-x86.h's decoders. */
+enum { WF32, WBF16, WF16, WQ };
 
 int hi3i_wmat_init(hi3_wmat *w, const void *data, hi3_dtype dt, int N, int K, hi3_error *err)
 {
@@ -144,6 +153,9 @@ struct tile_args {
 	float *y;
 	size_t ldy;
 	float *part;
+	const hi3_qweight *q;     /* a kind above WQ: the matrix, */
+	int n0;                   /* the W row of the tile's row 0, */
+	int bf;                   /* and whether its values are rounded to BF16 */
 };
 
 static void tile_portable(int mr, int nr, int kind, const struct tile_args *a)
@@ -216,11 +228,15 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
                                                                                const struct tile_args *a)
 {
 	__m256 acc[BR][BN];
+	hi3i_qrow qr[BN];
 	const float *x = a->x;
 	const void *w = a->w;
 	const size_t ldx = a->ldx, ldw = a->ldw;
 	const int K = a->K, K8 = K & ~7, k1 = HI3_MIN(a->k1, K8);
 
+	if (kind > WQ)
+		for (int j = 0; j < nr; j++)
+			hi3i_qrow_init(&qr[j], a->q, a->n0 + j);
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 #pragma GCC unroll 3
@@ -231,7 +247,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 		__m256 wv[BN];
 #pragma GCC unroll 3
 		for (int j = 0; j < nr; j++)
-			wv[j] = load_w8(w, kind, (size_t)j * ldw + kw);
+			wv[j] = kind > WQ ? hi3i_qrow_load8(&qr[j], kind - WQ, k, a->bf) : load_w8(w, kind, (size_t)j * ldw + kw);
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) {
 			__m256 xv = _mm256_loadu_ps(x + (size_t)i * ldx + k);
@@ -253,7 +269,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 				float l[8];
 				_mm256_storeu_ps(l, acc[i][j]);
 				for (int k = K8; k < K; k++)
-					l[0] = fmaf(x[(size_t)i * ldx + k], w_elem(w, kind, (size_t)j * ldw + (size_t)(k - a->wk0)),
+					l[0] = fmaf(x[(size_t)i * ldx + k],
+					            kind > WQ ? hi3i_qweight_at(a->q, a->n0 + j, k)
+					                      : w_elem(w, kind, (size_t)j * ldw + (size_t)(k - a->wk0)),
 					            l[0]);
 				a->y[(size_t)i * a->ldy + j] = combine(l);
 			}
@@ -278,12 +296,15 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 
 #define TILE_KINDS(mr, nr)                                         \
 	case (mr) * 4 + (nr):                                      \
-		if (kind == WF32)                                  \
-			tile(mr, nr, WF32, a);                     \
-		else if (kind == WBF16)                            \
-			tile(mr, nr, WBF16, a);                    \
-		else                                               \
-			tile(mr, nr, WF16, a);                     \
+		switch (kind) {                                    \
+		case WF32: tile(mr, nr, WF32, a); break;           \
+		case WBF16: tile(mr, nr, WBF16, a); break;         \
+		case WF16: tile(mr, nr, WF16, a); break;           \
+		case WQ + HI3I_QR_INT8: tile(mr, nr, WQ + HI3I_QR_INT8, a); break; \
+		case WQ + HI3I_QR_FP8: tile(mr, nr, WQ + HI3I_QR_FP8, a); break; \
+		case WQ + HI3I_QR_NF4: tile(mr, nr, WQ + HI3I_QR_NF4, a); break; \
+		default: tile(mr, nr, WQ + HI3I_QR_NVFP4, a); break; \
+		}                                                  \
 		break;
 
 __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, int kind, const struct tile_args *a)
@@ -327,6 +348,7 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_avx2(float *dst, cons
 #define MR5 (2 * P5)              /* rows of x in a register tile */
 #define MC5 192                   /* rows of x packed at a time (a multiple of MR5) */
 #define KS5 576                   /* steps of 8 k per slice: K up to 4608 in one */
+#define KP5 288                   /* the same, when a slice is dequantized into a panel */
 #define NC5 (NR5 * 8)             /* columns per chunk */
 #define ACC5 (P5 * NR5 * 16)      /* floats of a tile's carried lanes */
 #define T512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
@@ -388,8 +410,9 @@ T512 __attribute__((always_inline)) static inline __m512 wload512(const void *w,
 struct tile512_args {
 	const float *xp;          /* the row tile's packed x at step kb0 */
 	const float *xt;          /* its packed tail (read when last) */
-	const unsigned char *w;   /* W row 0 of the column tile */
+	const unsigned char *w;   /* W row 0 of the column tile, from k = wk0 */
 	size_t ldw;               /* bytes from one W row to the next */
+	int wk0;
 	int nr;                   /* W rows (columns) that exist, 1 .. NR5; the rest repeat the last */
 	int kb0, nkb, K;
 	int first, last;          /* the tile's first slice (lanes from 0) and last (y written) */
@@ -397,6 +420,8 @@ struct tile512_args {
 	float *y;                 /* row 0, column 0 of the tile in y */
 	size_t ldy;
 	int rows;                 /* rows of y to write, <= 2 P */
+	const hi3_qweight *q;     /* a kind above WQ: the matrix, the W row of w, */
+	int n0, bf;               /* whether its values are rounded to BF16 */
 };
 
 T512 __attribute__((always_inline)) static inline void tile512(const int P, const int kind,
@@ -406,10 +431,14 @@ T512 __attribute__((always_inline)) static inline void tile512(const int P, cons
 	const unsigned char *wr[NR5];
 	const float *xp = a->xp;
 	__m512 acc[P5][NR5];
+	hi3i_qrow qr[NR5];
 
 #pragma GCC unroll 6
 	for (int j = 0; j < NR5; j++)
 		wr[j] = a->w + (size_t)HI3_MIN(j, a->nr - 1) * a->ldw;
+	if (kind > WQ)
+		for (int j = 0; j < NR5; j++)
+			hi3i_qrow_init(&qr[j], a->q, a->n0 + HI3_MIN(j, a->nr - 1));
 #pragma GCC unroll 4
 	for (int i = 0; i < P; i++)
 #pragma GCC unroll 6
@@ -423,7 +452,8 @@ T512 __attribute__((always_inline)) static inline void tile512(const int P, cons
 			xv[i] = _mm512_load_ps(xp + 16 * i);
 #pragma GCC unroll 6
 		for (int j = 0; j < NR5; j++) {
-			const __m512 wv = wload512(wr[j], kind, k, ctl);
+			const __m512 wv = kind > WQ ? hi3i_qrow_load16(&qr[j], kind - WQ, (int)k, a->bf)
+			                            : wload512(wr[j], kind, k - (size_t)a->wk0, ctl);
 #pragma GCC unroll 4
 			for (int i = 0; i < P; i++)
 				acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
@@ -442,8 +472,10 @@ T512 __attribute__((always_inline)) static inline void tile512(const int P, cons
 		for (int i = 0; i < P; i++) {
 			const __m512 xv = _mm512_load_ps(a->xt + (size_t)t * P5 * 16 + 16 * i);
 			for (int j = 0; j < NR5; j++)
-				acc[i][j] = _mm512_mask3_fmadd_ps(xv, _mm512_set1_ps(w_elem(wr[j], kind, (size_t)(K8 + t))), acc[i][j],
-				                                  0x0101);
+				acc[i][j] = _mm512_mask3_fmadd_ps(
+					xv, _mm512_set1_ps(kind > WQ ? hi3i_qweight_at(a->q, a->n0 + HI3_MIN(j, a->nr - 1), K8 + t)
+					                             : w_elem(wr[j], kind, (size_t)(K8 + t - a->wk0))),
+					acc[i][j], 0x0101);
 		}
 	{
 		__m256 v[MR5 * NR5];
@@ -463,12 +495,15 @@ T512 __attribute__((always_inline)) static inline void tile512(const int P, cons
 
 #define TILE512_KINDS(p)                                  \
 	case p:                                           \
-		if (kind == WF32)                         \
-			tile512(p, WF32, a);              \
-		else if (kind == WBF16)                   \
-			tile512(p, WBF16, a);             \
-		else                                      \
-			tile512(p, WF16, a);              \
+		switch (kind) {                           \
+		case WF32: tile512(p, WF32, a); break;    \
+		case WBF16: tile512(p, WBF16, a); break;  \
+		case WF16: tile512(p, WF16, a); break;    \
+		case WQ + HI3I_QR_INT8: tile512(p, WQ + HI3I_QR_INT8, a); break; \
+		case WQ + HI3I_QR_FP8: tile512(p, WQ + HI3I_QR_FP8, a); break; \
+		case WQ + HI3I_QR_NF4: tile512(p, WQ + HI3I_QR_NF4, a); break; \
+		default: tile512(p, WQ + HI3I_QR_NVFP4, a); break; \
+		}                                         \
 		break;
 
 T512 static void tile512_any(int P, int kind, const struct tile512_args *a)
@@ -479,11 +514,16 @@ T512 static void tile512_any(int P, int kind, const struct tile512_args *a)
 }
 
 /* Columns [n0, n1) of y = x W^T for rows [0, M), on one thread; xp holds
- * a packed block (MC5 rows), part the lanes of a chunk's tiles. */
-static void gemm512(float *y, const float *x, const hi3_wmat *w, int M, int n0, int n1, float *xp, float *part)
+ * a packed block (MC5 rows), part the lanes of a chunk's tiles; panel
+ * (quantized weights not decoded in the tile) a chunk's k slice
+ * dequantized, NC5 x (KP5 8 + 7) floats. */
+static void gemm512(float *y, const float *x, const hi3_wmat *w, int M, int n0, int n1, float *xp, float *part,
+                    float *panel)
 {
-	const int K = w->K, N = w->N, nkb = (K & ~7) / 8, kind = wkind(w->dtype);
-	const size_t es = hi3_dtype_size(w->dtype), ts = pack_tile_floats(K), ldw = (size_t)K * es;
+	const int K = w->K, N = w->N, nkb = (K & ~7) / 8, ks = panel ? KP5 : KS5;
+	const int kind = panel ? WF32 : w->q ? WQ + hi3i_qrow_kind(w->q) : wkind(w->dtype);
+	const size_t es = hi3_dtype_size(w->dtype), ts = pack_tile_floats(K), ldw = w->q ? 0 : (size_t)K * es;
+	const int bf = w->q && w->q->round_to == HI3_BF16;
 
 	for (int m0 = 0; m0 < M; m0 += MC5) {
 		const int mc = HI3_MIN(MC5, M - m0), nt = (mc + MR5 - 1) / MR5;
@@ -493,18 +533,23 @@ static void gemm512(float *y, const float *x, const hi3_wmat *w, int M, int n0, 
 			const int c1 = HI3_MIN(n1, c0 + NC5);
 			int kb0 = 0;
 			do {
-				const int kb1 = HI3_MIN(nkb, kb0 + KS5);
+				const int kb1 = HI3_MIN(nkb, kb0 + ks), pk0 = 8 * kb0, pl = (kb1 == nkb ? K : 8 * kb1) - pk0;
+
+				if (panel)
+					hi3i_qweight_rows(w->q, panel, (size_t)pl, c0, c1 - c0, pk0, pl);
 				for (int t = 0; t < nt; t++) {
 					const int rows = HI3_MIN(MR5, mc - t * MR5);
 					for (int j0 = c0; j0 < c1; j0 += NR5) {
 						struct tile512_args a = {
 							.xp = xp + (size_t)t * ts + (size_t)kb0 * P5 * 16,
 							.xt = xp + (size_t)t * ts + (size_t)nkb * P5 * 16,
-							.w = (const unsigned char *)w->data + (size_t)j0 * ldw,
-							.ldw = ldw, .nr = HI3_MIN(NR5, c1 - j0), .kb0 = kb0, .nkb = kb1 - kb0, .K = K,
+							.w = panel ? (const unsigned char *)(panel + (size_t)(j0 - c0) * (size_t)pl)
+							           : (const unsigned char *)w->data + (size_t)j0 * ldw,
+							.ldw = panel ? sizeof(float) * (size_t)pl : ldw, .wk0 = panel ? pk0 : 0, .nr = HI3_MIN(NR5, c1 - j0), .kb0 = kb0, .nkb = kb1 - kb0, .K = K,
 							.first = kb0 == 0, .last = kb1 == nkb,
 							.part = part + ((size_t)t * (NC5 / NR5) + (size_t)(j0 - c0) / NR5) * ACC5,
-							.y = y + (size_t)(m0 + t * MR5) * N + j0, .ldy = (size_t)N, .rows = rows};
+							.y = y + (size_t)(m0 + t * MR5) * N + j0, .ldy = (size_t)N, .rows = rows,
+							.q = w->q, .n0 = j0, .bf = bf};
 						tile512_any((rows + 1) / 2, kind, &a);
 					}
 				}
@@ -569,10 +614,12 @@ static int chunk_tiles(int K)
 }
 
 /* A thread's buffers for w: carried lanes (when K has several slices) and a
- * widened chunk slice (narrow weights, more than WIDEN_ROWS rows). */
+ * widened chunk slice (narrow weights, more than WIDEN_ROWS rows; quantized
+ * ones the AVX2 kernel cannot read in registers, or more rows than that). */
 struct scratch {
 	float *part;              /* (MC / BR, chunk tiles, BR BN, 8) */
 	float *wide;              /* (chunk rows, KC) */
+	int qk;                   /* a quantized w read in registers: its hi3i_qrow_kind */
 };
 
 static int scratch_get(struct scratch *s, const hi3_wmat *w, int M)
@@ -580,9 +627,15 @@ static int scratch_get(struct scratch *s, const hi3_wmat *w, int M)
 	const size_t qc = (size_t)chunk_tiles(w->K), kc = (size_t)slice_k(w->K);
 
 	s->part = s->wide = NULL;
+	s->qk = HI3I_QR_NONE;
+#ifdef HAVE_X86
+	if (w->q && isa() >= 1 && M <= WIDEN_ROWS)
+		s->qk = hi3i_qrow_kind(w->q);
+#endif
 	if (w->K > KC && !(s->part = malloc(sizeof(float) * ((MC + BR - 1) / BR) * qc * BR * BN * 8)))
 		return -1;
-	if ((w->q || (w->dtype != HI3_F32 && M > WIDEN_ROWS)) && !(s->wide = malloc(sizeof(float) * qc * BN * kc))) {
+	if (((w->q && !s->qk) || (!w->q && w->dtype != HI3_F32 && M > WIDEN_ROWS)) &&
+	    !(s->wide = malloc(sizeof(float) * qc * BN * kc))) {
 		free(s->part);
 		return -1;
 	}
@@ -619,8 +672,15 @@ static void gemm_tiles(float *y, const float *x, const hi3_wmat *w, int m0, int 
 			int kind = kind0;
 			size_t wes = es;
 
-			if (w->q) {
-				/* a quantized chunk: its k slice dequantized here, whatever M */
+			if (s->qk) {
+				/* a quantized chunk read in registers */
+				a.w = w->q->codes;
+				a.ldw = 0;
+				a.q = w->q;
+				a.bf = w->q->round_to == HI3_BF16;
+				kind = WQ + s->qk;
+			} else if (w->q) {
+				/* a quantized chunk: its k slice dequantized here */
 				hi3i_qweight_rows(w->q, s->wide, (size_t)(k1 - k0), n0, nc, k0, k1 - k0);
 				a.w = s->wide;
 				a.ldw = (size_t)(k1 - k0);
@@ -648,6 +708,7 @@ static void gemm_tiles(float *y, const float *x, const hi3_wmat *w, int m0, int 
 
 					t.w = (const unsigned char *)a.w + (size_t)j0 * a.ldw * wes;
 					t.y = y + (size_t)(m0 + mi) * N + n0 + j0;
+					t.n0 = n0 + j0;
 					t.part = s->part ? s->part + ((size_t)(mi / BR) * (size_t)qc + (size_t)(j0 / BN)) * BR * BN * 8
 					                 : NULL;
 #ifdef HAVE_X86
@@ -679,17 +740,26 @@ static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q
 	if (n0 >= n1)
 		return;
 #ifdef HAVE_X86
-	if (isa() >= 2 && M >= MR5 && !w->q) {
-		const int mc = HI3_MIN(M, MC5), nt = (mc + MR5 - 1) / MR5;
+	/* quantized weights are decoded in the tile's registers for a few rows
+	 * (decode); for more, decoding them again for every 8 rows costs more
+	 * than dequantizing a chunk's k slice once into a panel that the block's
+	 * row tiles read (measured, scripts/bench-gemm quant: the two cross
+	 * near 24 rows), and forms the decoders do not read always take it */
+	const int q512 = w->q && hi3i_qrow_kind(w->q) != HI3I_QR_NONE && M <= WIDEN_ROWS;
+
+	if (isa() >= 2 && M >= MR5) {
+		const int mc = HI3_MIN(M, MC5), nt = (mc + MR5 - 1) / MR5, ks = w->q && !q512 ? KP5 : KS5;
 		float *xp = hi3i_aligned_alloc(sizeof(float) * (size_t)nt * pack_tile_floats(w->K), NULL);
-		float *part = w->K > KS5 * 8 ? hi3i_aligned_alloc(sizeof(float) * (size_t)nt * (NC5 / NR5) * ACC5, NULL)
-		                             : NULL;
-		if (xp && (part || w->K <= KS5 * 8))
-			gemm512(y, x, w, M, n0, n1, xp, part);
+		float *part = w->K > ks * 8 ? hi3i_aligned_alloc(sizeof(float) * (size_t)nt * (NC5 / NR5) * ACC5, NULL)
+		                            : NULL;
+		float *panel = w->q && !q512 ? malloc(sizeof(float) * NC5 * (KP5 * 8 + 7)) : NULL;
+		if (xp && (part || w->K <= ks * 8) && (panel || !w->q || q512))
+			gemm512(y, x, w, M, n0, n1, xp, part, panel);
 		else
 			*failed = 1;
 		free(xp);
 		free(part);
+		free(panel);
 		return;
 	}
 #endif

@@ -24,9 +24,10 @@
 
 /* A weight matrix as stored: (N, K) row major, row n at data + n K elements;
  * or (q set) a weight-only quantized one (quant.h), its codes and scales
- * where they lie, dequantized a tile at a time inside the product (the
- * value of each element fixed by its stored bits, so the lanes and their
- * order are those above and the product is that over the f32 values). */
+ * where they lie, dequantized in the kernels' registers (or a tile at a
+ * time into a small buffer, quant-x86.h says when) inside the product: the
+ * value of each element is fixed by its stored bits, so the lanes and their
+ * order are those above and the product is that over the f32 values. */
 typedef struct hi3_wmat {
 	const void *data;
 	hi3_dtype dtype;          /* F32, BF16 or F16 (q: unused) */

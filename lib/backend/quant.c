@@ -5,15 +5,16 @@
  * one code is core/qvalue.h's formula, the one the CUDA kernel uses.
  *
  * Stored bytes are read with memcpy (or unaligned loads): a tensor of a
- * safetensors file need not be aligned for its dtype. With AVX2 the fp8
- * and int8 rows are dequantized eight at a time by the same operations
- * (the e4m3 bits rebuilt in lanes, or an integer convert; then the same
- * multiplies and the same rounding), so the values are the scalar loops' bit for bit
- * (test-gemm compares them).
+ * safetensors file need not be aligned for its dtype. With AVX2 the rows
+ * are dequantized eight at a time by the decoders the GEMM's kernels use
+ * (quant-x86.h: the same operations in the same order), so the values are
+ * the scalar loops' bit for bit (test-gemm compares them); the scalar
+ * loops do the rest (k not a multiple of 8, F16 rounding, other CPUs).
  */
 #include <math.h>
 #include <string.h>
 #include "backend/quant.h"
+#include "backend/quant-x86.h"
 #include "core/qvalue.h"
 
 _Static_assert(HI3Q_F32 == (int)HI3_F32 && HI3Q_F16 == (int)HI3_F16 && HI3Q_BF16 == (int)HI3_BF16 &&
@@ -95,7 +96,7 @@ static float scale_at(const void *p, hi3_dtype dt, size_t i)
 }
 
 /* NF4: the scale of absmax block b. */
-static float nf4_absmax(const hi3_qweight *q, size_t b)
+float hi3i_nf4_absmax(const hi3_qweight *q, size_t b)
 {
 	float a;
 
@@ -106,8 +107,7 @@ static float nf4_absmax(const hi3_qweight *q, size_t b)
 }
 
 #if defined(__x86_64__)
-#include <immintrin.h>
-#define T_AVX2 __attribute__((target("avx2")))
+#define T_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 static int have_avx2(void)
 {
@@ -115,90 +115,69 @@ static int have_avx2(void)
 
 	if (v < 0) {
 		__builtin_cpu_init();
-		v = __builtin_cpu_supports("avx2") != 0;
+		v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 	}
 	return v;
 }
 
-/* RNE of f32 lanes to bf16 and back, NaN kept quiet: hi3_f32_to_bf16's bits. */
-T_AVX2 static inline __m256 round_bf16_8(__m256 v)
+/* Columns [k0, k0 + nk & ~7) of rows [n0, n0 + rows) by the kernels'
+ * decoders, k0 a multiple of 8; returns how many columns. */
+T_AVX2 __attribute__((always_inline)) static inline int rows_simd(const hi3_qweight *q, const int kind, float *dst,
+                                                                 size_t ld, int n0, int rows, int k0, int nk)
 {
-	const __m256i u = _mm256_castps_si256(v);
-	const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-	                                                        _mm256_and_si256(_mm256_srli_epi32(u, 16),
-	                                                                         _mm256_set1_epi32(1))));
-	const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-	                                       _mm256_set1_epi32(0x7f800000));
-	const __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
-	return _mm256_castsi256_ps(_mm256_and_si256(_mm256_blendv_epi8(r, q, nan), _mm256_set1_epi32((int)0xffff0000u)));
-}
+	const int bf = q->round_to == HI3_BF16, nk8 = nk & ~7;
 
-/* Eight e4m3 codes as f32, the table's bits (a gather is slow on some
- * cores): normal codes by moving the exponent and mantissa bits (bias 7 to
- * 127), subnormal ones (exponent 0) as mantissa * 2^-9, 0x7f and 0xff as
- * the table's NaN (positive); the sign bit put back last. */
-T_AVX2 static inline __m256 e4m3_8(const uint8_t *c)
-{
-	const __m256i u = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c));
-	const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24);
-	const __m256i em = _mm256_and_si256(u, _mm256_set1_epi32(0x7f));
-	const __m256i norm = _mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23));
-	const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-9f));
-	__m256i mag = _mm256_blendv_epi8(norm, _mm256_castps_si256(sub), _mm256_cmpgt_epi32(_mm256_set1_epi32(8), em));
+	for (int r = 0; r < rows; r++) {
+		hi3i_qrow cur;
+		float *d = dst + (size_t)r * ld;
 
-	const __m256i nan = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
-
-	mag = _mm256_blendv_epi8(mag, _mm256_set1_epi32(0x7fc00000), nan);
-	return _mm256_castsi256_ps(_mm256_or_si256(mag, _mm256_andnot_si256(nan, sign)));
-}
-
-/* d[k] = e4m3(c[k]) * s (rounded to bf16 when bf), eight at a time; returns how many. */
-T_AVX2 static int fp8_run_avx2(float *d, const uint8_t *c, int nk, float s, int bf)
-{
-	const __m256 vs = _mm256_set1_ps(s);
-	int k = 0;
-
-	for (; k + 8 <= nk; k += 8) {
-		__m256 v = _mm256_mul_ps(e4m3_8(c + k), vs);
-		_mm256_storeu_ps(d + k, bf ? round_bf16_8(v) : v);
+		hi3i_qrow_init(&cur, q, n0 + r);
+		for (int k = 0; k < nk8; k += 8)
+			_mm256_storeu_ps(d + k, hi3i_qrow_load8(&cur, kind, k0 + k, bf));
 	}
-	return k;
+	return nk8;
 }
 
-/* d[k] = (c[k] * s) * inv127, eight at a time; returns how many. */
-T_AVX2 static int int8_run_avx2(float *d, const int8_t *c, int nk, float s, float inv127)
+T_AVX2 static int rows_avx2(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
 {
-	const __m256 vs = _mm256_set1_ps(s), vi = _mm256_set1_ps(inv127);
-	int k = 0;
-
-	for (; k + 8 <= nk; k += 8) {
-		__m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + k))));
-		_mm256_storeu_ps(d + k, _mm256_mul_ps(_mm256_mul_ps(f, vs), vi));
+	switch (hi3i_qrow_kind(q)) {
+	case HI3I_QR_INT8:
+		return rows_simd(q, HI3I_QR_INT8, dst, ld, n0, rows, k0, nk);
+	case HI3I_QR_FP8:
+		return rows_simd(q, HI3I_QR_FP8, dst, ld, n0, rows, k0, nk);
+	case HI3I_QR_NF4:
+		return rows_simd(q, HI3I_QR_NF4, dst, ld, n0, rows, k0, nk);
+	case HI3I_QR_NVFP4:
+		return rows_simd(q, HI3I_QR_NVFP4, dst, ld, n0, rows, k0, nk);
+	default:
+		return 0;
 	}
-	return k;
 }
 #else
-static int have_avx2(void) { return 0; }
-static int fp8_run_avx2(float *d, const uint8_t *c, int nk, float s, int bf) { return 0; }
-static int int8_run_avx2(float *d, const int8_t *c, int nk, float s, float inv127) { return 0; }
+static int have_avx2(void)
+{
+	return 0;
+}
+
+static int rows_avx2(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
+{
+	(void)q, (void)dst, (void)ld, (void)n0, (void)rows, (void)k0, (void)nk;
+	return 0;
+}
 #endif
 
 static void rows_fp8(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
 {
-	const int simd = have_avx2() && (q->round_to == HI3_F32 || q->round_to == HI3_BF16);
-
 	for (int r = 0; r < rows; r++) {
-		const int n = n0 + r;
-		const float s = scale_at(q->scale, q->scale_dtype, q->per_row ? (size_t)n : 0);
-		const uint8_t *c = q->codes + (size_t)n * q->K + k0;
+		const float s = hi3i_qweight_scale(q, n0 + r);
+		const uint8_t *c = q->codes + (size_t)(n0 + r) * q->K + k0;
 		float *d = dst + (size_t)r * ld;
-		const int k8 = simd ? fp8_run_avx2(d, c, nk, s, q->round_to == HI3_BF16) : 0;
 
 		if (q->round_to == HI3_F32)
-			for (int k = k8; k < nk; k++)
+			for (int k = 0; k < nk; k++)
 				d[k] = e4m3_lut[c[k]] * s;
 		else
-			for (int k = k8; k < nk; k++)
+			for (int k = 0; k < nk; k++)
 				d[k] = hi3q_round(e4m3_lut[c[k]] * s, (int)q->round_to);
 	}
 }
@@ -206,13 +185,11 @@ static void rows_fp8(const hi3_qweight *q, float *dst, size_t ld, int n0, int ro
 static void rows_int8(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
 {
 	for (int r = 0; r < rows; r++) {
-		const int n = n0 + r;
-		const float s = scale_at(q->scale, HI3_F32, (size_t)n);
-		const int8_t *c = (const int8_t *)q->codes + (size_t)n * q->K + k0;
+		const float s = hi3i_qweight_scale(q, n0 + r);
+		const int8_t *c = (const int8_t *)q->codes + (size_t)(n0 + r) * q->K + k0;
 		float *d = dst + (size_t)r * ld;
-		const int k8 = have_avx2() ? int8_run_avx2(d, c, nk, s, HI3Q_INV127) : 0;
 
-		for (int k = k8; k < nk; k++)
+		for (int k = 0; k < nk; k++)
 			d[k] = hi3q_int8(c[k], s);
 	}
 }
@@ -230,7 +207,7 @@ static void rows_nf4(const hi3_qweight *q, float *dst, size_t ld, int n0, int ro
 			const unsigned c = hi3q_nf4_code(q->codes, i);
 			if (i / (size_t)q->block != b) {
 				b = i / (size_t)q->block;
-				a = nf4_absmax(q, b);
+				a = hi3i_nf4_absmax(q, b);
 			}
 			d[k] = hi3q_round(q->map[c] * a, (int)q->round_to);
 		}
@@ -262,7 +239,15 @@ static void rows_nvfp4(const hi3_qweight *q, float *dst, size_t ld, int n0, int 
 
 void hi3i_qweight_rows(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk)
 {
+	int done;
+
 	lut_init();
+	done = have_avx2() && k0 % 8 == 0 ? rows_avx2(q, dst, ld, n0, rows, k0, nk) : 0;
+	dst += done;
+	k0 += done;
+	nk -= done;
+	if (nk == 0)
+		return;
 	switch (q->format) {
 	case HI3_Q_FP8:
 		rows_fp8(q, dst, ld, n0, rows, k0, nk);
@@ -279,6 +264,19 @@ void hi3i_qweight_rows(const hi3_qweight *q, float *dst, size_t ld, int n0, int 
 	default:
 		HI3_ASSERT(0 && "unknown quantized format");
 	}
+}
+
+float hi3i_qweight_scale(const hi3_qweight *q, int n)
+{
+	if (q->format == HI3_Q_INT8)
+		return scale_at(q->scale, HI3_F32, (size_t)n);
+	return scale_at(q->scale, q->scale_dtype, q->per_row ? (size_t)n : 0);
+}
+
+const float *hi3i_e4m3_lut(void)
+{
+	lut_init();
+	return e4m3_lut;
 }
 
 float hi3i_qweight_at(const hi3_qweight *q, int n, int k)

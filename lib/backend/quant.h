@@ -64,5 +64,12 @@ float hi3i_e2m1_to_f32(unsigned c);
 /* dst (rows, nk), row stride ld: the values of rows [n0, n0 + rows), columns [k0, k0 + nk). */
 void hi3i_qweight_rows(const hi3_qweight *q, float *dst, size_t ld, int n0, int rows, int k0, int nk);
 float hi3i_qweight_at(const hi3_qweight *q, int n, int k);
+/* For the kernels that dequantize in registers (quant-x86.h), the parts of
+ * the values above: FP8 and INT8 the scale s of row n; NF4 the absmax of
+ * block b (nested: nested_map[a[b]] * nested_absmax[..] + offset); the 256
+ * values of hi3i_e4m3_to_f32 (NaN codes: a positive quiet NaN). */
+float hi3i_qweight_scale(const hi3_qweight *q, int n);
+float hi3i_nf4_absmax(const hi3_qweight *q, size_t b);
+const float *hi3i_e4m3_lut(void);
 
 #endif
