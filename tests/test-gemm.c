@@ -131,9 +131,9 @@ static void check_group(void)
 
 /* Codes and scales of format fmt for a random (N, K) matrix, at odd
  * offsets of one buffer (a tensor need not be aligned); alt picks the
- * format's other forms: FP8 1 one F32 scale, no rounding; 2 F16 scales and
- * rounding (read through a buffer); NF4 1 F32 absmax in blocks of 32, no
- * rounding. */
+ * format's other forms: FP8 1 one F32 scale, no rounding, NaN codes in
+ * row 0; 2 F16 scales and rounding (read through a buffer); NF4 1 F32
+ * absmax in blocks of 32, block 1 NaN, rounded to BF16 when 3 divides K. */
 static void check_quant(int fmt, int N, int K, int M, int alt)
 {
 	uint64_t s = (uint64_t)(fmt * 7919 + N * 131 + K);
@@ -179,11 +179,18 @@ static void check_quant(int fmt, int N, int K, int M, int alt)
 		if (alt == 1) {
 			q.block = 32;
 			q.scale_dtype = HI3_F32;
+			q.round_to = K % 3 ? HI3_F32 : HI3_BF16;
 			for (int i = 0; i < 16; i++)
 				q.map[i] = -1.0f + (float)i / 7.5f;
 			for (size_t b = 0; b < (nk + 31) / 32; b++) {
 				float f = 0.5f + fabsf(frand(&s));
 				memcpy((unsigned char *)q.scale + 4 * b, &f, 4);
+			}
+			{
+				/* block 1 a NaN whose payload the plain BF16 rounding
+				 * would carry into the exponent: its values' bits too */
+				const uint32_t nan = 0x7fa1ffffu;
+				memcpy((unsigned char *)q.scale + 4, &nan, 4);
 			}
 			break;
 		}
@@ -300,6 +307,7 @@ int main(void)
 		check_quant(fmt, 5, 1043, 2, 1);
 		check_quant(fmt, 5, 2603, 20, 0);
 	}
+	check_quant(HI3_Q_NF4, 6, 1000, 4, 1);
 	check_quant(HI3_Q_FP8, 9, 40, 12, 2);
 	check_quant(HI3_Q_FP8, 9, 40, 1, 2);
 	/* K = 2100 and 2051 take several k slices (lanes carried between them) */
