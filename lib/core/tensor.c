@@ -193,6 +193,15 @@ int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n)
 		}
 		return bad;
 	}
+	case HI3_F8_E4M3:
+	case HI3_F8_E5M2: {
+		/* e4m3: NaN is S.1111.111 (no infinities); e5m2: exponent 11111 */
+		const uint8_t mask = dt == HI3_F8_E4M3 ? 0x7f : 0x7c;
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (n >= (1u << 20))
+		for (size_t i = 0; i < n; i++)
+			bad += (p[i] & mask) == mask;
+		return bad;
+	}
 	default:
 		if (!hi3_dtype_is_float(dt))
 			return 0;
