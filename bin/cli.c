@@ -351,14 +351,23 @@ int cli_parallel_end(int rc)
 	if (rc != 0 && par.comm->size > 1)
 		(par.dev ? par.dev : par.comm)->ops->abort(par.dev ? par.dev : par.comm, rc, NULL);
 	if (!cli.quiet) {
-		/* the totals, then the device buffers' share */
+		/* the totals, then the device buffers' share: one line in one
+		 * write, so that the ranks' lines never interleave */
 		const hi3_comm *d = par.dev;
-		fprintf(stderr, "hi3 %s: rank %d of %d: %.3f s in collectives, %.3f MiB received", cli_voice.cmd ? cli_voice.cmd : "",
-		        par.comm->rank, par.comm->size, par.comm->seconds + (d ? d->seconds : 0),
-		        (double)(par.comm->bytes + (d ? d->bytes : 0)) / 1048576.0);
-		if (d)
-			fprintf(stderr, " (%s: %.3f s, %.3f MiB)", d->name, d->seconds, (double)d->bytes / 1048576.0);
-		fputc('\n', stderr);
+		char line[512];
+		int n = snprintf(line, sizeof(line), "hi3 %s: rank %d of %d: %.3f s in collectives, %.3f MiB received",
+		                 cli_voice.cmd ? cli_voice.cmd : "", par.comm->rank, par.comm->size,
+		                 par.comm->seconds + (d ? d->seconds : 0),
+		                 (double)(par.comm->bytes + (d ? d->bytes : 0)) / 1048576.0);
+		if (d && n > 0 && (size_t)n < sizeof(line))
+			n += snprintf(line + n, sizeof(line) - (size_t)n, " (%s: %.3f s, %.3f MiB)", d->name, d->seconds,
+			              (double)d->bytes / 1048576.0);
+		if (n > 0 && (size_t)n < sizeof(line) - 1) {
+			line[n++] = '\n';
+			fflush(stderr);
+			if (write(STDERR_FILENO, line, (size_t)n) < 0)
+				return rc;
+		}
 	}
 	if (par.dev)
 		par.dev->ops->destroy(par.dev);
