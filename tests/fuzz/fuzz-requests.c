@@ -1,7 +1,8 @@
 /* fuzz-requests.c -- hi3_requests_parse on any text (lib/cond/request.c).
  * A failure names FUZZ:LINE (or the input); an accepted request is one
  * the template can take: lines in order, a pre-tokenized row or a prompt,
- * a known mode and bot_task, image sizes in range, image files named. */
+ * a known mode and bot_task, image sizes in range (or "auto": a text
+ * stage chooses the size), image files named. */
 #include <stdio.h>
 #include <string.h>
 #include "cond/cond-internal.h"
@@ -29,7 +30,9 @@ static void one(const uint8_t *data, size_t size)
 		           "request %d on line %d of %d", i, r->line, lines);
 		FUZZ_CHECK((r->tokens != NULL) + (r->prompt != NULL) == 1, "request %d: tokens %s, prompt %s", i,
 		           r->tokens ? "given" : "absent", r->prompt ? "given" : "absent");
-		FUZZ_CHECK(r->mode == HI3I_GEN_TEXT || r->size_kind != 0, "request %d: gen_image without a size", i);
+		FUZZ_CHECK(r->mode == HI3I_GEN_TEXT || r->size_kind != 0 || r->size_auto,
+		           "request %d: gen_image without a size and not \"auto\"", i);
+		FUZZ_CHECK(!r->size_auto || r->size_kind == 0, "request %d: image_size auto with a size", i);
 		FUZZ_CHECK(r->n_cond >= 0 && (r->n_cond == 0 || r->cond) && r->n_stops >= 0,
 		           "request %d: %d cond images, %d stops", i, r->n_cond, r->n_stops);
 		/* "images" get their sizes when read (hi3_requests_load_images): here, names */
