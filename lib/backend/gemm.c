@@ -435,7 +435,7 @@ T512 __attribute__((always_inline)) static inline void tile512(const int P, cons
 
 #pragma GCC unroll 6
 	for (int j = 0; j < NR5; j++)
-		wr[j] = a->w + (size_t)HI3_MIN(j, a->nr - 1) * a->ldw;
+		wr[j] = a->w ? a->w + (size_t)HI3_MIN(j, a->nr - 1) * a->ldw : NULL;
 	if (kind > WQ)
 		for (int j = 0; j < NR5; j++)
 			hi3i_qrow_init(&qr[j], a->q, a->n0 + HI3_MIN(j, a->nr - 1));
@@ -544,10 +544,12 @@ static void gemm512(float *y, const float *x, const hi3_wmat *w, int M, int n0, 
 							.xp = xp + (size_t)t * ts + (size_t)kb0 * P5 * 16,
 							.xt = xp + (size_t)t * ts + (size_t)nkb * P5 * 16,
 							.w = panel ? (const unsigned char *)(panel + (size_t)(j0 - c0) * (size_t)pl)
-							           : (const unsigned char *)w->data + (size_t)j0 * ldw,
+							           : w->q ? w->q->codes   /* read through a.q (hi3i_qrow) */
+							           : !w->data ? NULL      /* an empty matrix */
+							                  : (const unsigned char *)w->data + (size_t)j0 * ldw,
 							.ldw = panel ? sizeof(float) * (size_t)pl : ldw, .wk0 = panel ? pk0 : 0, .nr = HI3_MIN(NR5, c1 - j0), .kb0 = kb0, .nkb = kb1 - kb0, .K = K,
 							.first = kb0 == 0, .last = kb1 == nkb,
-							.part = part + ((size_t)t * (NC5 / NR5) + (size_t)(j0 - c0) / NR5) * ACC5,
+							.part = part ? part + ((size_t)t * (NC5 / NR5) + (size_t)(j0 - c0) / NR5) * ACC5 : NULL,
 							.y = y + (size_t)(m0 + t * MR5) * N + j0, .ldy = (size_t)N, .rows = rows,
 							.q = w->q, .n0 = j0, .bf = bf};
 						tile512_any((rows + 1) / 2, kind, &a);
