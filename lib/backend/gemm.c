@@ -26,6 +26,14 @@
  * each value is a function of its stored bits alone, so the bits are again
  * those of the f32 weights it stands for.
  *
+ * A product of at most BR rows of x (a decode step) with AVX2 and W as
+ * stored takes the few-row tiles instead (gemm_few): one pass over K, up to
+ * NRS W rows per tile, and W prefetched PF_AHEAD bytes ahead of the loads.
+ * There W is read once and used for one to four rows, so the product runs
+ * at the rate W arrives from memory: without the prefetches a three-column
+ * tile read a B = 1 step's weights at about a third of the machine's read
+ * bandwidth (docs/PERFORMANCE.md, "Decode at B = 1 against its floor").
+ *
  * With AVX-512 (checked at run time) a product of 8 rows or more takes the
  * kernel of the AVX-512 section below instead: x packed by pairs of rows,
  * the same lanes, twice the width, about twice the rate. It decodes
@@ -50,6 +58,8 @@
 #define KC 1024                   /* k per slice; a multiple of 8 */
 #define WCHUNK ((size_t)128 << 10) /* bytes of f32 W (a chunk's k slice) reused across a block's rows */
 #define WIDEN_ROWS (4 * BR)       /* narrow W: widened into a buffer for more rows than this, else in registers */
+#define NRS 8                     /* W rows of a few-row tile (decode), at most */
+#define PF_AHEAD 2048             /* bytes: how far ahead of a few-row tile its W rows are prefetched */
 
 /* How a W row is read: as stored, or (WQ + hi3i_qrow_kind) a quantized
  * row dequantized in registers by quant-x86.h's decoders. */
@@ -82,6 +92,9 @@ static int wkind(hi3_dtype dt)
 {
 	return dt == HI3_BF16 ? WBF16 : dt == HI3_F16 ? WF16 : WF32;
 }
+
+/* Bytes of one stored element of a plain kind (F32, BF16, F16). */
+#define ES(kind) ((size_t)((kind) == WF32 ? 4 : 2))
 
 static inline float w_elem(const void *w, int kind, size_t i)
 {
@@ -156,6 +169,8 @@ struct tile_args {
 	const hi3_qweight *q;     /* a kind above WQ: the matrix, */
 	int n0;                   /* the W row of the tile's row 0, */
 	int bf;                   /* and whether its values are rounded to BF16 */
+	size_t pf_left;           /* prefetching tiles: bytes of W rows from w on to prefetch, */
+	size_t pf_ahead;          /* and how far ahead of the k being read */
 };
 
 static void tile_portable(int mr, int nr, int kind, const struct tile_args *a)
@@ -221,14 +236,19 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void combi
 	}
 }
 
-/* The register tile, specialised for each (mr, nr, kind) by the switch
- * below; the same bits as tile_portable. */
+/* The register tile, specialised for each (mr, nr, kind) by the switches
+ * below; the same bits as tile_portable. With pf (a few rows of x, whole
+ * rows of W as stored: decode), each W row is also prefetched pf_ahead
+ * bytes ahead of the k being read, and past its end the same row of the
+ * next tile (W rows lie one after another), so that the loads find their
+ * lines in cache: a few rows of x do too little work per W line for the
+ * hardware prefetcher alone to keep up with nr short streams. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(const int mr, const int nr,
-                                                                               const int kind,
+                                                                               const int kind, const int pf,
                                                                                const struct tile_args *a)
 {
-	__m256 acc[BR][BN];
-	hi3i_qrow qr[BN];
+	__m256 acc[BR][NRS];
+	hi3i_qrow qr[NRS];
 	const float *x = a->x;
 	const void *w = a->w;
 	const size_t ldx = a->ldx, ldw = a->ldw;
@@ -239,19 +259,29 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 			hi3i_qrow_init(&qr[j], a->q, a->n0 + j);
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-#pragma GCC unroll 3
+#pragma GCC unroll 8
 		for (int j = 0; j < nr; j++)
 			acc[i][j] = a->k0 ? _mm256_loadu_ps(a->part + (size_t)(i * nr + j) * 8) : _mm256_setzero_ps();
 	for (int k = a->k0; k < k1; k += 8) {
 		const size_t kw = (size_t)(k - a->wk0);
-		__m256 wv[BN];
-#pragma GCC unroll 3
+		__m256 wv[NRS];
+		if (pf && (kw * ES(kind)) % 64 == 0) {
+			const size_t rb = ldw * ES(kind);
+			size_t at = kw * ES(kind) + a->pf_ahead;
+			if (at >= rb)
+				at += (size_t)(nr - 1) * rb;
+#pragma GCC unroll 8
+			for (int j = 0; j < nr; j++)
+				if ((size_t)j * rb + at < a->pf_left)
+					_mm_prefetch((const char *)w + (size_t)j * rb + at, _MM_HINT_T0);
+		}
+#pragma GCC unroll 8
 		for (int j = 0; j < nr; j++)
 			wv[j] = kind > WQ ? hi3i_qrow_load8(&qr[j], kind - WQ, k, a->bf) : load_w8(w, kind, (size_t)j * ldw + kw);
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) {
 			__m256 xv = _mm256_loadu_ps(x + (size_t)i * ldx + k);
-#pragma GCC unroll 3
+#pragma GCC unroll 8
 			for (int j = 0; j < nr; j++)
 				acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
 		}
@@ -278,12 +308,12 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 		return;
 	}
 	{
-		__m256 v[BR * BN];
-		float r[BR * BN];
+		__m256 v[BR * NRS];
+		float r[BR * NRS];
 		int n = 0;
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++)
-#pragma GCC unroll 3
+#pragma GCC unroll 8
 			for (int j = 0; j < nr; j++)
 				v[n++] = acc[i][j];
 		combine_n(v, mr * nr, r);
@@ -297,13 +327,13 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 #define TILE_KINDS(mr, nr)                                         \
 	case (mr) * 4 + (nr):                                      \
 		switch (kind) {                                    \
-		case WF32: tile(mr, nr, WF32, a); break;           \
-		case WBF16: tile(mr, nr, WBF16, a); break;         \
-		case WF16: tile(mr, nr, WF16, a); break;           \
-		case WQ + HI3I_QR_INT8: tile(mr, nr, WQ + HI3I_QR_INT8, a); break; \
-		case WQ + HI3I_QR_FP8: tile(mr, nr, WQ + HI3I_QR_FP8, a); break; \
-		case WQ + HI3I_QR_NF4: tile(mr, nr, WQ + HI3I_QR_NF4, a); break; \
-		default: tile(mr, nr, WQ + HI3I_QR_NVFP4, a); break; \
+		case WF32: tile(mr, nr, WF32, 0, a); break;        \
+		case WBF16: tile(mr, nr, WBF16, 0, a); break;      \
+		case WF16: tile(mr, nr, WF16, 0, a); break;        \
+		case WQ + HI3I_QR_INT8: tile(mr, nr, WQ + HI3I_QR_INT8, 0, a); break; \
+		case WQ + HI3I_QR_FP8: tile(mr, nr, WQ + HI3I_QR_FP8, 0, a); break; \
+		case WQ + HI3I_QR_NF4: tile(mr, nr, WQ + HI3I_QR_NF4, 0, a); break; \
+		default: tile(mr, nr, WQ + HI3I_QR_NVFP4, 0, a); break; \
 		}                                                  \
 		break;
 
@@ -314,6 +344,59 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
 		TILE_KINDS(2, 1) TILE_KINDS(2, 2) TILE_KINDS(2, 3)
 		TILE_KINDS(3, 1) TILE_KINDS(3, 2) TILE_KINDS(3, 3)
 		TILE_KINDS(4, 1) TILE_KINDS(4, 2) TILE_KINDS(4, 3)
+	}
+}
+
+/* A full few-row tile, prefetching, W as stored: mr rows of x against
+ * nrs(mr) W rows, about a dozen accumulators, enough chains of fused
+ * multiply-adds in flight to read W at the memory's rate. */
+#define TILE_PF(mr, nr)                                            \
+	case mr:                                                   \
+		switch (kind) {                                    \
+		case WF32: tile(mr, nr, WF32, 1, a); break;        \
+		case WBF16: tile(mr, nr, WBF16, 1, a); break;      \
+		default: tile(mr, nr, WF16, 1, a); break;          \
+		}                                                  \
+		break;
+
+__attribute__((target("avx2,fma,f16c"))) static void tile_avx2_pf(int mr, int kind, const struct tile_args *a)
+{
+	switch (mr) {
+		TILE_PF(1, NRS) TILE_PF(2, 6) TILE_PF(3, 4) TILE_PF(4, 3)
+	}
+}
+
+/* The columns of tile_avx2_pf's tile of mr rows. */
+static int nrs(int mr)
+{
+	static const int nr[BR + 1] = {0, NRS, 6, 4, 3};
+
+	return nr[mr];
+}
+
+/* Columns [n0, n1) of y = x W^T for M <= BR rows, W as stored (F32, BF16
+ * or F16): one pass over K (a few rows of x stay in L1), full tiles of
+ * nrs(M) columns that prefetch, then the last columns by plain tiles. */
+__attribute__((target("avx2,fma,f16c"))) static void gemm_few(float *y, const float *x, const hi3_wmat *w, int M,
+                                                              int n0, int n1)
+{
+	const int K = w->K, kind = wkind(w->dtype), nt = nrs(M);
+	const size_t rb = (size_t)K * hi3_dtype_size(w->dtype);
+	const unsigned char *w0 = w->data;
+	struct tile_args a = {.x = x, .ldx = (size_t)K, .ldw = (size_t)K, .k0 = 0, .k1 = K, .K = K,
+	                      .ldy = (size_t)w->N, .pf_ahead = HI3_MIN((size_t)PF_AHEAD, rb)};
+	int j0 = n0;
+
+	for (; j0 + nt <= n1; j0 += nt) {
+		a.w = w0 + (size_t)j0 * rb;
+		a.y = y + j0;
+		a.pf_left = (size_t)(n1 - j0) * rb;
+		tile_avx2_pf(M, kind, &a);
+	}
+	for (; j0 < n1; j0 += BN) {
+		a.w = w0 + (size_t)j0 * rb;
+		a.y = y + j0;
+		tile_avx2(M, HI3_MIN(BN, n1 - j0), kind, &a);
 	}
 }
 
@@ -742,6 +825,10 @@ static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q
 	if (n0 >= n1)
 		return;
 #ifdef HAVE_X86
+	if (isa() >= 1 && M <= BR && !w->q && w->data) {
+		gemm_few(y, x, w, M, n0, n1);
+		return;
+	}
 	/* quantized weights are decoded in the tile's registers for a few rows
 	 * (decode); for more, decoding them again for every 8 rows costs more
 	 * than dequantizing a chunk's k slice once into a panel that the block's
