@@ -747,13 +747,23 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
 	const float scale = 1.0f / sqrtf((float)d);
 	const size_t par = (size_t)omp_get_max_threads() * 4;
-	/* heads per item (all g of a kv head, or one) and queries per item */
-	const int hb = (g <= 16 && (size_t)M * dm->n_kv >= par) ? g : 1;
-	const int tb = (hb > 1 && (size_t)M * dm->n_kv >= par * ATT_TB) ? ATT_TB : 1;
-	const int n_hg = dm->n_h / hb, n_tb = (M + tb - 1) / tb;
+	size_t keys = 0;
+	int serial, hb, tb, n_hg, n_tb;
 	const int vexp = exp_vector_ok();       /* before the threads: the probe runs once */
 
-#pragma omp parallel
+	/* a few queries over a short context (a decode step) take less time
+	 * than waking the threads: one thread, all g heads of a kv head per
+	 * item, so that its keys are read once */
+	for (int m = 0; m < M; m++)
+		keys += (size_t)HI3_MAX(HI3_MAX(q[m].hi + 1, q[m].blk_hi), 0);
+	serial = !HI3_PAR_WORTH(keys * (size_t)dm->n_h * (size_t)d / 8);
+	/* heads per item (all g of a kv head, or one) and queries per item */
+	hb = (g <= 16 && (serial || (size_t)M * dm->n_kv >= par)) ? g : 1;
+	tb = (hb > 1 && (size_t)M * dm->n_kv >= par * ATT_TB) ? ATT_TB : 1;
+	n_hg = dm->n_h / hb;
+	n_tb = (M + tb - 1) / tb;
+
+#pragma omp parallel if (!serial)
 	{
 		float *sc = NULL, *acc = NULL;
 		size_t sc_cap = 0;
