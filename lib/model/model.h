@@ -122,6 +122,9 @@ void hi3i_shard_release(hi3_model *m);
 /* Scale-out (model/shard.c, hi3-parallel(7)): the communicator of a model
  * opened as one rank of several, else NULL. */
 hi3_comm *hi3i_model_comm(const hi3_model *m);
+/* Whether this process writes the stages' files: rank 0 of a layout (the
+ * other ranks compute their part and send it), or the one process. */
+int hi3i_model_writes_files(const hi3_model *m);
 /* Every rank was given the same conditions (their hash), or an
  * HI3_ERR_INPUT error naming the rank that differs; 0 in one process. */
 int hi3i_par_check_cond(const hi3_model *m, const hi3_cond *c, hi3_error *err);

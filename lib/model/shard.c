@@ -348,6 +348,13 @@ hi3_comm *hi3i_model_comm(const hi3_model *m)
 	return m->sh.par && m->sh.size > 1 ? m->sh.par->comm : NULL;
 }
 
+int hi3i_model_writes_files(const hi3_model *m)
+{
+	const hi3_comm *comm = hi3i_model_comm(m);
+
+	return !comm || comm->rank == 0;
+}
+
 int hi3i_par_check_cond(const hi3_model *m, const hi3_cond *c, hi3_error *err)
 {
 	hi3_comm *comm = hi3i_model_comm(m);

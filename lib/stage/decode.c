@@ -417,7 +417,7 @@ static int run_finish(struct run *r, const char *seg_path, hi3_decode_stats *sta
 		return -1;
 	for (int i = 0; i < r->B; i++)
 		stats->finished += r->kv.finished[i];
-	if (write_segment(&r->kv, r->c, r->m, r->o, !r->comm || r->comm->rank == 0 ? seg_path : NULL,
+	if (write_segment(&r->kv, r->c, r->m, r->o, hi3i_model_writes_files(r->m) ? seg_path : NULL,
 	                  &stats->total_tokens, err) != 0)
 		return -1;
 	/* the segment is in place for every rank when the call returns */

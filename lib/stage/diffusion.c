@@ -269,7 +269,7 @@ int hi3_diffusion_capture(hi3_model *m, const hi3_cond *c, const hi3_diffusion_o
 	char hash[17], *seeds = NULL;
 	double t0 = hi3i_now(), t_step0 = 0.0, t_rest = 0.0, t_ck = 0.0;
 	hi3_comm *comm = hi3i_model_comm(m);
-	const int lead = !comm || comm->rank == 0;   /* rank 0 alone keeps the checkpoint and writes the trajectory */
+	const int lead = hi3i_model_writes_files(m);  /* rank 0 alone keeps the checkpoint and writes the trajectory */
 	size_t n, es;
 	int rows, rc = -1, s0 = 0;
 

@@ -35,7 +35,7 @@ int hi3_prefill(hi3_model *m, const hi3_cond *c, const char *cond_path, const hi
 	struct hi3i_image_enc *enc = NULL;
 	struct hi3i_image_embeds emb = {0};
 	hi3_comm *comm = hi3i_model_comm(m);
-	const int lead = !comm || comm->rank == 0;    /* rank 0 writes all but the others' kv heads and logits columns */
+	const int lead = hi3i_model_writes_files(m);  /* rank 0 writes all but the others' kv heads and logits columns */
 	int64_t pid;
 	hi3_error lost = {0};
 

@@ -478,7 +478,7 @@ int hi3_replay_to_file(hi3_model *m, const hi3_cond *c, const hi3_segment *s, co
 	{
 		/* rank 0 alone writes the replay file of a layout */
 		hi3_comm *comm = hi3i_model_comm(m);
-		rc = !comm || comm->rank == 0 ? hi3_replay_file_write(&f, path, err) : 0;
+		rc = hi3i_model_writes_files(m) ? hi3_replay_file_write(&f, path, err) : 0;
 		if (rc == 0 && comm)
 			rc = hi3_comm_barrier(comm, err);
 	}

@@ -534,7 +534,7 @@ int hi3_parity(hi3_model *m, const hi3_template *t, const hi3_requests *rq, cons
 	if (!o->workdir) {
 		/* the ranks of a layout share rank 0's work directory (their stage files are one set) */
 		hi3_error mine = {0};
-		if ((!comm || comm->rank == 0) && (tmp = hi3i_mkdtemp("hi3-parity", &mine)))
+		if (hi3i_model_writes_files(m) && (tmp = hi3i_mkdtemp("hi3-parity", &mine)))
 			snprintf(path, sizeof(path), "%s", tmp);
 		if (!comm && !tmp) {
 			*err = mine;
