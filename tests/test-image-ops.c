@@ -247,6 +247,193 @@ static void test_conv(int kt, int k, int B, int C, int Co)
 	free(x), free(w), free(b), free(y), free(y2), free(xn), free(wb), free(wbf), free(ref);
 }
 
+/* The order of a Winograd F(2x2, 3x3) conv (lib/backend/cpu-conv.c), in
+ * float: per 2 x 2 output tile and output channel o, the 16 products M =
+ * one fmaf chain over (c, dt) from +0 (the frames outside the image left
+ * out) of U = G' g G'^T / 4 by V = B^T d B, then A^T M A + b; every
+ * transform in the order cpu-conv.c writes it. */
+static void conv_wino_ref(float *y, const float *x, const float *w, const float *b, const struct hi3_conv *cv, int Co)
+{
+	const int T = cv->T, H = cv->H, W = cv->W, C = cv->C, kt = cv->kt, pt = kt / 2;
+
+	for (int bi = 0; bi < cv->B; bi++)
+		for (int t = 0; t < T; t++)
+			for (int ty = 0; ty < H / 2; ty++)
+				for (int tx = 0; tx < W / 2; tx++)
+					for (int o = 0; o < Co; o++) {
+						float m[16] = {0}, s[2][4], r[2][2];
+						for (int c = 0; c < C; c++)
+							for (int dt = 0; dt < kt; dt++) {
+								const int ti = t + dt - pt;
+								const float *g = w + (((size_t)o * C + c) * kt + dt) * 9;
+								float d[4][4], e[4][4], a[4][3], v[16], u[16];
+								if (ti < 0 || ti >= T)
+									continue;
+								for (int i = 0; i < 4; i++)
+									for (int j = 0; j < 4; j++) {
+										const int yy = 2 * ty - 1 + i, xx = 2 * tx - 1 + j;
+										d[i][j] = yy < 0 || yy >= H || xx < 0 || xx >= W ? 0.0f :
+										          x[((((size_t)bi * T + ti) * H + yy) * W + xx) * C + c];
+									}
+								for (int j = 0; j < 4; j++) {
+									e[0][j] = d[0][j] - d[2][j];
+									e[1][j] = d[1][j] + d[2][j];
+									e[2][j] = d[2][j] - d[1][j];
+									e[3][j] = d[1][j] - d[3][j];
+								}
+								for (int i = 0; i < 4; i++) {
+									v[4 * i + 0] = e[i][0] - e[i][2];
+									v[4 * i + 1] = e[i][1] + e[i][2];
+									v[4 * i + 2] = e[i][2] - e[i][1];
+									v[4 * i + 3] = e[i][1] - e[i][3];
+								}
+								for (int j = 0; j < 3; j++) {
+									a[0][j] = g[j] + g[j];
+									a[1][j] = g[j] + g[3 + j] + g[6 + j];
+									a[2][j] = g[j] - g[3 + j] + g[6 + j];
+									a[3][j] = g[6 + j] + g[6 + j];
+								}
+								for (int i = 0; i < 4; i++) {
+									u[4 * i + 0] = (a[i][0] + a[i][0]) * 0.25f;
+									u[4 * i + 1] = (a[i][0] + a[i][1] + a[i][2]) * 0.25f;
+									u[4 * i + 2] = (a[i][0] - a[i][1] + a[i][2]) * 0.25f;
+									u[4 * i + 3] = (a[i][2] + a[i][2]) * 0.25f;
+								}
+								for (int k = 0; k < 16; k++)
+									m[k] = fmaf(v[k], u[k], m[k]);
+							}
+						for (int k = 0; k < 4; k++) {
+							s[0][k] = m[k] + m[4 + k] + m[8 + k];
+							s[1][k] = m[4 + k] - m[8 + k] - m[12 + k];
+						}
+						for (int i = 0; i < 2; i++) {
+							r[i][0] = s[i][0] + s[i][1] + s[i][2];
+							r[i][1] = s[i][1] - s[i][2] - s[i][3];
+						}
+						for (int i = 0; i < 2; i++)
+							for (int j = 0; j < 2; j++)
+								y[((((size_t)bi * T + t) * H + 2 * ty + i) * W + 2 * tx + j) * Co + o] = r[i][j] + b[o];
+					}
+}
+
+/* The conv op's Winograd path (a 3 x 3 spatial kernel over even frames):
+ * against the direct sum in double; the order of conv_wino_ref bit for
+ * bit, with every kernel the CPU has; in bands of 2 rows and blocks of
+ * output channels; a range of rows; an image alone on one thread; a bf16
+ * weight; a normalised input. force: whether hi3i_cpu_conv_winograd makes
+ * the shape take it (else the rule must choose it). */
+static void test_conv_wino(int kt, int B, int T, int H, int W, int C, int Co, int force)
+{
+	const struct hi3_conv cv = {B, T, H, W, C, kt, 3, 3};
+	const size_t P = (size_t)B * T * H * W, K = (size_t)C * kt * 9, P1 = P / (size_t)B;
+	float *x = randu(P * C, -1, 1), *w = randu((size_t)Co * K, -0.5f, 0.5f), *b = randu(Co, -1, 1);
+	float *y = alloc_f(P * Co), *y2 = alloc_f(P * Co), *yr = alloc_f(P * Co), *xn = alloc_f(P * C);
+	uint16_t *wb = malloc(2 * (size_t)Co * K);
+	float *wbf = malloc(sizeof(float) * (size_t)Co * K);
+	double *ref = malloc(sizeof(double) * P * Co);
+	int64_t ws[5] = {Co, C, kt, 3, 3}, s4[4] = {Co, C, 3, 3};
+	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = 3, .kw = 3}, cb = cw;
+	const size_t keep = hi3i_cpu_conv_wino_bytes;
+	char name[96];
+
+	HI3_ASSERT(wb && wbf && ref);
+	snprintf(name, sizeof(name), "winograd conv %dx3x3 B=%d T=%d %dx%d C=%d Co=%d", kt, B, T, H, W, C, Co);
+	hi3i_cpu_conv_winograd = force ? 1 : -1;
+	cw.w = weight(cpu, w, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
+	cw.b = vec(cpu, b, Co);
+	conv_ref(ref, x, w, b, &cv, Co);
+	conv_wino_ref(yr, x, w, b, &cv, Co);
+	hi3i_conv(cpu, y, x, &cw, &cv, NULL);
+	ok(rel_d(y, ref, P * Co) <= 1e-5, "%s: against the direct sum in double (%.1e)", name, rel_d(y, ref, P * Co));
+	ok(!memcmp(y, yr, sizeof(float) * P * Co), "%s: the order of the Winograd transforms and one fmaf chain over "
+	   "(c, dt), bit for bit", name);
+	for (int level = 0; level < hi3i_gemm_level(); level++) {
+		hi3i_gemm_isa(level);
+		hi3i_conv(cpu, y2, x, &cw, &cv, NULL);
+		hi3i_gemm_isa(-1);
+		ok(!memcmp(y2, y, sizeof(float) * P * Co), "%s: the %s kernel gives the same bits", name,
+		   level ? "AVX2" : "portable");
+	}
+	omp_set_num_threads(1);
+	hi3i_conv(cpu, y2, x, &cw, &cv, NULL);
+	omp_set_num_threads(2);
+	ok(!memcmp(y2, y, sizeof(float) * P * Co), "%s: one thread gives the bits of two", name);
+	for (size_t i = 0; i < P * Co; i++)
+		y2[i] = NAN;
+	hi3i_conv_rows(cpu, y2, x, &cw, &cv, NULL, 7, 29);
+	ok(!memcmp(y2 + 7 * Co, y + 7 * Co, sizeof(float) * 29 * Co) && isnan(y2[7 * Co - 1]) && isnan(y2[36 * Co]),
+	   "%s: a range of rows gives the bits of the whole, and writes nothing else", name);
+	/* bands of 2 rows and blocks of TC output channels (the budget cut to
+	 * fit them), the whole and a range of rows */
+	hi3i_cpu_conv_wino_bytes = 1;
+	hi3i_conv(cpu, y2, x, &cw, &cv, NULL);
+	ok(!memcmp(y2, y, sizeof(float) * P * Co), "%s: in bands of 2 rows and blocks of output channels, the same bits",
+	   name);
+	for (size_t i = 0; i < P * Co; i++)
+		y2[i] = NAN;
+	hi3i_conv_rows(cpu, y2, x, &cw, &cv, NULL, 7, 29);
+	ok(!memcmp(y2 + 7 * Co, y + 7 * Co, sizeof(float) * 29 * Co) && isnan(y2[7 * Co - 1]) && isnan(y2[36 * Co]),
+	   "%s: ... a range of rows too", name);
+	hi3i_cpu_conv_wino_bytes = keep;
+	if (B > 1) {
+		const struct hi3_conv one = {1, T, H, W, C, kt, 3, 3};
+		omp_set_num_threads(1);
+		hi3i_conv(cpu, y2, x + P1 * C, &cw, &one, NULL);
+		omp_set_num_threads(2);
+		ok(!memcmp(y2, y + P1 * Co, sizeof(float) * P1 * Co), "%s: image 1 alone on one thread gives its bits in the "
+		   "batch", name);
+	}
+	for (size_t i = 0; i < (size_t)Co * K; i++) {
+		wb[i] = hi3_f32_to_bf16(w[i]);
+		wbf[i] = hi3_bf16_to_f32(wb[i]);
+	}
+	cb.w = weight_dt(cpu, wb, HI3_BF16, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
+	cb.b = cw.b;
+	hi3i_conv(cpu, y2, x, &cb, &cv, NULL);
+	cpu->ops->weight_free(cpu, cb.w);
+	cb.w = weight(cpu, wbf, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
+	hi3i_conv(cpu, yr, x, &cb, &cv, NULL);
+	ok(!memcmp(y2, yr, sizeof(float) * P * Co), "%s: a bf16 weight gives the bits of its f32 widening", name);
+	cpu->ops->weight_free(cpu, cb.w);
+	{
+		const int G = 2;
+		float *gw = randu((size_t)C, 0.5f, 1.5f), *gb = randu((size_t)C, -0.5f, 0.5f);
+		hi3_wt *nw = vec(cpu, gw, C), *nb = vec(cpu, gb, C);
+		const struct hi3_conv_norm gn = {nw, nb, G, HI3_ACT_SILU, 1e-6f};
+		conv_input_ref(xn, x, nw, nb, B, (int64_t)P1, C, G, 1e-6f, HI3_ACT_SILU);
+		hi3i_conv(cpu, yr, xn, &cw, &cv, NULL);
+		hi3i_conv_rows(cpu, y2, x, &cw, &cv, &gn, 0, (int64_t)P);
+		ok(!memcmp(y2, yr, sizeof(float) * P * Co), "%s: with its input normalised (groupnorm, swish) gives the bits "
+		   "of groupnorm then conv", name);
+		cpu->ops->weight_free(cpu, nw);
+		cpu->ops->weight_free(cpu, nb);
+		free(gw), free(gb);
+	}
+	hi3i_cpu_conv_winograd = -1;
+	hi3i_conv_free(&cw, cpu);
+	free(x), free(w), free(b), free(y), free(y2), free(yr), free(xn), free(wb), free(wbf), free(ref);
+}
+
+/* The rule (cpu-conv.c): an odd frame or a 1 x 1 kernel stays direct even
+ * when Winograd is asked for; a small 3 x 3 conv (fewer than 16
+ * channels, or a frame under 8 x 8) is direct by the rule. */
+static void test_conv_rule(void)
+{
+	const struct hi3_conv odd = {1, 1, 5, 4, 16, 1, 3, 3}, few = {1, 1, 8, 8, 8, 1, 3, 3}, big = {1, 1, 8, 8, 16, 1, 3, 3};
+	const struct hi3_conv one = {1, 1, 8, 8, 16, 1, 1, 1}, tiny = {1, 1, 6, 8, 16, 1, 3, 3};
+
+	hi3i_cpu_conv_winograd = 1;
+	ok(!hi3i_cpu_conv_is_winograd(&odd, 16) && !hi3i_cpu_conv_is_winograd(&one, 16) &&
+	   hi3i_cpu_conv_is_winograd(&few, 16), "winograd asked for: an odd frame and a 1x1 kernel stay direct");
+	hi3i_cpu_conv_winograd = -1;
+	ok(hi3i_cpu_conv_is_winograd(&big, 16) && !hi3i_cpu_conv_is_winograd(&few, 16) &&
+	   !hi3i_cpu_conv_is_winograd(&big, 8) && !hi3i_cpu_conv_is_winograd(&tiny, 16),
+	   "the rule: 3x3 over an even frame of at least 8x8 with at least 16 channels in and out is Winograd");
+	hi3i_cpu_conv_winograd = 0;
+	ok(!hi3i_cpu_conv_is_winograd(&big, 16), "winograd off: every conv direct");
+	hi3i_cpu_conv_winograd = -1;
+}
+
 /* ---------------------------------------------------------------- norms */
 
 static double act_ref(double x, int act)
@@ -521,6 +708,11 @@ int main(void)
 	test_conv(3, 3, 1, 70, 20);
 	test_conv(1, 3, 1, 6, 13);
 	test_conv(1, 1, 2, 6, 13);
+	test_conv_wino(3, 2, 3, 6, 4, 6, 13, 1);     /* a tile of 1 channel; 4 frames' zero taps */
+	test_conv_wino(3, 1, 2, 8, 10, 70, 20, 1);   /* partial sums over blocks of input channels */
+	test_conv_wino(1, 2, 1, 8, 8, 16, 16, 0);    /* 2-D, chosen by the rule */
+	test_conv_wino(3, 1, 1, 8, 12, 16, 24, 0);
+	test_conv_rule();
 	test_groupnorm(37, HI3_ACT_NONE);
 	test_groupnorm(2500, HI3_ACT_SILU);
 	test_layernorm();

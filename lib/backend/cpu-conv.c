@@ -193,7 +193,7 @@ T512 __attribute__((always_inline)) static inline void tile512_k(const struct cg
  * spill. */
 T512 __attribute__((always_inline)) static inline void tile512_k3(const struct cgeom *g, ptrdiff_t v0, int t0, int t1,
                                                                   int co0, int c0, int c1, float *acc, const int kind,
-                                                                  const int nch)
+                                                                  const int nch, const int kwn)
 {
 	const size_t es = kind == WF32 ? 4 : 2, rs = g->wrow / es;   /* elements from a weight row to the next */
 	const int taps = g->taps;
@@ -203,10 +203,10 @@ T512 __attribute__((always_inline)) static inline void tile512_k3(const struct c
 	for (int c = c0; c < c1; c++) {
 		const float *x = g->xp + (size_t)c * g->cs;
 		const unsigned char *wc = g->w + (size_t)co0 * g->wrow + (size_t)c * taps * es;
-		for (int t = t0; t < t1; t += 3) {
+		for (int t = t0; t < t1; t += kwn) {
 			const float *xt = x + (v0 + g->off[t]);
 #pragma GCC unroll 3
-			for (int dx = 0; dx < 3; dx++) {
+			for (int dx = 0; dx < kwn; dx++) {
 				const __m512 x0 = _mm512_loadu_ps(xt + dx), x1 = _mm512_loadu_ps(xt + dx + 16);
 #pragma GCC unroll 3
 				for (int q = 0; q < nch / 4; q++) {
@@ -224,14 +224,14 @@ T512 __attribute__((always_inline)) static inline void tile512_k3(const struct c
 	acc512_out(a, acc, nch);
 }
 
-#define TILE512_K3(kind)                                                          \
+#define TILE512_K3(kind, kwn)                                                     \
 	do {                                                                          \
 		if (nc == 12)                                                         \
-			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 12);         \
+			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 12, kwn);    \
 		else if (nc == 8)                                                     \
-			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 8);          \
+			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 8, kwn);     \
 		else                                                                  \
-			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 4);          \
+			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 4, kwn);     \
 	} while (0)
 
 T512 static void tile512(const struct cgeom *g, ptrdiff_t v0, int t0, int t1, int co0, int nc, int c0, int c1,
@@ -239,11 +239,20 @@ T512 static void tile512(const struct cgeom *g, ptrdiff_t v0, int t0, int t1, in
 {
 	if (g->kw == 3 && nc % 4 == 0) {
 		if (g->kind == WF32)
-			TILE512_K3(WF32);
+			TILE512_K3(WF32, 3);
 		else if (g->kind == WBF16)
-			TILE512_K3(WBF16);
+			TILE512_K3(WBF16, 3);
 		else
-			TILE512_K3(WF16);
+			TILE512_K3(WF16, 3);
+		return;
+	}
+	if (g->kw == 1 && nc % 4 == 0) {   /* 1x1 and kt-only convs, and the Winograd products */
+		if (g->kind == WF32)
+			TILE512_K3(WF32, 1);
+		else if (g->kind == WBF16)
+			TILE512_K3(WBF16, 1);
+		else
+			TILE512_K3(WF16, 1);
 		return;
 	}
 	if (g->kind == WF32)
@@ -467,14 +476,286 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 	}
 }
 
+/* ---------------------------------------------------------------- Winograd
+ *
+ * A conv with a 3 x 3 spatial kernel over frames of even height and width
+ * (any odd kt) as Winograd F(2x2, 3x3) (Lavin and Gray): each 2 x 2 block
+ * of outputs of a frame, a tile, is A^T M A of the 4 x 4 products
+ *   M[xi] = sum over (c, dt) of U[xi][co][c][dt] V[xi][c][frame + dt - pt][tile]
+ * (xi = 4 i + j, i the row), where V = B^T d B is the tile's 4 x 4 input
+ * window d (one frame, one channel) transformed, and U = G g G^T the
+ * 3 x 3 kernel g of (co, c, dt) transformed. 16 products per tile and
+ * (c, dt) where the direct conv does 36: 2.25 times fewer multiplies.
+ *
+ * Order, fixed per output element whatever the batch, band, thread split
+ * or kernel: U[xi] is computed from the 9 weights as written in
+ * wino_weight (adds, then one multiply by 1/4); V[xi] from the 16 inputs
+ * (the conv's input as pack gives it: act(groupnorm(x)) when fused) as
+ * in wino_in, adds only; M[xi] is one fused multiply-add chain over
+ * (c, dt), c outer, from +0, the taps that read the zero frames before
+ * and after the image left out (exact, as in conv_packed); the output is
+ * A^T M A as in wino_store, adds only, then + b. The chain runs on the
+ * direct conv's register tiles (any kernel, the same bits), over V as a
+ * "packed input" of consecutive tiles and U as an f32 weight [co][c][dt]
+ * (kw = 1, taps = kt, a tap's offset one frame of tiles).
+ *
+ * Memory: the weights stay where they lie; U of a block of output channels
+ * (hi3i_cpu_conv_wino_bytes) is computed per band of rows and dropped, V of
+ * a band of rows (as much) likewise: no transformed weight outlives the call.
+ */
+
+/* Whether conv cv of Cout output channels runs as Winograd
+ * (hi3i_cpu_conv_winograd: -1 by the rule below, 0 never, 1 whenever the
+ * kernel is 3 x 3 and the frame even). The rule, the same for any batch:
+ * a 3 x 3 spatial kernel over frames of even height and width, at least
+ * 8 x 8, with at least 16 input and output channels; 1 x 1 convs, kt-only
+ * ones, the encoder's first conv (3 channels) and odd or tiny frames stay
+ * direct. */
+int hi3i_cpu_conv_winograd = -1;
+
+int hi3i_cpu_conv_is_winograd(const struct hi3_conv *cv, int Cout)
+{
+	if (cv->kh != 3 || cv->kw != 3 || cv->H % 2 || cv->W % 2 || hi3i_cpu_conv_winograd == 0)
+		return 0;
+	return hi3i_cpu_conv_winograd > 0 || (cv->H >= 8 && cv->W >= 8 && cv->C >= 16 && Cout >= 16);
+}
+
+#define WPART_BYTES ((size_t)2 << 20)     /* a thread's 16 products of a block of tiles */
+/* At most about this many bytes of packed and transformed input per band
+ * of rows, and of transformed weights per block of output channels (tests
+ * make it small) */
+size_t hi3i_cpu_conv_wino_bytes = (size_t)16 << 20;
+
+/* U (16, nb, C, kt) for output channels [co0, co0 + nb) of w [Cout, C, kt,
+ * 3, 3] (of kind): U[xi][co][c][dt] = (G' g G'^T)[xi] / 4 with G' = 2 G =
+ * [2 0 0; 1 1 1; 1 -1 1; 0 0 2], adds in the order written, then one
+ * multiply. */
+static void wino_weight(float *u, const unsigned char *w, int kind, int C, int kt, int co0, int nb)
+{
+	const size_t xs = (size_t)nb * C * kt;
+
+#pragma omp for schedule(static)
+	for (int co = co0; co < co0 + nb; co++)
+		for (int c = 0; c < C; c++)
+			for (int dt = 0; dt < kt; dt++) {
+				const size_t k = ((size_t)co * C + c) * kt + dt, o = ((size_t)(co - co0) * C + c) * kt + dt;
+				float g[3][3], a[4][3];
+				for (int i = 0; i < 9; i++)
+					g[i / 3][i % 3] = wget(w, kind, k * 9 + (size_t)i);
+				for (int j = 0; j < 3; j++) {
+					a[0][j] = g[0][j] + g[0][j];
+					a[1][j] = g[0][j] + g[1][j] + g[2][j];
+					a[2][j] = g[0][j] - g[1][j] + g[2][j];
+					a[3][j] = g[2][j] + g[2][j];
+				}
+				for (int i = 0; i < 4; i++) {
+					u[(size_t)(4 * i + 0) * xs + o] = (a[i][0] + a[i][0]) * 0.25f;
+					u[(size_t)(4 * i + 1) * xs + o] = (a[i][0] + a[i][1] + a[i][2]) * 0.25f;
+					u[(size_t)(4 * i + 2) * xs + o] = (a[i][0] - a[i][1] + a[i][2]) * 0.25f;
+					u[(size_t)(4 * i + 3) * xs + o] = (a[i][2] + a[i][2]) * 0.25f;
+				}
+			}
+}
+
+/* V (16, C, vcs): channel c of xi at v + (xi C + c) vcs, frame fl's tiles
+ * (nty rows of ntx) at fl nty ntx, then TP zeros; from the packed input
+ * xp (channel c at xp + c cs, nfr frames of Hb rows of Wp), tile (ty, tx)
+ * reading its rows 2 ty .. 2 ty + 3 and columns 2 tx .. 2 tx + 3.
+ * V[4 i + j] = (B^T d B)[i][j], B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. */
+static void wino_in(float *v, size_t vcs, const float *xp, size_t cs, int C, int nfr, int Hb, int Wp, int nty, int ntx)
+{
+	const size_t plane = (size_t)nty * ntx, xs = (size_t)C * vcs;
+
+#pragma omp for schedule(static)
+	for (int c = 0; c < C; c++) {
+		float *vc = v + (size_t)c * vcs;
+		for (int fl = 0; fl < nfr; fl++)
+			for (int ty = 0; ty < nty; ty++)
+				for (int tx = 0; tx < ntx; tx++) {
+					const float *d = xp + (size_t)c * cs + ((size_t)fl * Hb + 2 * ty) * Wp + 2 * tx;
+					const size_t o = fl * plane + (size_t)ty * ntx + tx;
+					float t[4][4];
+					for (int j = 0; j < 4; j++) {
+						t[0][j] = d[j] - d[2 * Wp + j];
+						t[1][j] = d[Wp + j] + d[2 * Wp + j];
+						t[2][j] = d[2 * Wp + j] - d[Wp + j];
+						t[3][j] = d[Wp + j] - d[3 * Wp + j];
+					}
+					for (int i = 0; i < 4; i++) {
+						vc[(size_t)(4 * i + 0) * xs + o] = t[i][0] - t[i][2];
+						vc[(size_t)(4 * i + 1) * xs + o] = t[i][1] + t[i][2];
+						vc[(size_t)(4 * i + 2) * xs + o] = t[i][2] - t[i][1];
+						vc[(size_t)(4 * i + 3) * xs + o] = t[i][1] - t[i][3];
+					}
+				}
+		for (int xi = 0; xi < 16; xi++)
+			memset(vc + (size_t)xi * xs + nfr * plane, 0, sizeof(float) * TP);
+	}
+}
+
+/* y = A^T M A + b, A^T = [1 1 1 0; 0 1 -1 -1], for the tiles u0 .. u0 + TP -
+ * 1 of frame f of the band from row h0 (tiles nty x ntx) that are outputs
+ * in [q, q1) of the image at pb; m (16, TC, TP) the tiles' products of
+ * output channels co0 .. co0 + nc - 1. */
+static void wino_store(float *y, const float *m, const hi3_wt *b, const struct hi3_conv *cv, int Cout, int co0,
+                       int nc, int64_t pb, int f, int h0, int nty, int ntx, size_t u0, int64_t q, int64_t q1)
+{
+	const int H = cv->H, W = cv->W;
+
+	for (int i = 0; i < TP; i++) {
+		const size_t u = u0 + (size_t)i;
+		const int ty = (int)(u / (size_t)ntx), tx = (int)(u % (size_t)ntx);
+		const int64_t p = pb + ((int64_t)f * H + h0 + 2 * ty) * W + 2 * tx;   /* the tile's top left */
+		if (ty >= nty || p + W + 1 < q || p >= q1)
+			continue;
+		for (int j = 0; j < nc; j++) {
+			float s[2][4], o[2][2];
+			for (int k = 0; k < 4; k++) {
+				const float m0 = m[(size_t)(0 + k) * TC * TP + j * TP + i], m1 = m[(size_t)(4 + k) * TC * TP + j * TP + i];
+				const float m2 = m[(size_t)(8 + k) * TC * TP + j * TP + i], m3 = m[(size_t)(12 + k) * TC * TP + j * TP + i];
+				s[0][k] = m0 + m1 + m2;
+				s[1][k] = m1 - m2 - m3;
+			}
+			for (int r = 0; r < 2; r++) {
+				o[r][0] = s[r][0] + s[r][1] + s[r][2];
+				o[r][1] = s[r][1] - s[r][2] - s[r][3];
+			}
+			for (int r = 0; r < 2; r++)
+				for (int cc = 0; cc < 2; cc++) {
+					const int64_t pp = p + (int64_t)r * W + cc;
+					if (pp >= q && pp < q1)
+						y[pp * Cout + co0 + j] = b ? o[r][cc] + b->f32[co0 + j] : o[r][cc];
+				}
+		}
+	}
+}
+
+static void conv_wino(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
+                      const struct hi3_conv *cv, int64_t p0, int64_t n, const struct pre *pr)
+{
+	const int C = cv->C, Cout = w->N, H = cv->H, W = cv->W, T = cv->T, kt = cv->kt, pt = kt / 2;
+	const int Wp = W + 2, ntx = W / 2;
+	const int64_t P = (int64_t)T * H * W;
+	const int kind = w->mat.dtype == HI3_BF16 ? WBF16 : w->mat.dtype == HI3_F16 ? WF16 : WF32;
+	/* output channels whose U is held at once: a multiple of TC within hi3i_cpu_conv_wino_bytes */
+	const int nbo = HI3_MIN(Cout, HI3_MAX(TC, (int)(hi3i_cpu_conv_wino_bytes / ((size_t)16 * C * kt * sizeof(float))) / TC * TC));
+	const int ncob = (nbo + TC - 1) / TC;
+	tile_fn *tile = pick_tile();
+
+	HI3_ASSERT(w->K == C * kt * 9 && kt % 2 && H % 2 == 0 && W % 2 == 0);
+	if (n <= 0)
+		return;
+	hi3i_cpu_mark_used(be, w);
+	for (int64_t q = p0; q < p0 + n;) {
+		const int bi = (int)(q / P);
+		const int64_t pb = (int64_t)bi * P, q1 = HI3_MIN(p0 + n, pb + P);
+		const int f0 = (int)((q - pb) / ((int64_t)H * W)), f1 = (int)((q1 - 1 - pb) / ((int64_t)H * W)) + 1;
+		const int fa = HI3_MAX(0, f0 - pt), fb = HI3_MIN(T, f1 + pt), nfr = fb - fa;
+		/* output rows per band (even, at least 2): a row costs Wp packed
+		 * and 4 W transformed floats per channel and frame */
+		const size_t rows = hi3i_cpu_conv_wino_bytes / ((size_t)nfr * C * sizeof(float) * (size_t)(Wp + 4 * W));
+		const int bh = (int)HI3_MIN((size_t)H, rows > 4 ? (rows - 2) / 2 * 2 : 2);
+		const size_t cs = (size_t)nfr * (size_t)(bh + 2) * Wp + TP2;
+		const size_t vcs = (size_t)nfr * (size_t)(bh / 2) * ntx + TP;
+		const size_t ufl = (size_t)16 * nbo * C * kt;
+		float *xp = hi3i_cpu_scratch(be, cs * C + (size_t)16 * C * vcs + ufl + TP);
+		float *v = xp ? xp + cs * C : NULL, *u = xp ? v + (size_t)16 * C * vcs : NULL;
+		int failed = 0;
+
+		if (!xp) {
+			hi3i_backend_fail(be, "cpu conv: out of memory for the transformed input of %d channels", C);
+			return;
+		}
+#pragma omp parallel reduction(| : failed)
+		{
+			const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+			const size_t ptiles = WPART_BYTES / (16 * TC * TP * sizeof(float)) + (size_t)ncob;
+			float *part = hi3i_aligned_alloc(sizeof(float) * 16 * ptiles * TC * TP, NULL);
+
+			if (!part)
+				failed = 1;
+			for (int h0 = 0; h0 < H; h0 += bh) {
+				const int nh = HI3_MIN(bh, H - h0), nty = nh / 2;
+				const size_t plane = (size_t)nty * ntx, fr_tiles = (plane + TP - 1) / TP;
+				const size_t npos = (size_t)(f1 - f0) * fr_tiles;
+				const int by_pos = npos >= (size_t)nt * 4;
+				const size_t pa = by_pos ? npos * (size_t)id / (size_t)nt : 0;
+				const size_t pe = by_pos ? npos * (size_t)(id + 1) / (size_t)nt : npos;
+				int off[27];
+
+				for (int t = 0; t < kt; t++)
+					off[t] = (int)((size_t)t * plane);
+				if (h0 > 0) {
+#pragma omp barrier
+				}
+				pack(xp, cs, x + pb * C, cv, fa, fb, h0, nh, pr, bi);   /* ends with a barrier */
+				wino_in(v, vcs, xp, cs, C, nfr, nh + 2, Wp, nty, ntx);   /* likewise */
+				for (int cob = 0; cob < Cout; cob += nbo) {
+					const int nb = HI3_MIN(nbo, Cout - cob), nco = (nb + TC - 1) / TC;
+					const int ca = by_pos ? 0 : nco * id / nt, ce = by_pos ? nco : nco * (id + 1) / nt;
+					const int ncot = ce - ca;
+					/* input channels per block: their U[xi] for [ca, ce) in
+					 * WBLOCK_BYTES; tiles per block: their 16 products in
+					 * WPART_BYTES */
+					const int cb = (int)HI3_MAX(16, HI3_MIN((size_t)C, WBLOCK_BYTES / ((size_t)HI3_MAX(ncot, 1) * TC * kt * sizeof(float))));
+					const size_t pbk = HI3_MAX(1, WPART_BYTES / ((size_t)HI3_MAX(ncot, 1) * 16 * TC * TP * sizeof(float)));
+					const size_t mxs = (size_t)TC * TP;   /* from one xi's products to the next */
+
+					if (cob > 0) {
+#pragma omp barrier
+					}
+					wino_weight(u, w->mat.data, kind, C, kt, cob, nb);   /* ends with a barrier */
+					for (size_t b0 = pa; part && ncot > 0 && b0 < pe; b0 += pbk) {
+						const size_t b1 = HI3_MIN(pe, b0 + pbk);
+						for (int xi = 0; xi < 16; xi++) {
+							const struct cgeom g = {C, nb, kt, WF32, 1, (const unsigned char *)(u + (size_t)xi * nb * C * kt),
+							                        (size_t)C * kt * sizeof(float), v + (size_t)xi * C * vcs, vcs, off};
+							for (int c0 = 0; c0 < C; c0 += cb) {
+								const int c1 = HI3_MIN(C, c0 + cb);
+								for (size_t pos = b0; pos < b1; pos++) {
+									/* the taps of the zero frames left out, as in conv_packed */
+									const int f = f0 + (int)(pos / fr_tiles);
+									const int t0 = HI3_MAX(0, pt - f), t1 = HI3_MIN(kt, T + pt - f);
+									const size_t u0 = (pos % fr_tiles) * TP;
+									const ptrdiff_t v0 = (ptrdiff_t)(f - pt - fa) * (ptrdiff_t)plane + (ptrdiff_t)u0;
+									for (int ct = ca; ct < ce; ct++) {
+										float *acc = part + (((pos - b0) * (size_t)ncot + (size_t)(ct - ca)) * 16 + xi) * mxs;
+										tile(&g, v0, t0, t1, ct * TC, HI3_MIN(TC, nb - ct * TC), c0, c1, acc);
+									}
+								}
+							}
+						}
+						for (size_t pos = b0; pos < b1; pos++) {
+							const int f = f0 + (int)(pos / fr_tiles);
+							for (int ct = ca; ct < ce; ct++)
+								wino_store(y, part + ((pos - b0) * (size_t)ncot + (size_t)(ct - ca)) * 16 * mxs, b, cv,
+								           Cout, cob + ct * TC, HI3_MIN(TC, nb - ct * TC), pb, f, h0, nty, ntx,
+								           (pos % fr_tiles) * TP, q, q1);
+						}
+					}
+				}
+			}
+			free(part);
+		}
+		if (failed) {
+			hi3i_backend_fail(be, "cpu conv: out of memory for the products of %d channels", Cout);
+			return;
+		}
+		q = q1;
+	}
+}
+
 void hi3i_cpu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
                    const struct hi3_conv *cv, const struct hi3_conv_norm *norm, int64_t p0, int64_t n)
 {
 	struct pre pr;
 	float *st;
 
+	void (*run)(hi3_backend *, float *, const float *, const hi3_wt *, const hi3_wt *, const struct hi3_conv *,
+	            int64_t, int64_t, const struct pre *) = hi3i_cpu_conv_is_winograd(cv, w->N) ? conv_wino : conv_packed;
+
 	if (!norm) {
-		conv_packed(be, y, x, w, b, cv, p0, n, NULL);
+		run(be, y, x, w, b, cv, p0, n, NULL);
 		return;
 	}
 	if (!(st = malloc(sizeof(float) * 2 * (size_t)cv->B * (size_t)norm->G + 1))) {
@@ -484,6 +765,6 @@ void hi3i_cpu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, c
 	pr = (struct pre){st, st + (size_t)cv->B * norm->G, norm->w->f32, norm->b->f32, norm->G, norm->act};
 	if (hi3i_cpu_groupnorm_stats(be, st, st + (size_t)cv->B * norm->G, x, cv->B, (int64_t)cv->T * cv->H * cv->W,
 	                             cv->C, norm->G, norm->eps) == 0)
-		conv_packed(be, y, x, w, b, cv, p0, n, &pr);
+		run(be, y, x, w, b, cv, p0, n, &pr);
 	free(st);
 }

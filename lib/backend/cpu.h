@@ -103,6 +103,13 @@ void hi3i_cpu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, c
 /* The conv's packed input, at most about this many bytes (12 MiB): frames
  * are convolved in bands of rows that fit (tests make it small). */
 extern size_t hi3i_cpu_conv_pack_bytes;
+/* Whether a conv with a 3 x 3 spatial kernel runs as Winograd F(2x2, 3x3)
+ * (cpu-conv.c): -1 by its rule (the default), 0 never, 1 whenever the
+ * frame is even (tests); and the bytes of packed and transformed input of
+ * a band of rows (16 MiB; tests make it small). */
+extern int hi3i_cpu_conv_winograd;
+int hi3i_cpu_conv_is_winograd(const struct hi3_conv *cv, int Cout);
+extern size_t hi3i_cpu_conv_wino_bytes;
 
 /* cpu-image.c (backend.h documents each op) */
 /* mean and rstd (B, G) of groupnorm over x (B, P, C): the sums of the
