@@ -416,11 +416,12 @@ static void test_conv_wino(int kt, int B, int T, int H, int W, int C, int Co, in
 
 /* The rule (cpu-conv.c): an odd frame or a 1 x 1 kernel stays direct even
  * when Winograd is asked for; a small 3 x 3 conv (fewer than 16
- * channels, or a frame under 8 x 8) is direct by the rule. */
+ * channels, or a frame under 256 positions) is direct by the rule. */
 static void test_conv_rule(void)
 {
-	const struct hi3_conv odd = {1, 1, 5, 4, 16, 1, 3, 3}, few = {1, 1, 8, 8, 8, 1, 3, 3}, big = {1, 1, 8, 8, 16, 1, 3, 3};
-	const struct hi3_conv one = {1, 1, 8, 8, 16, 1, 1, 1}, tiny = {1, 1, 6, 8, 16, 1, 3, 3};
+	const struct hi3_conv odd = {1, 1, 5, 4, 16, 1, 3, 3}, few = {1, 1, 16, 16, 8, 1, 3, 3};
+	const struct hi3_conv big = {1, 1, 8, 32, 16, 3, 3, 3}, one = {1, 1, 16, 16, 16, 1, 1, 1};
+	const struct hi3_conv tiny = {1, 4, 8, 8, 16, 3, 3, 3};
 
 	hi3i_cpu_conv_winograd = 1;
 	ok(!hi3i_cpu_conv_is_winograd(&odd, 16) && !hi3i_cpu_conv_is_winograd(&one, 16) &&
@@ -428,7 +429,8 @@ static void test_conv_rule(void)
 	hi3i_cpu_conv_winograd = -1;
 	ok(hi3i_cpu_conv_is_winograd(&big, 16) && !hi3i_cpu_conv_is_winograd(&few, 16) &&
 	   !hi3i_cpu_conv_is_winograd(&big, 8) && !hi3i_cpu_conv_is_winograd(&tiny, 16),
-	   "the rule: 3x3 over an even frame of at least 8x8 with at least 16 channels in and out is Winograd");
+	   "the rule: 3x3 over an even frame of at least 256 positions with at least 16 channels in and out is "
+	   "Winograd");
 	hi3i_cpu_conv_winograd = 0;
 	ok(!hi3i_cpu_conv_is_winograd(&big, 16), "winograd off: every conv direct");
 	hi3i_cpu_conv_winograd = -1;
@@ -710,8 +712,8 @@ int main(void)
 	test_conv(1, 1, 2, 6, 13);
 	test_conv_wino(3, 2, 3, 6, 4, 6, 13, 1);     /* a tile of 1 channel; 4 frames' zero taps */
 	test_conv_wino(3, 1, 2, 8, 10, 70, 20, 1);   /* partial sums over blocks of input channels */
-	test_conv_wino(1, 2, 1, 8, 8, 16, 16, 0);    /* 2-D, chosen by the rule */
-	test_conv_wino(3, 1, 1, 8, 12, 16, 24, 0);
+	test_conv_wino(1, 2, 1, 16, 16, 16, 16, 0);  /* 2-D, chosen by the rule */
+	test_conv_wino(3, 1, 1, 16, 18, 16, 24, 0);  /* a last group of tiles part-filled */
 	test_conv_rule();
 	test_groupnorm(37, HI3_ACT_NONE);
 	test_groupnorm(2500, HI3_ACT_SILU);

@@ -234,6 +234,55 @@ T512 __attribute__((always_inline)) static inline void tile512_k3(const struct c
 			tile512_k3(g, v0, t0, t1, co0, c0, c1, acc, kind, 4, kwn);     \
 	} while (0)
 
+/* The same tile for kw = 1, F32 weights, nt = t1 - t0 <= 3 taps and nch =
+ * 4, 8 or 12 channels (the Winograd products, 1x1 convs), in the same
+ * order: a pointer per tap into the input and one into the weights, each
+ * advanced by a channel, so that a channel's few taps carry no set-up. */
+T512 __attribute__((always_inline)) static inline void tile512_t(const struct cgeom *g, ptrdiff_t v0, int t0, int co0,
+                                                                 int c0, int c1, float *acc, const int nch,
+                                                                 const int nt)
+{
+	const size_t rs = g->wrow / sizeof(float), cs = g->cs;
+	const int taps = g->taps;
+	const float *xt[3];
+	const float *wc = (const float *)g->w + (size_t)co0 * rs + (size_t)c0 * taps + t0;
+	__m512 a[TC][2];
+
+#pragma GCC unroll 3
+	for (int t = 0; t < nt; t++)
+		xt[t] = g->xp + (size_t)c0 * cs + (v0 + g->off[t0 + t]);
+	acc512_in(a, acc, nch, c0);
+	for (int c = c0; c < c1; c++) {
+#pragma GCC unroll 3
+		for (int t = 0; t < nt; t++) {
+			const __m512 x0 = _mm512_loadu_ps(xt[t]), x1 = _mm512_loadu_ps(xt[t] + 16);
+#pragma GCC unroll 3
+			for (int q = 0; q < nch / 4; q++) {
+				const float *wq = wc + (size_t)(4 * q) * rs + t;
+#pragma GCC unroll 4
+				for (int r = 0; r < 4; r++) {
+					const __m512 wv = _mm512_set1_ps(wq[(size_t)r * rs]);
+					a[4 * q + r][0] = _mm512_fmadd_ps(x0, wv, a[4 * q + r][0]);
+					a[4 * q + r][1] = _mm512_fmadd_ps(x1, wv, a[4 * q + r][1]);
+				}
+			}
+			xt[t] += cs;
+		}
+		wc += taps;
+	}
+	acc512_out(a, acc, nch);
+}
+
+#define TILE512_T(nt)                                                             \
+	do {                                                                          \
+		if (nc == 12)                                                         \
+			tile512_t(g, v0, t0, co0, c0, c1, acc, 12, nt);                \
+		else if (nc == 8)                                                     \
+			tile512_t(g, v0, t0, co0, c0, c1, acc, 8, nt);                 \
+		else                                                                  \
+			tile512_t(g, v0, t0, co0, c0, c1, acc, 4, nt);                 \
+	} while (0)
+
 T512 static void tile512(const struct cgeom *g, ptrdiff_t v0, int t0, int t1, int co0, int nc, int c0, int c1,
                         float *acc)
 {
@@ -244,6 +293,15 @@ T512 static void tile512(const struct cgeom *g, ptrdiff_t v0, int t0, int t1, in
 			TILE512_K3(WBF16, 3);
 		else
 			TILE512_K3(WF16, 3);
+		return;
+	}
+	if (g->kw == 1 && g->kind == WF32 && nc % 4 == 0 && t1 - t0 >= 1 && t1 - t0 <= 3) {
+		if (t1 - t0 == 3)
+			TILE512_T(3);
+		else if (t1 - t0 == 2)
+			TILE512_T(2);
+		else
+			TILE512_T(1);
 		return;
 	}
 	if (g->kw == 1 && nc % 4 == 0) {   /* 1x1 and kt-only convs, and the Winograd products */
@@ -507,17 +565,20 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 /* Whether conv cv of Cout output channels runs as Winograd
  * (hi3i_cpu_conv_winograd: -1 by the rule below, 0 never, 1 whenever the
  * kernel is 3 x 3 and the frame even). The rule, the same for any batch:
- * a 3 x 3 spatial kernel over frames of even height and width, at least
- * 8 x 8, with at least 16 input and output channels; 1 x 1 convs, kt-only
- * ones, the encoder's first conv (3 channels) and odd or tiny frames stay
- * direct. */
+ * a 3 x 3 spatial kernel over frames of even height and width of at
+ * least 256 positions (16 x 16), with at least 16 input and output
+ * channels; 1 x 1 convs, kt-only ones, the encoder's first conv (3
+ * channels) and odd or smaller frames stay direct. Below 16 x 16 the
+ * transform of the weights (all of them, for a few tiles) costs what the
+ * products save: at 8 x 8 and 1024 channels, one frame, the direct conv
+ * is as fast (docs/PERFORMANCE.md). */
 int hi3i_cpu_conv_winograd = -1;
 
 int hi3i_cpu_conv_is_winograd(const struct hi3_conv *cv, int Cout)
 {
 	if (cv->kh != 3 || cv->kw != 3 || cv->H % 2 || cv->W % 2 || hi3i_cpu_conv_winograd == 0)
 		return 0;
-	return hi3i_cpu_conv_winograd > 0 || (cv->H >= 8 && cv->W >= 8 && cv->C >= 16 && Cout >= 16);
+	return hi3i_cpu_conv_winograd > 0 || ((int64_t)cv->H * cv->W >= 256 && cv->C >= 16 && Cout >= 16);
 }
 
 #define WPART_BYTES ((size_t)2 << 20)     /* a thread's 16 products of a block of tiles */
@@ -526,106 +587,323 @@ int hi3i_cpu_conv_is_winograd(const struct hi3_conv *cv, int Cout)
  * make it small) */
 size_t hi3i_cpu_conv_wino_bytes = (size_t)16 << 20;
 
-/* U (16, nb, C, kt) for output channels [co0, co0 + nb) of w [Cout, C, kt,
- * 3, 3] (of kind): U[xi][co][c][dt] = (G' g G'^T)[xi] / 4 with G' = 2 G =
- * [2 0 0; 1 1 1; 1 -1 1; 0 0 2], adds in the order written, then one
- * multiply. */
-static void wino_weight(float *u, const unsigned char *w, int kind, int C, int kt, int co0, int nb)
+/* U (16, nb, C, nd) for output channels [co0, co0 + nb) and the taps in
+ * time [d0, d0 + nd) (those the output frames read) of w [Cout, C, kt, 3,
+ * 3] (of kind): U[xi][co][c][dt - d0] = (G' g G'^T)[xi] / 4 with G' = 2 G
+ * = [2 0 0; 1 1 1; 1 -1 1; 0 0 2], adds in the order written, then one
+ * multiply: no kernel can contract them, so the AVX-512 one (16 (c, dt)
+ * at a time) gives the portable one's bits. g: the row of co as f32
+ * (C, kt, 9). */
+static inline void wino_weight1(float *u, size_t xs, const float *g)
 {
-	const size_t xs = (size_t)nb * C * kt;
+	float a[4][3];
 
-#pragma omp for schedule(static)
-	for (int co = co0; co < co0 + nb; co++)
-		for (int c = 0; c < C; c++)
-			for (int dt = 0; dt < kt; dt++) {
-				const size_t k = ((size_t)co * C + c) * kt + dt, o = ((size_t)(co - co0) * C + c) * kt + dt;
-				float g[3][3], a[4][3];
-				for (int i = 0; i < 9; i++)
-					g[i / 3][i % 3] = wget(w, kind, k * 9 + (size_t)i);
-				for (int j = 0; j < 3; j++) {
-					a[0][j] = g[0][j] + g[0][j];
-					a[1][j] = g[0][j] + g[1][j] + g[2][j];
-					a[2][j] = g[0][j] - g[1][j] + g[2][j];
-					a[3][j] = g[2][j] + g[2][j];
-				}
-				for (int i = 0; i < 4; i++) {
-					u[(size_t)(4 * i + 0) * xs + o] = (a[i][0] + a[i][0]) * 0.25f;
-					u[(size_t)(4 * i + 1) * xs + o] = (a[i][0] + a[i][1] + a[i][2]) * 0.25f;
-					u[(size_t)(4 * i + 2) * xs + o] = (a[i][0] - a[i][1] + a[i][2]) * 0.25f;
-					u[(size_t)(4 * i + 3) * xs + o] = (a[i][2] + a[i][2]) * 0.25f;
-				}
-			}
-}
-
-/* V (16, C, vcs): channel c of xi at v + (xi C + c) vcs, frame fl's tiles
- * (nty rows of ntx) at fl nty ntx, then TP zeros; from the packed input
- * xp (channel c at xp + c cs, nfr frames of Hb rows of Wp), tile (ty, tx)
- * reading its rows 2 ty .. 2 ty + 3 and columns 2 tx .. 2 tx + 3.
- * V[4 i + j] = (B^T d B)[i][j], B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. */
-static void wino_in(float *v, size_t vcs, const float *xp, size_t cs, int C, int nfr, int Hb, int Wp, int nty, int ntx)
-{
-	const size_t plane = (size_t)nty * ntx, xs = (size_t)C * vcs;
-
-#pragma omp for schedule(static)
-	for (int c = 0; c < C; c++) {
-		float *vc = v + (size_t)c * vcs;
-		for (int fl = 0; fl < nfr; fl++)
-			for (int ty = 0; ty < nty; ty++)
-				for (int tx = 0; tx < ntx; tx++) {
-					const float *d = xp + (size_t)c * cs + ((size_t)fl * Hb + 2 * ty) * Wp + 2 * tx;
-					const size_t o = fl * plane + (size_t)ty * ntx + tx;
-					float t[4][4];
-					for (int j = 0; j < 4; j++) {
-						t[0][j] = d[j] - d[2 * Wp + j];
-						t[1][j] = d[Wp + j] + d[2 * Wp + j];
-						t[2][j] = d[2 * Wp + j] - d[Wp + j];
-						t[3][j] = d[Wp + j] - d[3 * Wp + j];
-					}
-					for (int i = 0; i < 4; i++) {
-						vc[(size_t)(4 * i + 0) * xs + o] = t[i][0] - t[i][2];
-						vc[(size_t)(4 * i + 1) * xs + o] = t[i][1] + t[i][2];
-						vc[(size_t)(4 * i + 2) * xs + o] = t[i][2] - t[i][1];
-						vc[(size_t)(4 * i + 3) * xs + o] = t[i][1] - t[i][3];
-					}
-				}
-		for (int xi = 0; xi < 16; xi++)
-			memset(vc + (size_t)xi * xs + nfr * plane, 0, sizeof(float) * TP);
+	for (int j = 0; j < 3; j++) {
+		a[0][j] = g[j] + g[j];
+		a[1][j] = g[j] + g[3 + j] + g[6 + j];
+		a[2][j] = g[j] - g[3 + j] + g[6 + j];
+		a[3][j] = g[6 + j] + g[6 + j];
+	}
+	for (int i = 0; i < 4; i++) {
+		u[(size_t)(4 * i + 0) * xs] = (a[i][0] + a[i][0]) * 0.25f;
+		u[(size_t)(4 * i + 1) * xs] = (a[i][0] + a[i][1] + a[i][2]) * 0.25f;
+		u[(size_t)(4 * i + 2) * xs] = (a[i][0] - a[i][1] + a[i][2]) * 0.25f;
+		u[(size_t)(4 * i + 3) * xs] = (a[i][2] + a[i][2]) * 0.25f;
 	}
 }
 
-/* y = A^T M A + b, A^T = [1 1 1 0; 0 1 -1 -1], for the tiles u0 .. u0 + TP -
- * 1 of frame f of the band from row h0 (tiles nty x ntx) that are outputs
- * in [q, q1) of the image at pb; m (16, TC, TP) the tiles' products of
- * output channels co0 .. co0 + nc - 1. */
-static void wino_store(float *y, const float *m, const hi3_wt *b, const struct hi3_conv *cv, int Cout, int co0,
-                       int nc, int64_t pb, int f, int h0, int nty, int ntx, size_t u0, int64_t q, int64_t q1)
+/* k = c nd + dt - d0 from 0: the row's U from k on */
+static void wino_row(float *u, size_t xs, const float *g, int C, int kt, int d0, int nd, int k)
 {
-	const int H = cv->H, W = cv->W;
+	for (; k < C * nd; k++)
+		wino_weight1(u + k, xs, g + ((size_t)(k / nd) * kt + d0 + k % nd) * 9);
+}
 
-	for (int i = 0; i < TP; i++) {
-		const size_t u = u0 + (size_t)i;
-		const int ty = (int)(u / (size_t)ntx), tx = (int)(u % (size_t)ntx);
-		const int64_t p = pb + ((int64_t)f * H + h0 + 2 * ty) * W + 2 * tx;   /* the tile's top left */
-		if (ty >= nty || p + W + 1 < q || p >= q1)
+#ifdef HAVE_X86
+T512 static void wino_row512(float *u, size_t xs, const float *g, int C, int kt, int d0, int nd)
+{
+	const __m512 q = _mm512_set1_ps(0.25f);
+	int k = 0;
+
+	const __m512i vi = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+	                                      _mm512_set1_epi32(9));
+
+	for (; k + 16 <= C * nd; k += 16) {
+		float buf[16 * 9];   /* the 16 kernels, read in order (not gathered from the mapping) */
+		__m512 gg[9], a[4][3];
+
+		{   /* the kernels of 2 steps on, from memory (a strided stream the prefetcher misses) */
+			const char *pf = (const char *)(g + ((size_t)((k + 32) / nd) * kt) * 9);
+			const char *pe = (const char *)(g + (size_t)C * kt * 9);
+			for (int l = 0; l < 16 * 9 * kt / nd * 4; l += 64)
+				if (pf + l < pe)
+					_mm_prefetch(pf + l, _MM_HINT_T0);
+		}
+		if (nd == kt)
+			memcpy(buf, g + (size_t)k * 9, sizeof(buf));   /* d0 = 0 */
+		else
+			for (int l = 0; l < 16; l++)
+				memcpy(buf + 9 * l, g + ((size_t)((k + l) / nd) * kt + d0 + (k + l) % nd) * 9, 9 * sizeof(float));
+#pragma GCC unroll 9
+		for (int i = 0; i < 9; i++)
+			gg[i] = _mm512_i32gather_ps(_mm512_add_epi32(vi, _mm512_set1_epi32(i)), buf, 4);
+#pragma GCC unroll 3
+		for (int j = 0; j < 3; j++) {
+			a[0][j] = _mm512_add_ps(gg[j], gg[j]);
+			a[1][j] = _mm512_add_ps(_mm512_add_ps(gg[j], gg[3 + j]), gg[6 + j]);
+			a[2][j] = _mm512_add_ps(_mm512_sub_ps(gg[j], gg[3 + j]), gg[6 + j]);
+			a[3][j] = _mm512_add_ps(gg[6 + j], gg[6 + j]);
+		}
+#pragma GCC unroll 4
+		for (int i = 0; i < 4; i++) {
+			_mm512_storeu_ps(u + (size_t)(4 * i + 0) * xs + k, _mm512_mul_ps(_mm512_add_ps(a[i][0], a[i][0]), q));
+			_mm512_storeu_ps(u + (size_t)(4 * i + 1) * xs + k,
+			                 _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a[i][0], a[i][1]), a[i][2]), q));
+			_mm512_storeu_ps(u + (size_t)(4 * i + 2) * xs + k,
+			                 _mm512_mul_ps(_mm512_add_ps(_mm512_sub_ps(a[i][0], a[i][1]), a[i][2]), q));
+			_mm512_storeu_ps(u + (size_t)(4 * i + 3) * xs + k, _mm512_mul_ps(_mm512_add_ps(a[i][2], a[i][2]), q));
+		}
+	}
+	wino_row(u, xs, g, C, kt, d0, nd, k);
+}
+#endif
+
+/* wf: a thread's (C kt 9) floats for a row widened from BF16 or F16 */
+static void wino_weight(float *u, const unsigned char *w, int kind, int C, int kt, int d0, int nd, int co0, int nb,
+                        float *wf)
+{
+	const size_t xs = (size_t)nb * C * nd, K9 = (size_t)C * kt * 9;
+#ifdef HAVE_X86
+	const int v512 = hi3i_gemm_level() >= 2;
+#endif
+
+#pragma omp for schedule(static)
+	for (int co = co0; co < co0 + nb; co++) {
+		const float *g = (const float *)w + (size_t)co * K9;
+		float *uc = u + (size_t)(co - co0) * C * nd;
+		if (kind != WF32) {
+			for (size_t i = 0; i < K9; i++)
+				wf[i] = wget(w, kind, (size_t)co * K9 + i);
+			g = wf;
+		}
+#ifdef HAVE_X86
+		if (v512) {
+			wino_row512(uc, xs, g, C, kt, d0, nd);
 			continue;
-		for (int j = 0; j < nc; j++) {
-			float s[2][4], o[2][2];
+		}
+#endif
+		wino_row(uc, xs, g, C, kt, d0, nd, 0);
+	}
+}
+
+/* V (16, nfr, ft, C, TP): the tiles (nty rows of ntx) of frame fl in ft
+ * groups of TP (the last one's lanes past the frame zero), each group
+ * channel after channel, so that a register tile reads its channels one
+ * after another; V[xi] at v + xi xs. From the packed input xp (channel c
+ * at xp + c cs, nfr frames of Hb rows of Wp), tile (ty, tx) reading its
+ * rows 2 ty .. 2 ty + 3 and columns 2 tx .. 2 tx + 3.
+ * V[4 i + j] = (B^T d B)[i][j], B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],
+ * adds only: the AVX-512 code (16 tiles at a time) gives the bits of the
+ * portable code. */
+struct vgeom {
+	float *v;                 /* V[0] of channel c, frame fl: tile u at v + (u / TP) C TP + u % TP */
+	size_t xs, gs;            /* floats from one xi to the next; from one group of TP tiles to the next */
+};
+
+static inline size_t vat(const struct vgeom *vg, size_t u)
+{
+	return (u / TP) * vg->gs + u % TP;
+}
+
+/* tiles [tx, ntx) of row ty of tiles: d at its first packed row and column 0 */
+static void wino_in_row(const struct vgeom *vg, const float *d, int Wp, int ty, int tx, int ntx)
+{
+	for (; tx < ntx; tx++) {
+		const float *e = d + 2 * tx;
+		float *v = vg->v + vat(vg, (size_t)ty * ntx + tx);
+		const size_t xs = vg->xs;
+		float t[4][4];
+		for (int j = 0; j < 4; j++) {
+			t[0][j] = e[j] - e[2 * Wp + j];
+			t[1][j] = e[Wp + j] + e[2 * Wp + j];
+			t[2][j] = e[2 * Wp + j] - e[Wp + j];
+			t[3][j] = e[Wp + j] - e[3 * Wp + j];
+		}
+		for (int i = 0; i < 4; i++) {
+			v[(size_t)(4 * i + 0) * xs] = t[i][0] - t[i][2];
+			v[(size_t)(4 * i + 1) * xs] = t[i][1] + t[i][2];
+			v[(size_t)(4 * i + 2) * xs] = t[i][2] - t[i][1];
+			v[(size_t)(4 * i + 3) * xs] = t[i][1] - t[i][3];
+		}
+	}
+}
+
+#ifdef HAVE_X86
+/* 16 tiles from u, of xi, as wino_in_row places them */
+T512 static inline void wino_put16(const struct vgeom *vg, int xi, size_t u, __m512 x)
+{
+	float *v = vg->v + (size_t)xi * vg->xs;
+
+	if (u % TP <= TP - 16) {
+		_mm512_storeu_ps(v + vat(vg, u), x);
+	} else {
+		float t[16];
+		_mm512_storeu_ps(t, x);
+		for (int l = 0; l < 16; l++)
+			v[vat(vg, u + (size_t)l)] = t[l];
+	}
+}
+
+T512 static void wino_in_row512(const struct vgeom *vg, const float *d, int Wp, int ty, int ntx)
+{
+	const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+	const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+	int tx = 0;
+
+	for (; tx + 16 <= ntx; tx += 16) {
+		const size_t u = (size_t)ty * ntx + tx;
+		__m512 e[4][4], t[4][4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			const float *row = d + (size_t)r * Wp + 2 * tx;
+			const __m512 a0 = _mm512_loadu_ps(row), a1 = _mm512_loadu_ps(row + 16);
+			const __m512 b0 = _mm512_loadu_ps(row + 2), b1 = _mm512_loadu_ps(row + 18);
+			e[r][0] = _mm512_permutex2var_ps(a0, ev, a1);   /* column 2 tx of each tile */
+			e[r][1] = _mm512_permutex2var_ps(a0, od, a1);
+			e[r][2] = _mm512_permutex2var_ps(b0, ev, b1);
+			e[r][3] = _mm512_permutex2var_ps(b0, od, b1);
+		}
+#pragma GCC unroll 4
+		for (int j = 0; j < 4; j++) {
+			t[0][j] = _mm512_sub_ps(e[0][j], e[2][j]);
+			t[1][j] = _mm512_add_ps(e[1][j], e[2][j]);
+			t[2][j] = _mm512_sub_ps(e[2][j], e[1][j]);
+			t[3][j] = _mm512_sub_ps(e[1][j], e[3][j]);
+		}
+#pragma GCC unroll 4
+		for (int i = 0; i < 4; i++) {
+			wino_put16(vg, 4 * i + 0, u, _mm512_sub_ps(t[i][0], t[i][2]));
+			wino_put16(vg, 4 * i + 1, u, _mm512_add_ps(t[i][1], t[i][2]));
+			wino_put16(vg, 4 * i + 2, u, _mm512_sub_ps(t[i][2], t[i][1]));
+			wino_put16(vg, 4 * i + 3, u, _mm512_sub_ps(t[i][1], t[i][3]));
+		}
+	}
+	wino_in_row(vg, d, Wp, ty, tx, ntx);
+}
+#endif
+
+/* V of frames [0, nfr) of the band, ft = ceil(nty ntx / TP) groups each */
+static void wino_in(float *v, size_t xs, const float *xp, size_t cs, int C, int nfr, int Hb, int Wp, int nty, int ntx,
+                    size_t ft)
+{
+	const size_t plane = (size_t)nty * ntx;
+#ifdef HAVE_X86
+	const int v512 = hi3i_gemm_level() >= 2;
+#endif
+
+#pragma omp for schedule(static)
+	for (int c = 0; c < C; c++)
+		for (int fl = 0; fl < nfr; fl++) {
+			const struct vgeom vg = {v + ((size_t)fl * ft * C + (size_t)c) * TP, xs, (size_t)C * TP};
+			for (int ty = 0; ty < nty; ty++) {
+				const float *d = xp + (size_t)c * cs + ((size_t)fl * Hb + 2 * ty) * Wp;
+#ifdef HAVE_X86
+				if (v512) {
+					wino_in_row512(&vg, d, Wp, ty, ntx);
+					continue;
+				}
+#endif
+				wino_in_row(&vg, d, Wp, ty, 0, ntx);
+			}
+			for (int xi = 0; xi < 16; xi++)
+				for (size_t u = plane; u < ft * TP; u++)
+					vg.v[(size_t)xi * xs + vat(&vg, u)] = 0.0f;
+		}
+}
+
+/* o (4, TC, TP) = A^T M A (+ b), A^T = [1 1 1 0; 0 1 -1 -1], of m (16, TC,
+ * TP), for nc channels from co0 (o's first index: the output r cc of a
+ * tile at 2 r + cc); adds only: the AVX-512 code gives the portable
+ * code's bits */
+static void wino_out(float *o, const float *m, const hi3_wt *b, int co0, int nc)
+{
+	for (int j = 0; j < nc; j++)
+		for (int i = 0; i < TP; i++) {
+			float s[2][4], r[2][2];
 			for (int k = 0; k < 4; k++) {
 				const float m0 = m[(size_t)(0 + k) * TC * TP + j * TP + i], m1 = m[(size_t)(4 + k) * TC * TP + j * TP + i];
 				const float m2 = m[(size_t)(8 + k) * TC * TP + j * TP + i], m3 = m[(size_t)(12 + k) * TC * TP + j * TP + i];
 				s[0][k] = m0 + m1 + m2;
 				s[1][k] = m1 - m2 - m3;
 			}
-			for (int r = 0; r < 2; r++) {
-				o[r][0] = s[r][0] + s[r][1] + s[r][2];
-				o[r][1] = s[r][1] - s[r][2] - s[r][3];
+			for (int q = 0; q < 2; q++) {
+				r[q][0] = s[q][0] + s[q][1] + s[q][2];
+				r[q][1] = s[q][1] - s[q][2] - s[q][3];
 			}
-			for (int r = 0; r < 2; r++)
-				for (int cc = 0; cc < 2; cc++) {
-					const int64_t pp = p + (int64_t)r * W + cc;
-					if (pp >= q && pp < q1)
-						y[pp * Cout + co0 + j] = b ? o[r][cc] + b->f32[co0 + j] : o[r][cc];
-				}
+			for (int q = 0; q < 4; q++)
+				o[(size_t)q * TC * TP + j * TP + i] = b ? r[q / 2][q % 2] + b->f32[co0 + j] : r[q / 2][q % 2];
+		}
+}
+
+#ifdef HAVE_X86
+T512 static void wino_out512(float *o, const float *m, const hi3_wt *b, int co0, int nc)
+{
+	for (int j = 0; j < nc; j++)
+#pragma GCC unroll 2
+		for (int i = 0; i < TP; i += 16) {
+			__m512 s[2][4], r[4];
+#pragma GCC unroll 4
+			for (int k = 0; k < 4; k++) {
+				const __m512 m0 = _mm512_loadu_ps(m + (size_t)(0 + k) * TC * TP + j * TP + i);
+				const __m512 m1 = _mm512_loadu_ps(m + (size_t)(4 + k) * TC * TP + j * TP + i);
+				const __m512 m2 = _mm512_loadu_ps(m + (size_t)(8 + k) * TC * TP + j * TP + i);
+				const __m512 m3 = _mm512_loadu_ps(m + (size_t)(12 + k) * TC * TP + j * TP + i);
+				s[0][k] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+				s[1][k] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+			}
+#pragma GCC unroll 2
+			for (int q = 0; q < 2; q++) {
+				r[2 * q] = _mm512_add_ps(_mm512_add_ps(s[q][0], s[q][1]), s[q][2]);
+				r[2 * q + 1] = _mm512_sub_ps(_mm512_sub_ps(s[q][1], s[q][2]), s[q][3]);
+			}
+#pragma GCC unroll 4
+			for (int q = 0; q < 4; q++) {
+				if (b)
+					r[q] = _mm512_add_ps(r[q], _mm512_set1_ps(b->f32[co0 + j]));
+				_mm512_storeu_ps(o + (size_t)q * TC * TP + j * TP + i, r[q]);
+			}
+		}
+}
+#endif
+
+/* y = A^T M A + b for the tiles u0 .. u0 + TP - 1 of frame f of the band
+ * from row h0 (tiles nty x ntx) that are outputs in [q, q1) of the image
+ * at pb; m (16, TC, TP) the tiles' products of output channels co0 .. co0
+ * + nc - 1; o (4, TC, TP) a buffer. */
+static void wino_store(float *y, const float *m, float *o, const hi3_wt *b, const struct hi3_conv *cv, int Cout,
+                       int co0, int nc, int64_t pb, int f, int h0, int nty, int ntx, size_t u0, int64_t q, int64_t q1)
+{
+	const int H = cv->H, W = cv->W;
+
+#ifdef HAVE_X86
+	if (hi3i_gemm_level() >= 2)
+		wino_out512(o, m, b, co0, nc);
+	else
+#endif
+		wino_out(o, m, b, co0, nc);
+	for (int i = 0; i < TP; i++) {
+		const size_t u = u0 + (size_t)i;
+		const int ty = (int)(u / (size_t)ntx), tx = (int)(u % (size_t)ntx);
+		const int64_t p = pb + ((int64_t)f * H + h0 + 2 * ty) * W + 2 * tx;   /* the tile's top left */
+		if (ty >= nty || p + W + 1 < q || p >= q1)
+			continue;
+		for (int rc = 0; rc < 4; rc++) {
+			const int64_t pp = p + (int64_t)(rc / 2) * W + rc % 2;
+			if (pp >= q && pp < q1) {
+				float *yr = y + pp * Cout + co0;
+				for (int j = 0; j < nc; j++)
+					yr[j] = o[(size_t)rc * TC * TP + j * TP + i];
+			}
 		}
 	}
 }
@@ -651,15 +929,17 @@ static void conv_wino(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 		const int64_t pb = (int64_t)bi * P, q1 = HI3_MIN(p0 + n, pb + P);
 		const int f0 = (int)((q - pb) / ((int64_t)H * W)), f1 = (int)((q1 - 1 - pb) / ((int64_t)H * W)) + 1;
 		const int fa = HI3_MAX(0, f0 - pt), fb = HI3_MIN(T, f1 + pt), nfr = fb - fa;
+		/* the taps in time that frames [f0, f1) read: [d0, d0 + nd) */
+		const int d0 = HI3_MAX(0, pt - (f1 - 1)), nd = HI3_MIN(kt, T + pt - f0) - d0;
 		/* output rows per band (even, at least 2): a row costs Wp packed
 		 * and 4 W transformed floats per channel and frame */
 		const size_t rows = hi3i_cpu_conv_wino_bytes / ((size_t)nfr * C * sizeof(float) * (size_t)(Wp + 4 * W));
 		const int bh = (int)HI3_MIN((size_t)H, rows > 4 ? (rows - 2) / 2 * 2 : 2);
 		const size_t cs = (size_t)nfr * (size_t)(bh + 2) * Wp + TP2;
-		const size_t vcs = (size_t)nfr * (size_t)(bh / 2) * ntx + TP;
+		const size_t vxs = (size_t)nfr * (((size_t)(bh / 2) * ntx + TP - 1) / TP) * C * TP;   /* V[xi]'s floats */
 		const size_t ufl = (size_t)16 * nbo * C * kt;
-		float *xp = hi3i_cpu_scratch(be, cs * C + (size_t)16 * C * vcs + ufl + TP);
-		float *v = xp ? xp + cs * C : NULL, *u = xp ? v + (size_t)16 * C * vcs : NULL;
+		float *xp = hi3i_cpu_scratch(be, cs * C + 16 * vxs + ufl + TP);
+		float *v = xp ? xp + cs * C : NULL, *u = xp ? v + 16 * vxs : NULL;
 		int failed = 0;
 
 		if (!xp) {
@@ -671,8 +951,10 @@ static void conv_wino(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 			const int nt = omp_get_num_threads(), id = omp_get_thread_num();
 			const size_t ptiles = WPART_BYTES / (16 * TC * TP * sizeof(float)) + (size_t)ncob;
 			float *part = hi3i_aligned_alloc(sizeof(float) * 16 * ptiles * TC * TP, NULL);
+			float *wf = kind == WF32 ? NULL : malloc(sizeof(float) * (size_t)C * kt * 9);
+			float *ob = malloc(sizeof(float) * 4 * TC * TP);
 
-			if (!part)
+			if (!part || !ob || (kind != WF32 && !wf))
 				failed = 1;
 			for (int h0 = 0; h0 < H; h0 += bh) {
 				const int nh = HI3_MIN(bh, H - h0), nty = nh / 2;
@@ -683,13 +965,13 @@ static void conv_wino(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 				const size_t pe = by_pos ? npos * (size_t)(id + 1) / (size_t)nt : npos;
 				int off[27];
 
-				for (int t = 0; t < kt; t++)
-					off[t] = (int)((size_t)t * plane);
+				for (int t = 0; t < nd; t++)   /* tap t of U reads frame f + d0 + t - pt */
+					off[t] = (int)((size_t)(t + d0) * fr_tiles * C * TP);
 				if (h0 > 0) {
 #pragma omp barrier
 				}
 				pack(xp, cs, x + pb * C, cv, fa, fb, h0, nh, pr, bi);   /* ends with a barrier */
-				wino_in(v, vcs, xp, cs, C, nfr, nh + 2, Wp, nty, ntx);   /* likewise */
+				wino_in(v, vxs, xp, cs, C, nfr, nh + 2, Wp, nty, ntx, fr_tiles);   /* likewise */
 				for (int cob = 0; cob < Cout; cob += nbo) {
 					const int nb = HI3_MIN(nbo, Cout - cob), nco = (nb + TC - 1) / TC;
 					const int ca = by_pos ? 0 : nco * id / nt, ce = by_pos ? nco : nco * (id + 1) / nt;
@@ -704,20 +986,19 @@ static void conv_wino(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 					if (cob > 0) {
 #pragma omp barrier
 					}
-					wino_weight(u, w->mat.data, kind, C, kt, cob, nb);   /* ends with a barrier */
+					wino_weight(u, w->mat.data, kind, C, kt, d0, nd, cob, nb, wf);   /* ends with a barrier */
 					for (size_t b0 = pa; part && ncot > 0 && b0 < pe; b0 += pbk) {
 						const size_t b1 = HI3_MIN(pe, b0 + pbk);
 						for (int xi = 0; xi < 16; xi++) {
-							const struct cgeom g = {C, nb, kt, WF32, 1, (const unsigned char *)(u + (size_t)xi * nb * C * kt),
-							                        (size_t)C * kt * sizeof(float), v + (size_t)xi * C * vcs, vcs, off};
+							const struct cgeom g = {C, nb, nd, WF32, 1, (const unsigned char *)(u + (size_t)xi * nb * C * nd),
+							                        (size_t)C * nd * sizeof(float), v + (size_t)xi * vxs, TP, off};
 							for (int c0 = 0; c0 < C; c0 += cb) {
 								const int c1 = HI3_MIN(C, c0 + cb);
 								for (size_t pos = b0; pos < b1; pos++) {
 									/* the taps of the zero frames left out, as in conv_packed */
 									const int f = f0 + (int)(pos / fr_tiles);
-									const int t0 = HI3_MAX(0, pt - f), t1 = HI3_MIN(kt, T + pt - f);
-									const size_t u0 = (pos % fr_tiles) * TP;
-									const ptrdiff_t v0 = (ptrdiff_t)(f - pt - fa) * (ptrdiff_t)plane + (ptrdiff_t)u0;
+									const int t0 = HI3_MAX(0, pt - f) - d0, t1 = HI3_MIN(kt, T + pt - f) - d0;
+									const ptrdiff_t v0 = (ptrdiff_t)((f - pt - fa) * (ptrdiff_t)fr_tiles + (ptrdiff_t)(pos % fr_tiles)) * C * TP;
 									for (int ct = ca; ct < ce; ct++) {
 										float *acc = part + (((pos - b0) * (size_t)ncot + (size_t)(ct - ca)) * 16 + xi) * mxs;
 										tile(&g, v0, t0, t1, ct * TC, HI3_MIN(TC, nb - ct * TC), c0, c1, acc);
@@ -728,7 +1009,7 @@ static void conv_wino(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 						for (size_t pos = b0; pos < b1; pos++) {
 							const int f = f0 + (int)(pos / fr_tiles);
 							for (int ct = ca; ct < ce; ct++)
-								wino_store(y, part + ((pos - b0) * (size_t)ncot + (size_t)(ct - ca)) * 16 * mxs, b, cv,
+								wino_store(y, part + ((pos - b0) * (size_t)ncot + (size_t)(ct - ca)) * 16 * mxs, ob, b, cv,
 								           Cout, cob + ct * TC, HI3_MIN(TC, nb - ct * TC), pb, f, h0, nty, ntx,
 								           (pos % fr_tiles) * TP, q, q1);
 						}
@@ -736,6 +1017,8 @@ static void conv_wino(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 				}
 			}
 			free(part);
+			free(wf);
+			free(ob);
 		}
 		if (failed) {
 			hi3i_backend_fail(be, "cpu conv: out of memory for the products of %d channels", Cout);
