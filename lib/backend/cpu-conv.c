@@ -344,6 +344,65 @@ struct pre {
 	int G, act;
 };
 
+/* A row of W positions of C channels through groupnorm and swish, in
+ * hi3i_cpu_gn1's operations and order: pass 0, z = (x - mean) rstd w + b
+ * into y and -z into e; pass 1 (after e = expf(e)), y = z (1 / (1 + e)).
+ * The AVX-512 code does the same operations 16 channels at a time. */
+static void gn_row_portable(float *y, float *e, const float *x, const float *gm, const float *gr, const float *w,
+                            const float *b, int W, int C, int pass, int c0)
+{
+	for (int xw = 0; xw < W; xw++)
+		for (int c = c0; c < C; c++) {
+			const size_t i = (size_t)xw * C + c;
+			if (pass == 0) {
+				y[i] = (x[i] - gm[c]) * gr[c] * w[c] + b[c];
+				e[i] = -y[i];
+			} else {
+				y[i] = y[i] * (1.0f / (1.0f + e[i]));
+			}
+		}
+}
+
+#ifdef HAVE_X86
+T512 static void gn_row512(float *y, float *e, const float *x, const float *gm, const float *gr, const float *w,
+                           const float *b, int W, int C, int pass)
+{
+	const int C16 = C / 16 * 16;
+	const __m512 one = _mm512_set1_ps(1.0f);
+	const __m512i sign = _mm512_set1_epi32(INT32_MIN);
+
+	for (int xw = 0; xw < W; xw++)
+		for (int c = 0; c < C16; c += 16) {
+			const size_t i = (size_t)xw * C + c;
+			if (pass == 0) {
+				__m512 z = _mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(gm + c));
+				z = _mm512_mul_ps(z, _mm512_loadu_ps(gr + c));
+				z = _mm512_mul_ps(z, _mm512_loadu_ps(w + c));
+				z = _mm512_add_ps(z, _mm512_loadu_ps(b + c));
+				_mm512_storeu_ps(y + i, z);
+				_mm512_storeu_ps(e + i, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(z), sign)));   /* -z */
+			} else {
+				const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, _mm512_loadu_ps(e + i)));
+				_mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(y + i), s));
+			}
+		}
+	if (C16 < C)
+		gn_row_portable(y, e, x, gm, gr, w, b, W, C, pass, C16);
+}
+#endif
+
+static void gn_row(float *y, float *e, const float *x, const float *gm, const float *gr, const float *w,
+                   const float *b, int W, int C, int pass)
+{
+#ifdef HAVE_X86
+	if (hi3i_gemm_level() >= 2) {
+		gn_row512(y, e, x, gm, gr, w, b, W, C, pass);
+		return;
+	}
+#endif
+	gn_row_portable(y, e, x, gm, gr, w, b, W, C, pass, 0);
+}
+
 /* Pack rows [h0 - ph, h0 + nh + ph) of frames [fa, fb) (within [0, T))
  * of image xb (T, H, W, C) channels-last into xp: channel c at xp + c cs,
  * frame-major, (nh + 2 ph) x Wp per frame, zero outside the image's rows
@@ -358,6 +417,15 @@ static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *c
 	const int Hb = nh + 2 * ph, Wp = W + 2 * pw, rows = (fb - fa) * Hb;
 	const int cg = pr ? C / pr->G : 1;
 
+	/* swish: a thread's row of act(groupnorm(x)) and its expf, and each
+	 * channel's mean and 1 / sqrt(var + eps) */
+	float *rowb = pr && pr->act == HI3_ACT_SILU ? malloc(sizeof(float) * (2 * (size_t)W * C + 2 * (size_t)C)) : NULL;
+	float *gm = rowb ? rowb + 2 * (size_t)W * C : NULL, *gr = gm ? gm + C : NULL;
+
+	for (int c = 0; rowb && c < C; c++) {
+		gm[c] = pr->mean[bi * pr->G + c / cg];
+		gr[c] = pr->rstd[bi * pr->G + c / cg];
+	}
 #pragma omp for schedule(static) nowait
 	for (int c = 0; c < C; c++)
 		memset(xp + c * cs + (size_t)rows * Wp, 0, sizeof(float) * TP2);
@@ -378,6 +446,22 @@ static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *c
 		}
 		{
 			const float *src = xb + ((size_t)t * H + (size_t)h) * (size_t)W * (size_t)C;
+			if (rowb) {
+				/* the row's act(groupnorm(x)) as hi3i_cpu_gn1 computes it,
+				 * a run of W C floats at a time (the same operations in
+				 * the same order, expf's bits), then transposed */
+				const size_t n = (size_t)W * C;
+				float *e = rowb + n;
+				gn_row(rowb, e, src, gm, gr, pr->w, pr->b, W, C, 0);
+				hi3i_cpu_expf_n(e, (int)n);
+				gn_row(rowb, e, src, gm, gr, pr->w, pr->b, W, C, 1);
+				for (int c = 0; c < C; c++) {
+					float *d = xp + c * cs + o + pw;
+					for (int xw = 0; xw < W; xw++)
+						d[xw] = rowb[(size_t)xw * C + c];
+				}
+				continue;
+			}
 			for (int xw = 0; xw < W; xw++) {
 				const float *s = src + (size_t)xw * C;
 				float *d = xp + o + pw + xw;
@@ -393,6 +477,7 @@ static void pack(float *xp, size_t cs, const float *xb, const struct hi3_conv *c
 			}
 		}
 	}
+	free(rowb);
 }
 
 /* y = acc + b for the positions of tile u0 of frame f of the band of rows
@@ -1040,6 +1125,10 @@ void hi3i_cpu_conv(hi3_backend *be, float *y, const float *x, const hi3_wt *w, c
 	if (!norm) {
 		run(be, y, x, w, b, cv, p0, n, NULL);
 		return;
+	}
+	if (norm->act == HI3_ACT_SILU) {
+		float probe = 0.0f;
+		hi3i_cpu_expf_n(&probe, 1);   /* its first call probes: before pack's threads */
 	}
 	if (!(st = malloc(sizeof(float) * 2 * (size_t)cv->B * (size_t)norm->G + 1))) {
 		hi3i_backend_fail(be, "cpu conv: out of memory for the statistics of %d groups", cv->B * norm->G);

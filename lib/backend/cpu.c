@@ -710,6 +710,17 @@ static int exp_vector_ok(void)
 	}
 	return v;
 }
+/* p[i] = expf(p[i]) for n floats, bit for bit: exp_avx2 where it gives
+ * expf's bits (exp_vector_ok; the first call not from within a parallel
+ * region), else expf. */
+void hi3i_cpu_expf_n(float *p, int n)
+{
+	if (exp_vector_ok())
+		exp_avx2(p, n, 0.0f);
+	else
+		exp_portable(p, n, 0.0f);
+}
+
 #define softmax_exp(vec, p, n, mx) ((vec) ? exp_avx2(p, n, mx) : exp_portable(p, n, mx))
 #define pv(...) (cpu_has_avx2() ? pv_avx2(__VA_ARGS__) : pv_portable(__VA_ARGS__))
 #define max_above_inf(sc, n) (cpu_has_avx2() ? max_avx2(sc, n) : max_portable(sc, n))

@@ -90,6 +90,11 @@ static inline float hi3i_cpu_gn1(float x, float mean, float rstd, float w, float
 	return hi3i_cpu_act1((x - mean) * rstd * w + b, act);
 }
 
+/* cpu.c: p[i] = expf(p[i]) for n floats, bit for bit (vectorised where the
+ * CPU's code gives expf's bits); the first call not from within a
+ * parallel region (it probes). */
+void hi3i_cpu_expf_n(float *p, int n);
+
 /* cpu.c: report a matrix's first use (be->first_use), once. */
 void hi3i_cpu_mark_used(hi3_backend *be, const hi3_wt *w);
 /* cpu.c: the backend's scratch of at least n floats (kept and grown, on
