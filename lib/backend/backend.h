@@ -234,8 +234,11 @@ typedef struct hi3_backend_ops {
 	 * whatever the rows).
 	 * CPU: hi3i_cpu_conv (lib/backend/cpu-conv.c: a direct convolution, every
 	 * output one fused multiply-add chain over k = ((c kt + dt) kh + dy) kw
-	 * + dx, then + b: batch invariant); CUDA: kernels/conv.cu im2col in the
-	 * weight's order, then cuBLAS, in chunks of rows */
+	 * + dx, then + b; a 3 x 3 spatial kernel over even frames of at least
+	 * 256 positions and 16 channels in and out as Winograd F(2x2, 3x3),
+	 * its own fixed order (cpu-conv.c); batch invariant either way);
+	 * CUDA: kernels/conv.cu im2col in the weight's order, then cuBLAS, in
+	 * chunks of rows */
 	void (*conv)(struct hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
 	             const struct hi3_conv *cv, const struct hi3_conv_norm *norm, int64_t p0, int64_t n);
 	/* x (M, N) += b (N).  CPU: hi3i_cpu_bias_add; CUDA: kernels/elementwise.cu */

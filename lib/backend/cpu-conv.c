@@ -10,6 +10,11 @@
  * it depends on the image's place in the batch, a position's place in a
  * tile, the thread count or the kernel (AVX-512, AVX2, portable): an image
  * gives the same bits alone or batched, and every kernel the same bits.
+ * A 3 x 3 spatial kernel over even frames of 256 positions or more, with
+ * 16 channels or more in and out, runs as Winograd F(2x2, 3x3) instead
+ * (the section "Winograd" below): another fixed order, with the same
+ * guarantees; which of the two a conv takes is a function of its shape
+ * alone (hi3i_cpu_conv_is_winograd).
  *
  * How: the frames an image's output rows need are packed channels-first
  * with a zero border (pack), optionally through a GroupNorm and an
