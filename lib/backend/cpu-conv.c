@@ -644,8 +644,10 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
  * and after the image left out (exact, as in conv_packed); the output is
  * A^T M A as in wino_store, adds only, then + b. The chain runs on the
  * direct conv's register tiles (any kernel, the same bits), over V as a
- * "packed input" of consecutive tiles and U as an f32 weight [co][c][dt]
- * (kw = 1, taps = kt, a tap's offset one frame of tiles).
+ * "packed input" (groups of TP consecutive tiles, channel after channel:
+ * a channel's stride TP) and U as an f32 weight [co][c][dt] (kw = 1, taps
+ * the nd taps in time the frames read, a tap's offset one frame of
+ * groups).
  *
  * Memory: the weights stay where they lie; U of a block of output channels
  * (hi3i_cpu_conv_wino_bytes) is computed per band of rows and dropped, V of
@@ -681,8 +683,8 @@ size_t hi3i_cpu_conv_wino_bytes = (size_t)16 << 20;
  * time [d0, d0 + nd) (those the output frames read) of w [Cout, C, kt, 3,
  * 3] (of kind): U[xi][co][c][dt - d0] = (G' g G'^T)[xi] / 4 with G' = 2 G
  * = [2 0 0; 1 1 1; 1 -1 1; 0 0 2], adds in the order written, then one
- * multiply: no kernel can contract them, so the AVX-512 one (16 (c, dt)
- * at a time) gives the portable one's bits. g: the row of co as f32
+ * multiply: nothing to contract, so the AVX-512 code (16 (c, dt) at a
+ * time) gives the portable code's bits. g: the row of co as f32
  * (C, kt, 9). */
 static inline void wino_weight1(float *u, size_t xs, const float *g)
 {
