@@ -846,6 +846,21 @@ T512 static inline void wino_put16(const struct vgeom *vg, int xi, size_t u, __m
 	}
 }
 
+/* the low 8 lanes of x: tiles u .. u + 7 of xi */
+T512 static inline void wino_put8(const struct vgeom *vg, int xi, size_t u, __m512 x)
+{
+	float *v = vg->v + (size_t)xi * vg->xs;
+
+	if (u % TP <= TP - 8) {
+		_mm512_mask_storeu_ps(v + vat(vg, u), 0xff, x);
+	} else {
+		float t[16];
+		_mm512_storeu_ps(t, x);
+		for (int l = 0; l < 8; l++)
+			v[vat(vg, u + (size_t)l)] = t[l];
+	}
+}
+
 T512 static void wino_in_row512(const struct vgeom *vg, const float *d, int Wp, int ty, int ntx)
 {
 	const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -879,6 +894,35 @@ T512 static void wino_in_row512(const struct vgeom *vg, const float *d, int Wp, 
 			wino_put16(vg, 4 * i + 2, u, _mm512_sub_ps(t[i][2], t[i][1]));
 			wino_put16(vg, 4 * i + 3, u, _mm512_sub_ps(t[i][1], t[i][3]));
 		}
+	}
+	if (ntx - tx >= 8) {   /* 8 tiles (16 x 16 frames): the low half of each vector; reads columns to 2 tx + 17 < Wp */
+		const size_t u = (size_t)ty * ntx + tx;
+		const __mmask16 lo = 0xff;
+		__m512 e[4][4], t[4][4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			const float *row = d + (size_t)r * Wp + 2 * tx;
+			const __m512 a = _mm512_loadu_ps(row), b = _mm512_loadu_ps(row + 2);
+			e[r][0] = _mm512_maskz_permutexvar_ps(lo, ev, a);
+			e[r][1] = _mm512_maskz_permutexvar_ps(lo, od, a);
+			e[r][2] = _mm512_maskz_permutexvar_ps(lo, ev, b);
+			e[r][3] = _mm512_maskz_permutexvar_ps(lo, od, b);
+		}
+#pragma GCC unroll 4
+		for (int j = 0; j < 4; j++) {
+			t[0][j] = _mm512_sub_ps(e[0][j], e[2][j]);
+			t[1][j] = _mm512_add_ps(e[1][j], e[2][j]);
+			t[2][j] = _mm512_sub_ps(e[2][j], e[1][j]);
+			t[3][j] = _mm512_sub_ps(e[1][j], e[3][j]);
+		}
+#pragma GCC unroll 4
+		for (int i = 0; i < 4; i++) {
+			wino_put8(vg, 4 * i + 0, u, _mm512_sub_ps(t[i][0], t[i][2]));
+			wino_put8(vg, 4 * i + 1, u, _mm512_add_ps(t[i][1], t[i][2]));
+			wino_put8(vg, 4 * i + 2, u, _mm512_sub_ps(t[i][2], t[i][1]));
+			wino_put8(vg, 4 * i + 3, u, _mm512_sub_ps(t[i][1], t[i][3]));
+		}
+		tx += 8;
 	}
 	wino_in_row(vg, d, Wp, ty, tx, ntx);
 }
