@@ -124,6 +124,8 @@ int main(void)
 	           "trailing");
 	expect_bad("neg.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
 	           "shape entry 0");
+	expect_bad("noname.safetensors", "{\"\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0,
+	           "empty name");
 	expect_bad("meta.safetensors", "{\"__metadata__\":{\"a\":1}}", 0, "is not a string");
 	expect_bad("dup.safetensors",
 	           "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"

@@ -232,6 +232,11 @@ static int parse_header(hi3_st *st, hi3_error *err)
 				goto out;
 			continue;
 		}
+		if (!*key) {
+			/* no stage can ask for it, and hi3_stw_add refuses to write one */
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: a tensor has an empty name", st->path);
+			goto out;
+		}
 		char *name = strdup(key);
 		if (!name) {
 			hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory");
