@@ -831,33 +831,38 @@ static void wino_in_row(const struct vgeom *vg, const float *d, int Wp, int ty, 
 }
 
 #ifdef HAVE_X86
-/* 16 tiles from u, of xi, as wino_in_row places them */
-T512 static inline void wino_put16(const struct vgeom *vg, int xi, size_t u, __m512 x)
+/* the low n (16 or 8) lanes of x: tiles u .. u + n - 1 of xi */
+T512 static inline void wino_put(const struct vgeom *vg, int xi, size_t u, __m512 x, int n)
 {
 	float *v = vg->v + (size_t)xi * vg->xs;
 
-	if (u % TP <= TP - 16) {
-		_mm512_storeu_ps(v + vat(vg, u), x);
+	if (u % TP <= (size_t)(TP - n)) {
+		_mm512_mask_storeu_ps(v + vat(vg, u), (__mmask16)((1u << n) - 1), x);
 	} else {
 		float t[16];
 		_mm512_storeu_ps(t, x);
-		for (int l = 0; l < 16; l++)
+		for (int l = 0; l < n; l++)
 			v[vat(vg, u + (size_t)l)] = t[l];
 	}
 }
 
-/* the low 8 lanes of x: tiles u .. u + 7 of xi */
-T512 static inline void wino_put8(const struct vgeom *vg, int xi, size_t u, __m512 x)
+/* V = B^T d B of n tiles from e (a 4 x 4 tile's rows and columns, a tile a lane), in the order of wino_in_row */
+T512 static inline void wino_bdb512(const struct vgeom *vg, size_t u, __m512 e[4][4], int n)
 {
-	float *v = vg->v + (size_t)xi * vg->xs;
-
-	if (u % TP <= TP - 8) {
-		_mm512_mask_storeu_ps(v + vat(vg, u), 0xff, x);
-	} else {
-		float t[16];
-		_mm512_storeu_ps(t, x);
-		for (int l = 0; l < 8; l++)
-			v[vat(vg, u + (size_t)l)] = t[l];
+	__m512 t[4][4];
+#pragma GCC unroll 4
+	for (int j = 0; j < 4; j++) {
+		t[0][j] = _mm512_sub_ps(e[0][j], e[2][j]);
+		t[1][j] = _mm512_add_ps(e[1][j], e[2][j]);
+		t[2][j] = _mm512_sub_ps(e[2][j], e[1][j]);
+		t[3][j] = _mm512_sub_ps(e[1][j], e[3][j]);
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < 4; i++) {
+		wino_put(vg, 4 * i + 0, u, _mm512_sub_ps(t[i][0], t[i][2]), n);
+		wino_put(vg, 4 * i + 1, u, _mm512_add_ps(t[i][1], t[i][2]), n);
+		wino_put(vg, 4 * i + 2, u, _mm512_sub_ps(t[i][2], t[i][1]), n);
+		wino_put(vg, 4 * i + 3, u, _mm512_sub_ps(t[i][1], t[i][3]), n);
 	}
 }
 
@@ -869,7 +874,7 @@ T512 static void wino_in_row512(const struct vgeom *vg, const float *d, int Wp, 
 
 	for (; tx + 16 <= ntx; tx += 16) {
 		const size_t u = (size_t)ty * ntx + tx;
-		__m512 e[4][4], t[4][4];
+		__m512 e[4][4];
 #pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
 			const float *row = d + (size_t)r * Wp + 2 * tx;
@@ -880,25 +885,12 @@ T512 static void wino_in_row512(const struct vgeom *vg, const float *d, int Wp, 
 			e[r][2] = _mm512_permutex2var_ps(b0, ev, b1);
 			e[r][3] = _mm512_permutex2var_ps(b0, od, b1);
 		}
-#pragma GCC unroll 4
-		for (int j = 0; j < 4; j++) {
-			t[0][j] = _mm512_sub_ps(e[0][j], e[2][j]);
-			t[1][j] = _mm512_add_ps(e[1][j], e[2][j]);
-			t[2][j] = _mm512_sub_ps(e[2][j], e[1][j]);
-			t[3][j] = _mm512_sub_ps(e[1][j], e[3][j]);
-		}
-#pragma GCC unroll 4
-		for (int i = 0; i < 4; i++) {
-			wino_put16(vg, 4 * i + 0, u, _mm512_sub_ps(t[i][0], t[i][2]));
-			wino_put16(vg, 4 * i + 1, u, _mm512_add_ps(t[i][1], t[i][2]));
-			wino_put16(vg, 4 * i + 2, u, _mm512_sub_ps(t[i][2], t[i][1]));
-			wino_put16(vg, 4 * i + 3, u, _mm512_sub_ps(t[i][1], t[i][3]));
-		}
+		wino_bdb512(vg, u, e, 16);
 	}
 	if (ntx - tx >= 8) {   /* 8 tiles (16 x 16 frames): the low half of each vector; reads columns to 2 tx + 17 < Wp */
 		const size_t u = (size_t)ty * ntx + tx;
 		const __mmask16 lo = 0xff;
-		__m512 e[4][4], t[4][4];
+		__m512 e[4][4];
 #pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
 			const float *row = d + (size_t)r * Wp + 2 * tx;
@@ -908,20 +900,7 @@ T512 static void wino_in_row512(const struct vgeom *vg, const float *d, int Wp, 
 			e[r][2] = _mm512_maskz_permutexvar_ps(lo, ev, b);
 			e[r][3] = _mm512_maskz_permutexvar_ps(lo, od, b);
 		}
-#pragma GCC unroll 4
-		for (int j = 0; j < 4; j++) {
-			t[0][j] = _mm512_sub_ps(e[0][j], e[2][j]);
-			t[1][j] = _mm512_add_ps(e[1][j], e[2][j]);
-			t[2][j] = _mm512_sub_ps(e[2][j], e[1][j]);
-			t[3][j] = _mm512_sub_ps(e[1][j], e[3][j]);
-		}
-#pragma GCC unroll 4
-		for (int i = 0; i < 4; i++) {
-			wino_put8(vg, 4 * i + 0, u, _mm512_sub_ps(t[i][0], t[i][2]));
-			wino_put8(vg, 4 * i + 1, u, _mm512_add_ps(t[i][1], t[i][2]));
-			wino_put8(vg, 4 * i + 2, u, _mm512_sub_ps(t[i][2], t[i][1]));
-			wino_put8(vg, 4 * i + 3, u, _mm512_sub_ps(t[i][1], t[i][3]));
-		}
+		wino_bdb512(vg, u, e, 8);
 		tx += 8;
 	}
 	wino_in_row(vg, d, Wp, ty, tx, ntx);
