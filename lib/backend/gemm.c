@@ -42,8 +42,10 @@
  */
 #include <math.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <omp.h>
 #include "backend/gemm.h"
+#include "backend/pool.h"
 #include "backend/quant-x86.h"
 
 #if defined(__x86_64__)
@@ -60,6 +62,7 @@
 #define WIDEN_ROWS (4 * BR)       /* narrow W: widened into a buffer for more rows than this, else in registers */
 #define NRS 8                     /* W rows of a few-row tile (decode), at most */
 #define PF_AHEAD 2048             /* bytes: how far ahead of a few-row tile its W rows are prefetched */
+#define POOL_ROWS WIDEN_ROWS      /* products of at most this many rows of x run on the pool (pool.h) */
 
 /* How a W row is read: as stored, or (WQ + hi3i_qrow_kind) a quantized
  * row dequantized in registers by quant-x86.h's decoders. */
@@ -861,10 +864,56 @@ static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q
 	scratch_release(&s);
 }
 
+/* One product, split between nt threads (hi3i_gemm). */
+struct gemm_job {
+	float *y;
+	const float *x;
+	const hi3_wmat *w;
+	int M, nq, by_rows;
+	_Atomic int failed;
+};
+
+/* Threads split the columns; a product of few columns and many rows
+ * (attention's P V) splits the rows instead, in tiles of 8, so that no
+ * thread packs rows it does not use. Either way an element is one
+ * thread's, in the order of gemm.h. */
+static void gemm_part(void *p, int id, int nt)
+{
+	struct gemm_job *j = p;
+	int failed = 0;
+
+	if (j->by_rows) {
+		const int nb = (j->M + 7) / 8, m0 = 8 * (int)((int64_t)nb * id / nt);
+		const int m1 = HI3_MIN(j->M, 8 * (int)((int64_t)nb * (id + 1) / nt));
+		if (m0 < m1)
+			gemm_range(j->y + (size_t)m0 * j->w->N, j->x + (size_t)m0 * j->w->K, j->w, m1 - m0, 0, j->nq,
+			           &failed);
+	} else {
+		gemm_range(j->y, j->x, j->w, j->M, (int)((int64_t)j->nq * id / nt), (int)((int64_t)j->nq * (id + 1) / nt),
+		           &failed);
+	}
+	if (failed)
+		atomic_store(&j->failed, 1);
+}
+
+/* Run part on the threads: a product of a few rows of x (a decode step's:
+ * short, dozens a step) on the pool's team, whose workers are still awake
+ * from the product before; others in an OpenMP region. */
+static void run_parts(hi3i_pool_fn part, void *job, int few, int parallel)
+{
+	if (!parallel) {
+		part(job, 0, 1);
+	} else if (few) {
+		hi3i_pool_run(part, job, omp_get_max_threads());
+	} else {
+#pragma omp parallel
+		part(job, omp_get_thread_num(), omp_get_num_threads());
+	}
+}
+
 int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M)
 {
 	const int N = w->N, K = w->K, nq = n_tiles(w);
-	int failed = 0;
 
 	if (M <= 0 || N <= 0)
 		return 0;
@@ -872,58 +921,62 @@ int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M)
 		memset(y, 0, sizeof(float) * (size_t)M * (size_t)N);
 		return 0;
 	}
-	/* Threads split the columns; a product of few columns and many rows
-	 * (attention's P V) splits the rows instead, in tiles of 8, so that no
-	 * thread packs rows it does not use. Either way an element is one
-	 * thread's, in the order of gemm.h. */
-	const int by_rows = nq < 32 && M >= 256;
-#pragma omp parallel if ((nq > 1 || by_rows) && (double)M * N * K >= 1 << 18) reduction(| : failed)
-	{
-		int nt = omp_get_num_threads(), id = omp_get_thread_num();
+	struct gemm_job j = {y, x, w, M, nq, nq < 32 && M >= 256, 0};
+	run_parts(gemm_part, &j, M <= POOL_ROWS, (nq > 1 || j.by_rows) && (double)M * N * K >= 1 << 18);
+	return atomic_load(&j.failed) ? -1 : 0;
+}
 
-		if (by_rows) {
-			const int nb = (M + 7) / 8, m0 = 8 * (int)((int64_t)nb * id / nt);
-			const int m1 = HI3_MIN(M, 8 * (int)((int64_t)nb * (id + 1) / nt));
-			if (m0 < m1)
-				gemm_range(y + (size_t)m0 * N, x + (size_t)m0 * K, w, m1 - m0, 0, nq, &failed);
+/* n independent products, split between nt threads (hi3i_gemm_group). */
+struct group_job {
+	int n;
+	float *const *y;
+	const float *const *x;
+	const hi3_wmat *const *w;
+	const int *M;
+	int64_t total;
+	_Atomic int failed;
+};
+
+/* The union of every job's column tiles, split evenly. */
+static void group_part(void *p, int id, int nt)
+{
+	struct group_job *j = p;
+	int64_t q0 = j->total * id / nt, q1 = j->total * (id + 1) / nt, base = 0;
+	int failed = 0;
+
+	for (int i = 0; i < j->n && base < q1; i++) {
+		const hi3_wmat *w = j->w[i];
+		int nq, p0, p1;
+		if (j->M[i] <= 0 || w->N <= 0)
+			continue;
+		nq = n_tiles(w);
+		p0 = (int)HI3_MAX(q0 - base, 0);
+		p1 = (int)HI3_MIN(q1 - base, nq);
+		if (w->K == 0) {
+			if (p0 < p1 && p0 == 0)
+				memset(j->y[i], 0, sizeof(float) * (size_t)j->M[i] * (size_t)w->N);
 		} else {
-			gemm_range(y, x, w, M, (int)((int64_t)nq * id / nt), (int)((int64_t)nq * (id + 1) / nt), &failed);
+			gemm_range(j->y[i], j->x[i], w, j->M[i], p0, p1, &failed);
 		}
+		base += nq;
 	}
-	return failed ? -1 : 0;
+	if (failed)
+		atomic_store(&j->failed, 1);
 }
 
 int hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_wmat *const *w, const int *M)
 {
-	int64_t total = 0;
-	int failed = 0;
+	struct group_job j = {n, y, x, w, M, 0, 0};
+	int few = 1;
 
 	for (int i = 0; i < n; i++)
-		if (M[i] > 0 && w[i]->N > 0)
-			total += n_tiles(w[i]);
-	if (!total)
+		if (M[i] > 0 && w[i]->N > 0) {
+			j.total += n_tiles(w[i]);
+			few &= M[i] <= POOL_ROWS;
+		}
+	if (!j.total)
 		return 0;
 	/* one parallel region over the union of every job's column tiles */
-#pragma omp parallel if (total > 1) reduction(| : failed)
-	{
-		int nt = omp_get_num_threads(), id = omp_get_thread_num();
-		int64_t q0 = total * id / nt, q1 = total * (id + 1) / nt, base = 0;
-
-		for (int i = 0; i < n && base < q1; i++) {
-			int nq, p0, p1;
-			if (M[i] <= 0 || w[i]->N <= 0)
-				continue;
-			nq = n_tiles(w[i]);
-			p0 = (int)HI3_MAX(q0 - base, 0);
-			p1 = (int)HI3_MIN(q1 - base, nq);
-			if (w[i]->K == 0) {
-				if (p0 < p1 && p0 == 0)
-					memset(y[i], 0, sizeof(float) * (size_t)M[i] * (size_t)w[i]->N);
-			} else {
-				gemm_range(y[i], x[i], w[i], M[i], p0, p1, &failed);
-			}
-			base += nq;
-		}
-	}
-	return failed ? -1 : 0;
+	run_parts(group_part, &j, few, j.total > 1);
+	return atomic_load(&j.failed) ? -1 : 0;
 }

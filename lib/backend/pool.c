@@ -1,0 +1,246 @@
+/*
+ * pool.c -- the CPU backend's team for short parallel work (pool.h).
+ *
+ * One team per process, started on first use and grown to the threads a
+ * job asks for. A job is published by bumping gen; a worker that sees a
+ * new gen runs its part and counts itself into done. Between jobs a worker
+ * polls gen, yielding its core on every turn (sched_yield: other work on
+ * it goes first), for HI3I_POOL_SPIN_US after its last job, then sleeps on
+ * wake; the caller signals wake only when a worker has said it sleeps
+ * (sleepers, read after gen is published: one of the two sees the other).
+ * Every worker counts itself into done, the ones a job does not use too,
+ * so that none still reads the job when the caller writes the next.
+ *
+ * When yields hand the core to other work for a while, twice in a short
+ * time (yield_core), the machine is busy: for BUSY_US workers sleep as soon as a job ends and the
+ * caller sleeps on fin until the last worker is done. Polling there would
+ * take cores other work wants (measured: with two `nice yes` beside it, a
+ * decode step of the `small` preset 21 ms polling, 8 ms so), and waking a
+ * thread whose core is busy is cheap; it is the idle, halted core of a
+ * virtual machine that is slow to wake.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdatomic.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <omp.h>
+#include "backend/pool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define RELAX() _mm_pause()
+#else
+#define RELAX() ((void)0)
+#endif
+
+#define MAX_WORKERS 255
+#define TAKEN_US 200.0            /* a turn of other work on the core that says the machine is busy */
+#define AGAIN_US 20000.0          /* ... seen twice within this */
+#define BUSY_US 250000.0          /* then how long workers sleep at once, not polling */
+
+static struct {
+	pthread_mutex_t run;      /* held by the caller of a job */
+	pthread_mutex_t lock;     /* with wake: a sleeping worker's wait */
+	pthread_cond_t wake;
+	pthread_cond_t fin;       /* with lock: the caller's wait for the last worker */
+	_Atomic int caller_sleeps;
+	int n;                    /* workers started */
+	_Atomic unsigned gen;     /* bumped once per job */
+	_Atomic int sleepers;     /* workers waiting on wake */
+	_Atomic int done;         /* workers through with the job of gen */
+	_Atomic double busy_until; /* until then (now_us), workers sleep at once */
+	_Atomic double taken_at;  /* when other work last took a core from a polling thread */
+	hi3i_pool_fn fn;          /* the job: written before gen, read after */
+	void *arg;
+	int nt;
+	unsigned first[MAX_WORKERS + 1]; /* a worker's gen when it was started */
+} pool = {.run = PTHREAD_MUTEX_INITIALIZER, .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
+        .fin = PTHREAD_COND_INITIALIZER};
+
+static double now_us(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+/* Times this thread was switched for another, so far. */
+static long switches(void)
+{
+	struct rusage r;
+
+	return getrusage(RUSAGE_THREAD, &r) == 0 ? r.ru_nivcsw : 0;
+}
+
+/* Give the core to other work that wants it, if any: 1 when other work
+ * took it (the thread was switched out since *seen, which is updated,
+ * for TAKEN_US or more) for the second time within AGAIN_US: the machine
+ * is busy, marked so for BUSY_US; else 0. Neither time the hypervisor
+ * takes from the virtual machine (no switch) nor a kernel thread's
+ * occasional turn counts. */
+static int yield_core(long *seen)
+{
+	const double t0 = now_us();
+	double t, last;
+	long n;
+
+	sched_yield();
+	if ((t = now_us()) - t0 < TAKEN_US || (n = switches()) == *seen)
+		return 0;
+	*seen = n;
+	last = atomic_exchange_explicit(&pool.taken_at, t, memory_order_relaxed);
+	if (t - last > AGAIN_US)
+		return 0;
+	atomic_store_explicit(&pool.busy_until, t + BUSY_US, memory_order_relaxed);
+	return 1;
+}
+
+static int machine_busy(void)
+{
+	return now_us() < atomic_load_explicit(&pool.busy_until, memory_order_relaxed);
+}
+
+/* Wait for gen to move past seen: poll, yielding the core on every turn,
+ * then sleep. On a machine found busy (yield_core) every worker sleeps at
+ * once instead: a polling worker would take a core that other work wants,
+ * and waking a worker on a busy core is cheap. */
+static unsigned wait_job(unsigned seen)
+{
+	const double until = now_us() + HI3I_POOL_SPIN_US;
+	long sw = switches();
+	unsigned g;
+
+	if (!machine_busy()) {
+		for (int turn = 1;; turn++) {
+			for (int i = 0; i < 16; i++) {
+				if ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) != seen)
+					return g;
+				RELAX();
+			}
+			if (yield_core(&sw) || (turn % 16 == 0 && now_us() > until))
+				break;
+		}
+	}
+	pthread_mutex_lock(&pool.lock);
+	atomic_fetch_add(&pool.sleepers, 1);
+	while ((g = atomic_load(&pool.gen)) == seen)
+		pthread_cond_wait(&pool.wake, &pool.lock);
+	atomic_fetch_sub(&pool.sleepers, 1);
+	pthread_mutex_unlock(&pool.lock);
+	return g;
+}
+
+static void *worker(void *p)
+{
+	const int id = (int)(intptr_t)p;
+	unsigned seen = pool.first[id];
+
+	for (;;) {
+		seen = wait_job(seen);
+		if (id < pool.nt)
+			pool.fn(pool.arg, id, pool.nt);
+		if (atomic_fetch_add(&pool.done, 1) + 1 == pool.n && atomic_load(&pool.caller_sleeps)) {
+			pthread_mutex_lock(&pool.lock);
+			pthread_cond_signal(&pool.fin);
+			pthread_mutex_unlock(&pool.lock);
+		}
+	}
+	return NULL;
+}
+
+/* A child of fork has the caller's thread only: it starts a team of its own. */
+static void forget_workers(void)
+{
+	pthread_mutex_init(&pool.run, NULL);
+	pthread_mutex_init(&pool.lock, NULL);
+	pthread_cond_init(&pool.wake, NULL);
+	pthread_cond_init(&pool.fin, NULL);
+	atomic_store(&pool.caller_sleeps, 0);
+	pool.n = 0;
+	atomic_store(&pool.sleepers, 0);
+}
+
+static void register_fork(void)
+{
+	pthread_atfork(NULL, NULL, forget_workers);
+}
+
+/* Start workers up to want - 1 of them; the threads a job can have. */
+static int grow(int want)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	pthread_once(&once, register_fork);
+	if (want - 1 > MAX_WORKERS)
+		want = MAX_WORKERS + 1;
+	while (pool.n < want - 1) {
+		pthread_attr_t at;
+		pthread_t t;
+		int rc;
+
+		if (pthread_attr_init(&at) != 0)
+			break;
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		pool.first[pool.n + 1] = atomic_load(&pool.gen);
+		rc = pthread_create(&t, &at, worker, (void *)(intptr_t)(pool.n + 1));
+		pthread_attr_destroy(&at);
+		if (rc != 0)
+			break;
+		pool.n++;
+	}
+	return pool.n + 1;
+}
+
+int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want)
+{
+	int nt;
+
+	if (want <= 1 || omp_in_parallel() || pthread_mutex_trylock(&pool.run) != 0) {
+		fn(arg, 0, 1);
+		return 1;
+	}
+	nt = grow(want);
+	if (nt > want)
+		nt = want;
+	if (nt == 1) {
+		pthread_mutex_unlock(&pool.run);
+		fn(arg, 0, 1);
+		return 1;
+	}
+	pool.fn = fn;
+	pool.arg = arg;
+	pool.nt = nt;
+	atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+	atomic_fetch_add(&pool.gen, 1);
+	if (atomic_load(&pool.sleepers) > 0) {
+		pthread_mutex_lock(&pool.lock);
+		pthread_cond_broadcast(&pool.wake);
+		pthread_mutex_unlock(&pool.lock);
+	}
+	fn(arg, 0, nt);
+	/* the workers end about when the caller does: poll, yielding, and
+	 * on a busy machine sleep until the last of them signals */
+	if (atomic_load_explicit(&pool.done, memory_order_acquire) < pool.n) {
+		int poll = !machine_busy();
+		long sw = switches();
+
+		for (int turn = 1; poll && atomic_load_explicit(&pool.done, memory_order_acquire) < pool.n; turn++)
+			if (turn % 16 == 0)
+				poll = !yield_core(&sw);
+			else
+				RELAX();
+		if (!poll) {
+			pthread_mutex_lock(&pool.lock);
+			atomic_store(&pool.caller_sleeps, 1);
+			while (atomic_load(&pool.done) < pool.n)
+				pthread_cond_wait(&pool.fin, &pool.lock);
+			atomic_store(&pool.caller_sleeps, 0);
+			pthread_mutex_unlock(&pool.lock);
+		}
+	}
+	pthread_mutex_unlock(&pool.run);
+	return nt;
+}

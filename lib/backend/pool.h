@@ -1,0 +1,36 @@
+/*
+ * pool.h -- the CPU backend's team for short parallel work: the products
+ * of a decode step, a few rows of x against each weight matrix, dozens of
+ * them per step, each 20-500 us.
+ *
+ * OpenMP's workers in hi3 sleep between regions (bin/hi3.c chooses
+ * OMP_WAIT_POLICY=passive, as spinning workers starve other work on
+ * shared cores), and on a virtual machine whose cores are idle, waking a
+ * sleeping worker costs about 100 us (its core has halted): measured, a
+ * B = 1 decode step of the `small` preset spent 40% of its time so. The
+ * pool's workers poll for the next job for HI3I_POOL_SPIN_US after the
+ * last one, and only then sleep: the gaps between a step's products are
+ * shorter, so a step pays for one wake-up, not one per product. A worker
+ * that finds it lost its core while polling (other work wants the cores)
+ * makes the team sleep at once for a while instead: there, polling would
+ * take a core from that work, and waking a worker on a busy core is cheap.
+ *
+ * A job is fn(arg, id, nt) on nt threads, id 0 the caller. What each id
+ * computes is the caller's choice; the pool only decides how many run.
+ */
+#ifndef HI3_POOL_H
+#define HI3_POOL_H
+
+/* How long an idle worker keeps polling for the next job before it
+ * sleeps, in microseconds. */
+#define HI3I_POOL_SPIN_US 2000
+
+typedef void (*hi3i_pool_fn)(void *arg, int id, int nt);
+
+/* Run fn(arg, id, nt) for id in [0, nt) and return when every call has
+ * returned; the caller runs id 0. nt is at most want: fewer when workers
+ * cannot be started, 1 (the caller alone) inside an OpenMP parallel
+ * region or while another thread runs a job of the pool. Returns nt. */
+int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want);
+
+#endif
