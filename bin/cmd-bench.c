@@ -17,8 +17,10 @@ static const struct cli_help help = {
 	"on one layer's prefill shapes at B*P tokens; an in-memory prefill of B x P\n"
 	"tokens and N greedy decode steps through the model; and the decode floor of a\n"
 	"B = 1 step: the bytes it must read (active weights and KV) over the measured\n"
-	"bandwidth. No files are written. Use --batch-invariant=off to time the OpenBLAS\n"
-	"path of the model instead of the batch-invariant one.\n",
+	"bandwidth, and the same bytes read after every step (the median read beside\n"
+	"the median step, as the machine's bandwidth moves). No files are written.\n"
+	"Use --batch-invariant=off to time the OpenBLAS path of the model instead of\n"
+	"the batch-invariant one.\n",
 	.operands = "no arguments",
 };
 
@@ -59,7 +61,8 @@ int cmd_bench(int argc, char **argv)
 		return cli_fail(&err);
 	}
 	cli_info("prefill %lld x %lld, decode %lld steps", (long long)B, (long long)P, (long long)N);
-	if (hi3_bench_model(m, (int)B, (int)P, (int)N, &r, &err) != 0) {
+	bytes = hi3_bench_step_bytes(c, wdt, HI3_F32, (int)(P + N / 2));
+	if (hi3_bench_model(m, (int)B, (int)P, (int)N, B == 1 ? bytes : 0.0, &r, &err) != 0) {
 		cli_close_model(m);
 		return cli_fail(&err);
 	}
@@ -67,7 +70,6 @@ int cmd_bench(int argc, char **argv)
 	 * other work on the machine during one of them weighs less */
 	cli_info("measuring memory bandwidth again");
 	bw = fmax(bw, hi3_bench_membw((size_t)1 << 30, (int)(reps > MEMBW_PASSES ? reps : MEMBW_PASSES)));
-	bytes = hi3_bench_step_bytes(c, wdt, HI3_F32, (int)(P + N / 2));
 	floor_s = bytes / bw;
 	step_s = N ? r.decode_s / (double)N : 0.0;
 	if (json) {
@@ -79,6 +81,8 @@ int cmd_bench(int argc, char **argv)
 			{"prefill_tok_s", r.prefill_tok_s}, {"prefill_gflop_s", r.prefill_flops / r.prefill_s / 1e9},
 			{"decode_s", r.decode_s}, {"decode_tok_s", r.decode_tok_s}, {"decode_step_ms", step_s * 1e3},
 			{"decode_floor_step_ms", floor_s * 1e3}, {"step_bytes_mb", bytes / 1e6},
+			{"decode_step_median_ms", r.step_median_s * 1e3},
+			{"decode_floor_between_ms", r.floor_median_s * 1e3},
 		};
 		json_object_set_new(o, "impl", json_string("hi3"));
 		json_object_set_new(o, "model", json_string(cli.model_dir));
@@ -104,9 +108,12 @@ int cmd_bench(int argc, char **argv)
 		printf("  first prefill                 %8.3f s (the weights read in from the mapping)\n",
 		       r.first_prefill_s);
 		printf("  decode                        %8.1f tokens/s  %8.2f ms/step\n", r.decode_tok_s, step_s * 1e3);
-		if (B == 1)
+		if (B == 1 && N > 0) {
 			printf("  decode floor (B = 1)          %8.2f ms/step (%.1f MB/step at %.2f GB/s); measured %.2fx\n",
 			       floor_s * 1e3, bytes / 1e6, bw / 1e9, step_s / floor_s);
+			printf("  floor read between steps      %8.2f ms/step (median); median step %.2f ms, %.2fx\n",
+			       r.floor_median_s * 1e3, r.step_median_s * 1e3, r.step_median_s / r.floor_median_s);
+		}
 	}
 	cli_close_model(m);
 	return 0;

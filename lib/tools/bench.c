@@ -7,8 +7,10 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <string.h>
 #include "backend/gemm.h"
+#include "backend/pool.h"
 #include "model/config-internal.h"
 #include "tools/tools.h"
 
@@ -40,35 +42,76 @@ static uint64_t read_block(const uint64_t *a, size_t n)
 }
 #endif
 
-double hi3_bench_membw(size_t bytes, int reps)
+/* A buffer of n words to read, filled (so that it is mapped in); NULL when out of memory. */
+static uint64_t *read_buffer(size_t n)
 {
-	size_t n = bytes / sizeof(uint64_t);
 	uint64_t *a = NULL;
-	double best = 0.0;
-	volatile uint64_t sink = 0;
 
 	if (posix_memalign((void **)&a, 64, n * sizeof(uint64_t)) != 0)
-		return 0.0;
+		return NULL;
 #pragma omp parallel for schedule(static)
 	for (size_t i = 0; i < n; i++)
 		a[i] = i * 0x9e3779b97f4a7c15ULL;
+	return a;
+}
+
+struct read_job {
+	const uint64_t *a;
+	size_t n;
+	_Atomic uint64_t x;
+};
+
+static void read_part(void *p, int id, int nt)
+{
+	struct read_job *j = p;
+	const size_t chunk = (j->n / (size_t)nt) & ~(size_t)15, lo = chunk * (size_t)id;
+
+	atomic_fetch_xor(&j->x, read_block(j->a + lo, id == nt - 1 ? j->n - lo : chunk));
+}
+
+/* Seconds to read the n words of a once, every thread a slice, on the
+ * team that runs a decode step's products (backend/pool.h): read between
+ * steps, the read finds the team as the next step will. */
+static double read_pass(const uint64_t *a, size_t n)
+{
+	static volatile uint64_t sink;
+	struct read_job j = {a, n, 0};
+	double t0 = hi3i_now();
+
+	hi3i_pool_run(read_part, &j, omp_get_max_threads());
+	sink ^= atomic_load(&j.x);
+	return hi3i_now() - t0;
+}
+
+double hi3_bench_membw(size_t bytes, int reps)
+{
+	const size_t n = bytes / sizeof(uint64_t);
+	uint64_t *a = read_buffer(n);
+	double best = 0.0;
+
+	if (!a)
+		return 0.0;
 	for (int r = 0; r < reps; r++) {
-		double t0 = hi3i_now(), t;
-		uint64_t x = 0;
-#pragma omp parallel reduction(^ : x)
-		{
-			int nt = omp_get_num_threads(), id = omp_get_thread_num();
-			size_t chunk = (n / (size_t)nt) & ~(size_t)15, lo = chunk * (size_t)id;
-			x ^= read_block(a + lo, id == nt - 1 ? n - lo : chunk);
-		}
-		t = hi3i_now() - t0;
-		sink ^= x;
+		double t = read_pass(a, n);
 		if (t > 0 && (double)bytes / t > best)
 			best = (double)bytes / t;
 	}
-	(void)sink;
 	free(a);
 	return best;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	const double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The median of the n values of v (sorted in place). */
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Time y = x W^T for one (M, N, K) with both implementations; seconds. */
@@ -174,7 +217,8 @@ double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, 
 	return b;
 }
 
-int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r, hi3_error *err)
+int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_bench_model_result *r,
+                    hi3_error *err)
 {
 	const hi3_config *c = hi3_model_config(m);
 	const int V = c->vocab_size, C = P + N, nl = c->num_hidden_layers;
@@ -182,6 +226,9 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 	int64_t *ids = NULL, *slot = NULL;
 	int32_t *rope = NULL, *hi = NULL, *at = NULL;
 	float *logits = NULL;
+	uint64_t *buf = NULL;
+	size_t fn = 0;
+	double *step_t = NULL, *read_t = NULL;
 	int rc = -1;
 	double t0;
 
@@ -220,8 +267,21 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 			goto out;
 		r->prefill_s = hi3i_now() - t0;
 	}
-	t0 = hi3i_now();
+	if (floor_bytes > 0 && N > 0) {
+		/* a read of floor_bytes after every step (the buffer read over
+		 * as often as it takes): the floor measured beside the steps */
+		fn = (size_t)HI3_MIN(floor_bytes, (double)((size_t)1 << 30)) / sizeof(uint64_t);
+		buf = read_buffer(fn);
+		step_t = hi3i_malloc(sizeof(double) * (size_t)N, err);
+		read_t = hi3i_malloc(sizeof(double) * (size_t)N, err);
+		if (!buf || !step_t || !read_t) {
+			if (!buf)
+				hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory for a %.0f MB read buffer", fn * 8 / 1e6);
+			goto out;
+		}
+	}
 	for (int s = 0; s < N; s++) {
+		double ts = hi3i_now();
 		for (int b = 0; b < B; b++) {
 			ids[b] = hi3_argmax(logits + (size_t)b * V, V);
 			slot[b] = P + s;
@@ -234,8 +294,22 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r
 		                .slot = slot, .n_logits = B, .logit_at = at, .logits = logits};
 		if (hi3_forward(m, kv, &db, err) != 0)
 			goto out;
+		ts = hi3i_now() - ts;
+		r->decode_s += ts;
+		if (buf) {
+			double tr = 0.0, left = floor_bytes;
+			for (; left >= 8.0 * (double)fn; left -= 8.0 * (double)fn)
+				tr += read_pass(buf, fn);
+			if (left >= 128.0)
+				tr += read_pass(buf, (size_t)(left / 8.0));
+			step_t[s] = ts;
+			read_t[s] = tr;
+		}
 	}
-	r->decode_s = hi3i_now() - t0;
+	if (buf) {
+		r->step_median_s = median(step_t, N);
+		r->floor_median_s = median(read_t, N);
+	}
 	r->prefill_tok_s = (double)B * P / r->prefill_s;
 	r->decode_tok_s = N ? (double)B * N / r->decode_s : 0.0;
 	{
@@ -267,5 +341,8 @@ out:
 	free(hi);
 	free(at);
 	free(logits);
+	free(buf);
+	free(step_t);
+	free(read_t);
 	return rc;
 }

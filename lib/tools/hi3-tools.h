@@ -98,6 +98,8 @@ typedef struct hi3_bench_model_result {
 	double first_prefill_s;   /* the first prefill: it also reads the weights in from the mapping */
 	double prefill_s, prefill_tok_s, prefill_flops;   /* the same prefill again */
 	double decode_s, decode_tok_s;
+	double step_median_s;     /* with floor_bytes: the median decode step, */
+	double floor_median_s;    /* and the median read of floor_bytes right after a step */
 } hi3_bench_model_result;
 
 /* Best-of-reps read bandwidth over a buffer of bytes, in bytes/s. */
@@ -108,8 +110,13 @@ int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *
                    double *t_hi3);
 /* Bytes one B = 1 decode step reads at ctx cached slots. */
 double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, int ctx);
-/* In-memory prefill of B x P tokens, then N greedy decode steps. */
-int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_bench_model_result *r, hi3_error *err);
+/* In-memory prefill of B x P tokens, then N greedy decode steps; with
+ * floor_bytes > 0, each step is followed by a read of that many bytes
+ * (a buffer of at most 1 GiB, read over as often as it takes), so that
+ * the floor is measured beside the steps, in the same moments of a
+ * machine whose bandwidth moves. */
+int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_bench_model_result *r,
+                    hi3_error *err);
 
 /* ------------------------------------------------------- inspect and diff */
 
