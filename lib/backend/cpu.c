@@ -878,15 +878,27 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 	}
 }
 
+/* y = a * silu(b) with silu(b) = b / (1 + expf(-b)); the exponentials 256
+ * at a time by softmax_exp, which gives expf's bits (scalar expf where its
+ * vector form does not). */
 static void cpu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int inter)
 {
+	const int vexp = exp_vector_ok();       /* before the threads: the probe runs once */
+
 	(void)be;
 #pragma omp parallel for schedule(static) if (PAR((size_t)M * inter))
 	for (int m = 0; m < M; m++) {
 		const float *a = ab + (size_t)m * 2 * inter, *b = a + inter;
-		float *o = y + (size_t)m * inter;
-		for (int i = 0; i < inter; i++)
-			o[i] = a[i] * (b[i] / (1.0f + expf(-b[i])));
+		float *o = y + (size_t)m * inter, e[256];
+
+		for (int i0 = 0; i0 < inter; i0 += 256) {
+			const int n = HI3_MIN(256, inter - i0);
+			for (int i = 0; i < n; i++)
+				e[i] = -b[i0 + i];
+			softmax_exp(vexp, e, n, 0.0f);
+			for (int i = 0; i < n; i++)
+				o[i0 + i] = a[i0 + i] * (b[i0 + i] / (1.0f + e[i]));
+		}
 	}
 }
 
