@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <sys/mman.h>
 #include "backend/cpu.h"
+#include "backend/pool.h"
 
 /* OpenBLAS with BF16/F16 weights: rows widened per block, about this many bytes of f32. */
 #define SGEMM_BLOCK_BYTES ((size_t)1 << 20)
@@ -752,129 +753,198 @@ struct att_query {
 	float sum;
 };
 
+/* One call of cpu_attention: what every work item reads. */
+struct att_call {
+	hi3_backend *be;
+	float *out;
+	const float *qkv;
+	const hi3_kv_src *ks, *vs;
+	const hi3_attn_q *q;
+	int M, d, g, W, hb, tb, n_hg, vexp;
+	float scale;
+};
+
+/* A thread's scratch for the items it runs. */
+struct att_scratch {
+	float *sc, *acc;
+	size_t sc_cap;
+	float kbuf[1024];
+	struct att_query aq[ATT_QMAX];
+};
+
+static int att_scratch_init(const struct att_call *c, struct att_scratch *s)
+{
+	s->sc = NULL;
+	s->sc_cap = 0;
+	if ((s->acc = malloc(sizeof(float) * (size_t)ATT_QMAX * (size_t)c->d)))
+		return 0;
+#pragma omp critical(hi3_cpu_fail)
+	hi3i_backend_fail(c->be, "cpu attention: out of memory for %d accumulators", ATT_QMAX);
+	return -1;
+}
+
+static void att_scratch_release(struct att_scratch *s)
+{
+	free(s->sc);
+	free(s->acc);
+}
+
+/* Work item (ti, hg): queries [ti tb, ti tb + tb) of heads [hg hb, hg hb + hb). */
+static void att_item(const struct att_call *c, int ti, int hg, struct att_scratch *s)
+{
+	const hi3_kv_src *ks = c->ks, *vs = c->vs;
+	const int d = c->d, g = c->g, hb = c->hb, tb = c->tb, vexp = c->vexp;
+	const float scale = c->scale;
+	struct att_query *aq = s->aq;
+	float *kbuf = s->kbuf;
+	int nq = 0, end_max = 0;
+
+	for (int m = ti * tb; m < HI3_MIN(c->M, (ti + 1) * tb); m++) {
+		const hi3_attn_q *a = &c->q[m];
+		int end = HI3_MAX(HI3_MAX(a->hi + 1, a->blk_hi), 0);
+		for (int h = hg * hb; h < (hg + 1) * hb; h++) {
+			struct att_query *x = &aq[nq++];
+			x->q = c->qkv + (size_t)m * c->W + ((size_t)(h / g) * (g + 2) + (size_t)(h % g)) * d;
+			x->o = c->out + (size_t)m * (size_t)(c->n_hg * hb) * d + (size_t)h * d;
+			x->base_k = a->row * ks->row_stride + (int64_t)(h / g) * ks->head_stride;
+			x->base_v = a->row * vs->row_stride + (int64_t)(h / g) * vs->head_stride;
+			x->end = end;
+			x->a1 = HI3_MIN(a->hi + 1, end);
+			x->b0 = HI3_MAX(a->blk_lo, x->a1);
+		}
+		end_max = HI3_MAX(end_max, end);
+	}
+	if ((size_t)end_max * (size_t)nq > s->sc_cap) {
+		free(s->sc);
+		s->sc_cap = ((size_t)end_max + 256) * (size_t)nq;
+		if (!(s->sc = malloc(s->sc_cap * sizeof(float)))) {
+			s->sc_cap = 0;
+#pragma omp critical(hi3_cpu_fail)
+			hi3i_backend_fail(c->be, "cpu attention: out of memory for the scores of %d keys", end_max);
+			for (int i = 0; i < nq; i++)
+				memset(aq[i].o, 0, sizeof(float) * (size_t)d);
+			return;
+		}
+	}
+	for (int i = 0; i < nq; i++) {
+		aq[i].sc = s->sc + (size_t)i * (size_t)end_max;
+		aq[i].acc = s->acc + (size_t)i * (size_t)d;
+	}
+	/* scores; keys not admitted: [max(a1, 0), b0) */
+	for (int j0 = 0; j0 < end_max; j0 += ATT_KT) {
+		for (int i = 0; i < nq; i++) {
+			struct att_query *x = &aq[i];
+			int j1 = HI3_MIN(j0 + ATT_KT, x->end), lo, hi;
+			if (j0 >= j1)
+				continue;
+			if ((hi = HI3_MIN(x->a1, j1)) > j0)
+				scores(x->q, ks, x->base_k, j0, hi, d, scale, x->sc, kbuf);
+			for (int j = HI3_MAX(HI3_MAX(x->a1, 0), j0); j < HI3_MIN(x->b0, j1); j++)
+				x->sc[j] = -INFINITY;
+			if ((lo = HI3_MAX(x->b0, j0)) < j1)
+				scores(x->q, ks, x->base_k, lo, j1, d, scale, x->sc, kbuf);
+		}
+	}
+	/* weights in place of the scores (0 for keys not admitted) */
+	for (int i = 0; i < nq; i++) {
+		struct att_query *x = &aq[i];
+		float mx = max_above_inf(x->sc, x->end), sum = 0.0f, *p = x->sc;
+		if (mx == -INFINITY) {          /* admits no key */
+			x->end = 0;
+			continue;
+		}
+		/* the sum in key order; the zeros of the keys not admitted
+		 * leave it as it is (it is +0 or above) */
+		softmax_exp(vexp, p, x->end, mx);
+		for (int j = 0; j < x->end; j++)
+			sum += p[j];
+		x->sum = sum;
+	}
+	for (int i = 0; i < nq; i++)
+		memset(aq[i].acc, 0, sizeof(float) * (size_t)d);
+	for (int j0 = 0; j0 < end_max; j0 += ATT_KT)
+		for (int i = 0; i < nq; i++)
+			if (j0 < aq[i].end)
+				pv(aq[i].acc, aq[i].sc, vs, aq[i].base_v, j0, HI3_MIN(j0 + ATT_KT, aq[i].end), d, kbuf);
+	for (int i = 0; i < nq; i++) {
+		struct att_query *x = &aq[i];
+		if (x->end == 0) {
+			memset(x->o, 0, sizeof(float) * (size_t)d);
+			continue;
+		}
+#pragma omp simd
+		for (int k = 0; k < d; k++)
+			x->o[k] = x->acc[k] / x->sum;
+	}
+}
+
+/* The items of a short call, round robin over the pool's team. */
+static void att_part(void *p, int id, int nt)
+{
+	const struct att_call *c = p;
+	struct att_scratch *s = malloc(sizeof(*s));
+	const int n = (c->M + c->tb - 1) / c->tb * c->n_hg;
+
+	if (!s) {
+#pragma omp critical(hi3_cpu_fail)
+		hi3i_backend_fail(c->be, "cpu attention: out of memory for a thread's scratch");
+		return;
+	}
+	if (att_scratch_init(c, s) == 0)
+		for (int it = id; it < n; it += nt)
+			att_item(c, it / c->n_hg, it % c->n_hg, s);
+	att_scratch_release(s);
+	free(s);
+}
+
 static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *ks,
                           const hi3_kv_src *vs, const hi3_attn_q *q, const struct hi3_dims *dm, int M)
 {
-	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
-	const float scale = 1.0f / sqrtf((float)d);
+	const int d = dm->d, g = dm->n_h / dm->n_kv;
 	const size_t par = (size_t)omp_get_max_threads() * 4;
 	size_t keys = 0;
-	int serial, hb, tb, n_hg, n_tb;
-	const int vexp = exp_vector_ok();       /* before the threads: the probe runs once */
+	int serial, hb, tb, n_tb;
+	struct att_call c = {be, out, qkv, ks, vs, q, M, d, g, (dm->n_h + 2 * dm->n_kv) * d, 0, 0, 0,
+	                     exp_vector_ok(), 1.0f / sqrtf((float)d)};   /* the exp probe before the threads */
 
 	/* a few queries over a short context (a decode step) take less time
-	 * than waking the threads: one thread, all g heads of a kv head per
-	 * item, so that its keys are read once */
+	 * than waking OpenMP's threads: all g heads of a kv head per item, so
+	 * that its keys are read once, the items on the pool's team, whose
+	 * workers are awake from the step's products (pool.h) */
 	for (int m = 0; m < M; m++)
 		keys += (size_t)HI3_MAX(HI3_MAX(q[m].hi + 1, q[m].blk_hi), 0);
 	serial = !HI3_PAR_WORTH(keys * (size_t)dm->n_h * (size_t)d / 8);
 	/* heads per item (all g of a kv head, or one) and queries per item */
 	hb = (g <= 16 && (serial || (size_t)M * dm->n_kv >= par)) ? g : 1;
 	tb = (hb > 1 && (size_t)M * dm->n_kv >= par * ATT_TB) ? ATT_TB : 1;
-	n_hg = dm->n_h / hb;
+	c.hb = hb;
+	c.tb = tb;
+	c.n_hg = dm->n_h / hb;
 	n_tb = (M + tb - 1) / tb;
-
-#pragma omp parallel if (!serial)
+	if (serial) {
+		hi3i_pool_run(att_part, &c, HI3_MIN(omp_get_max_threads(), n_tb * c.n_hg));
+		return;
+	}
+#pragma omp parallel
 	{
-		float *sc = NULL, *acc = NULL;
-		size_t sc_cap = 0;
-		float kbuf[1024];
-		struct att_query aq[ATT_QMAX];
+		struct att_scratch *s = malloc(sizeof(*s));
 
-		if (!(acc = malloc(sizeof(float) * (size_t)ATT_QMAX * (size_t)d))) {
+		if (!s) {
 #pragma omp critical(hi3_cpu_fail)
-			hi3i_backend_fail(be, "cpu attention: out of memory for %d accumulators", ATT_QMAX);
+			hi3i_backend_fail(be, "cpu attention: out of memory for a thread's scratch");
+		} else if (att_scratch_init(&c, s) != 0) {
+			free(s);
+			s = NULL;
 		}
 #pragma omp for schedule(dynamic, 1) collapse(2)
-		for (int ti = 0; ti < n_tb; ti++) {
-			for (int hg = 0; hg < n_hg; hg++) {
-				int nq = 0, end_max = 0;
-
-				if (!acc)
-					continue;
-				for (int m = ti * tb; m < HI3_MIN(M, (ti + 1) * tb); m++) {
-					const hi3_attn_q *a = &q[m];
-					int end = HI3_MAX(HI3_MAX(a->hi + 1, a->blk_hi), 0);
-					for (int h = hg * hb; h < (hg + 1) * hb; h++) {
-						struct att_query *x = &aq[nq++];
-						x->q = qkv + (size_t)m * W + ((size_t)(h / g) * (g + 2) + (size_t)(h % g)) * d;
-						x->o = out + (size_t)m * dm->n_h * d + (size_t)h * d;
-						x->base_k = a->row * ks->row_stride + (int64_t)(h / g) * ks->head_stride;
-						x->base_v = a->row * vs->row_stride + (int64_t)(h / g) * vs->head_stride;
-						x->end = end;
-						x->a1 = HI3_MIN(a->hi + 1, end);
-						x->b0 = HI3_MAX(a->blk_lo, x->a1);
-					}
-					end_max = HI3_MAX(end_max, end);
-				}
-				if ((size_t)end_max * (size_t)nq > sc_cap) {
-					free(sc);
-					sc_cap = ((size_t)end_max + 256) * (size_t)nq;
-					if (!(sc = malloc(sc_cap * sizeof(float)))) {
-						sc_cap = 0;
-#pragma omp critical(hi3_cpu_fail)
-						hi3i_backend_fail(be, "cpu attention: out of memory for the scores of %d keys",
-						                  end_max);
-						for (int i = 0; i < nq; i++)
-							memset(aq[i].o, 0, sizeof(float) * (size_t)d);
-						continue;
-					}
-				}
-				for (int i = 0; i < nq; i++) {
-					aq[i].sc = sc + (size_t)i * (size_t)end_max;
-					aq[i].acc = acc + (size_t)i * (size_t)d;
-				}
-				/* scores; keys not admitted: [max(a1, 0), b0) */
-				for (int j0 = 0; j0 < end_max; j0 += ATT_KT) {
-					for (int i = 0; i < nq; i++) {
-						struct att_query *x = &aq[i];
-						int j1 = HI3_MIN(j0 + ATT_KT, x->end), lo, hi;
-						if (j0 >= j1)
-							continue;
-						if ((hi = HI3_MIN(x->a1, j1)) > j0)
-							scores(x->q, ks, x->base_k, j0, hi, d, scale, x->sc, kbuf);
-						for (int j = HI3_MAX(HI3_MAX(x->a1, 0), j0); j < HI3_MIN(x->b0, j1); j++)
-							x->sc[j] = -INFINITY;
-						if ((lo = HI3_MAX(x->b0, j0)) < j1)
-							scores(x->q, ks, x->base_k, lo, j1, d, scale, x->sc, kbuf);
-					}
-				}
-				/* weights in place of the scores (0 for keys not admitted) */
-				for (int i = 0; i < nq; i++) {
-					struct att_query *x = &aq[i];
-					float mx = max_above_inf(x->sc, x->end), sum = 0.0f, *p = x->sc;
-					if (mx == -INFINITY) {          /* admits no key */
-						x->end = 0;
-						continue;
-					}
-					/* the sum in key order; the zeros of the keys not
-					 * admitted leave it as it is (it is +0 or above) */
-					softmax_exp(vexp, p, x->end, mx);
-					for (int j = 0; j < x->end; j++)
-						sum += p[j];
-					x->sum = sum;
-				}
-				for (int i = 0; i < nq; i++)
-					memset(aq[i].acc, 0, sizeof(float) * (size_t)d);
-				for (int j0 = 0; j0 < end_max; j0 += ATT_KT)
-					for (int i = 0; i < nq; i++)
-						if (j0 < aq[i].end)
-							pv(aq[i].acc, aq[i].sc, vs, aq[i].base_v, j0,
-							   HI3_MIN(j0 + ATT_KT, aq[i].end), d, kbuf);
-				for (int i = 0; i < nq; i++) {
-					struct att_query *x = &aq[i];
-					if (x->end == 0) {
-						memset(x->o, 0, sizeof(float) * (size_t)d);
-						continue;
-					}
-#pragma omp simd
-					for (int k = 0; k < d; k++)
-						x->o[k] = x->acc[k] / x->sum;
-				}
-			}
+		for (int ti = 0; ti < n_tb; ti++)
+			for (int hg = 0; hg < c.n_hg; hg++)
+				if (s)
+					att_item(&c, ti, hg, s);
+		if (s) {
+			att_scratch_release(s);
+			free(s);
 		}
-		free(sc);
-		free(acc);
 	}
 }
 
