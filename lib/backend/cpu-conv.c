@@ -517,13 +517,36 @@ static void store_tile(float *y, const float *acc, const hi3_wt *b, const struct
  * whatever the picture, instead of a copy of the whole activation. */
 size_t hi3i_cpu_conv_pack_bytes = (size_t)12 << 20;
 
+/* Of the output rows [q, end) of a conv (P = T H W rows an image), those
+ * of q's image bi (first row pb): [q, q1), in its frames [f0, f1), which
+ * read its frames [fa, fb) (the time taps' reach). */
+struct span {
+	int bi, f0, f1, fa, fb;
+	int64_t pb, q1;
+};
+
+static struct span image_span(const struct hi3_conv *cv, int64_t q, int64_t end)
+{
+	const int64_t HW = (int64_t)cv->H * cv->W, P = (int64_t)cv->T * HW;
+	const int pt = cv->kt / 2;
+	struct span s;
+
+	s.bi = (int)(q / P);
+	s.pb = (int64_t)s.bi * P;
+	s.q1 = HI3_MIN(end, s.pb + P);
+	s.f0 = (int)((q - s.pb) / HW);
+	s.f1 = (int)((s.q1 - 1 - s.pb) / HW) + 1;
+	s.fa = HI3_MAX(0, s.f0 - pt);
+	s.fb = HI3_MIN(cv->T, s.f1 + pt);
+	return s;
+}
+
 static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt *w, const hi3_wt *b,
                         const struct hi3_conv *cv, int64_t p0, int64_t n, const struct pre *pr)
 {
 	const int C = cv->C, Cout = w->N, H = cv->H, W = cv->W, T = cv->T;
 	const int pt = cv->kt / 2, ph = cv->kh / 2, pw = cv->kw / 2, taps = cv->kt * cv->kh * cv->kw, kk = cv->kh * cv->kw;
 	const int Wp = W + 2 * pw;
-	const int64_t P = (int64_t)T * H * W;
 	const int nco = (Cout + TC - 1) / TC;
 	const size_t es = hi3_dtype_size(w->mat.dtype);
 	tile_fn *tile = pick_tile();
@@ -532,13 +555,11 @@ static void conv_packed(hi3_backend *be, float *y, const float *x, const hi3_wt 
 	if (n <= 0)
 		return;
 	hi3i_cpu_mark_used(be, w);
-	/* image by image: the frames [f0, f1) that rows [p0, p0 + n) touch,
-	 * which read the frames [fa, fb) of the image */
+	/* image by image */
 	for (int64_t q = p0; q < p0 + n;) {
-		const int bi = (int)(q / P);
-		const int64_t pb = (int64_t)bi * P, q1 = HI3_MIN(p0 + n, pb + P);
-		const int f0 = (int)((q - pb) / ((int64_t)H * W)), f1 = (int)((q1 - 1 - pb) / ((int64_t)H * W)) + 1;
-		const int fa = HI3_MAX(0, f0 - pt), fb = HI3_MIN(T, f1 + pt);
+		const struct span sp = image_span(cv, q, p0 + n);
+		const int bi = sp.bi, f0 = sp.f0, f1 = sp.f1, fa = sp.fa, fb = sp.fb;
+		const int64_t pb = sp.pb, q1 = sp.q1;
 		/* output rows per band: (bh + 2 ph) packed rows of every frame
 		 * within PACK_BYTES, at least 1 */
 		const size_t rows = hi3i_cpu_conv_pack_bytes / ((size_t)(fb - fa) * (size_t)Wp * (size_t)C * sizeof(float));
@@ -1028,7 +1049,6 @@ static void conv_wino(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 {
 	const int C = cv->C, Cout = w->N, H = cv->H, W = cv->W, T = cv->T, kt = cv->kt, pt = kt / 2;
 	const int Wp = W + 2, ntx = W / 2;
-	const int64_t P = (int64_t)T * H * W;
 	const int kind = w->mat.dtype == HI3_BF16 ? WBF16 : w->mat.dtype == HI3_F16 ? WF16 : WF32;
 	/* output channels whose U is held at once: a multiple of TC within hi3i_cpu_conv_wino_bytes */
 	const int nbo = HI3_MIN(Cout, HI3_MAX(TC, (int)(hi3i_cpu_conv_wino_bytes / ((size_t)16 * C * kt * sizeof(float))) / TC * TC));
@@ -1040,10 +1060,9 @@ static void conv_wino(hi3_backend *be, float *y, const float *x, const hi3_wt *w
 		return;
 	hi3i_cpu_mark_used(be, w);
 	for (int64_t q = p0; q < p0 + n;) {
-		const int bi = (int)(q / P);
-		const int64_t pb = (int64_t)bi * P, q1 = HI3_MIN(p0 + n, pb + P);
-		const int f0 = (int)((q - pb) / ((int64_t)H * W)), f1 = (int)((q1 - 1 - pb) / ((int64_t)H * W)) + 1;
-		const int fa = HI3_MAX(0, f0 - pt), fb = HI3_MIN(T, f1 + pt), nfr = fb - fa;
+		const struct span sp = image_span(cv, q, p0 + n);
+		const int bi = sp.bi, f0 = sp.f0, f1 = sp.f1, fa = sp.fa, fb = sp.fb, nfr = fb - fa;
+		const int64_t pb = sp.pb, q1 = sp.q1;
 		/* the taps in time that frames [f0, f1) read: [d0, d0 + nd) */
 		const int d0 = HI3_MAX(0, pt - (f1 - 1)), nd = HI3_MIN(kt, T + pt - f0) - d0;
 		/* output rows per band (even, at least 2): a row costs Wp packed
