@@ -127,21 +127,59 @@ static void conv_input_ref(float *y, const float *x, const hi3_wt *w, const hi3_
  * input channels; Co = 13 leaves a tile of 1 channel, 16 and 20 tiles of
  * 4 and 8 (the AVX-512 kernel's own cases); W = 4 puts 2 columns of
  * padding between rows of a tile. */
+/* What every conv case checks beside its own order, cw and cv its
+ * weights and shapes, y its output of x (P rows of Co), y2 and yr
+ * scratch of as many: image 1 alone on one thread gives its bits in the
+ * batch; the conv of a bf16 weight gives the bits of its f32 widening. */
+static void check_conv_alone_bf16(const char *name, const struct hi3_conv_w *cw, const struct hi3_conv *cv,
+                                  const float *x, const float *w, const float *y, float *y2, float *yr)
+{
+	const int Co = cw->Cout, kt = cw->kt, k = cw->kh;
+	const size_t P = (size_t)cv->B * cv->T * cv->H * cv->W, P1 = P / (size_t)cv->B, K = (size_t)cw->C * kt * k * k;
+	int64_t ws[5] = {Co, cw->C, kt, k, k}, s4[4] = {Co, cw->C, k, k};
+	uint16_t *wb = malloc(2 * (size_t)Co * K);
+	float *wbf = malloc(sizeof(float) * (size_t)Co * K);
+	struct hi3_conv_w cb = *cw;
+
+	HI3_ASSERT(wb && wbf);
+	if (cv->B > 1) {
+		struct hi3_conv one = *cv;
+		one.B = 1;
+		omp_set_num_threads(1);
+		hi3i_conv(cpu, y2, x + P1 * cw->C, cw, &one, NULL);
+		omp_set_num_threads(2);
+		ok(!memcmp(y2, y + P1 * Co, sizeof(float) * P1 * Co), "%s: image 1 alone on one thread gives its bits in "
+		   "the batch of %d", name, cv->B);
+	}
+	for (size_t i = 0; i < (size_t)Co * K; i++) {
+		wb[i] = hi3_f32_to_bf16(w[i]);
+		wbf[i] = hi3_bf16_to_f32(wb[i]);
+	}
+	cb.w = weight_dt(cpu, wb, HI3_BF16, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
+	hi3i_conv(cpu, y2, x, &cb, cv, NULL);
+	cpu->ops->weight_free(cpu, cb.w);
+	cb.w = weight(cpu, wbf, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
+	hi3i_conv(cpu, yr, x, &cb, cv, NULL);
+	ok(!memcmp(y2, yr, sizeof(float) * P * Co), "%s: a bf16 weight gives the bits of its f32 widening", name);
+	cpu->ops->weight_free(cpu, cb.w);
+	free(wb);
+	free(wbf);
+}
+
 static void test_conv(int kt, int k, int B, int C, int Co)
 {
 	const int T = 3, H = 5, W = 4, taps = kt * k * k;
 	const struct hi3_conv cv = {B, T, H, W, C, kt, k, k};
 	const size_t P = (size_t)B * T * H * W, K = (size_t)C * taps;
 	float *x = randu(P * C, -1, 1), *w = randu((size_t)Co * K, -0.5f, 0.5f), *b = randu(Co, -1, 1);
-	float *y = alloc_f(P * Co), *y2 = alloc_f(P * Co), *xn = alloc_f(P * C);
-	uint16_t *wb = malloc(2 * (size_t)Co * K);
-	float *wbf = malloc(sizeof(float) * (size_t)Co * K);
+	float *y = alloc_f(P * Co), *y2 = alloc_f(P * Co), *yr = alloc_f(P * Co), *xn = alloc_f(P * C);
 	double *ref = malloc(sizeof(double) * P * Co);
 	int64_t ws[5] = {Co, C, kt, k, k}, s4[4] = {Co, C, k, k};
-	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = k, .kw = k}, cb = cw;
+	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = k, .kw = k};
 	int exact = 1;
+	char name[64];
 
-	HI3_ASSERT(wb && wbf && ref);
+	HI3_ASSERT(ref);
 	cw.w = weight(cpu, w, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
 	cw.b = vec(cpu, b, Co);
 	conv_ref(ref, x, w, b, &cv, Co);
@@ -199,30 +237,8 @@ static void test_conv(int kt, int k, int B, int C, int Co)
 		   "conv %dx%dx%d C=%d: in bands of %d row%s, a range of rows too", kt, k, k, C, bh, bh > 1 ? "s" : "");
 		hi3i_cpu_conv_pack_bytes = keep;
 	}
-	if (B > 1) {
-		/* image 1 alone, on one thread */
-		const struct hi3_conv one = {1, T, H, W, C, kt, k, k};
-		const size_t P1 = (size_t)T * H * W;
-		omp_set_num_threads(1);
-		hi3i_conv(cpu, y2, x + P1 * C, &cw, &one, NULL);
-		omp_set_num_threads(2);
-		ok(!memcmp(y2, y + P1 * Co, sizeof(float) * P1 * Co), "conv %dx%dx%d: image 1 alone on one thread gives its "
-		   "bits in the batch of %d", kt, k, k, B);
-	}
-	/* a bf16 weight: the conv of its f32 widening, bit for bit */
-	for (size_t i = 0; i < (size_t)Co * K; i++) {
-		wb[i] = hi3_f32_to_bf16(w[i]);
-		wbf[i] = hi3_bf16_to_f32(wb[i]);
-	}
-	cb.w = weight_dt(cpu, wb, HI3_BF16, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
-	cb.b = cw.b;
-	hi3i_conv(cpu, y2, x, &cb, &cv, NULL);
-	cpu->ops->weight_free(cpu, cb.w);
-	cb.w = weight(cpu, wbf, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
-	hi3i_conv(cpu, y, x, &cb, &cv, NULL);
-	ok(!memcmp(y2, y, sizeof(float) * P * Co), "conv %dx%dx%d: a bf16 weight gives the bits of its f32 widening", kt,
-	   k, k);
-	cpu->ops->weight_free(cpu, cb.w);
+	snprintf(name, sizeof(name), "conv %dx%dx%d C=%d", kt, k, k, C);
+	check_conv_alone_bf16(name, &cw, &cv, x, w, y, y2, yr);
 	if (C % 2 == 0 && taps > 1) {
 		/* the normalised input: groupnorm (2 groups, swish) then conv, bit for bit */
 		const int G = 2;
@@ -244,7 +260,7 @@ static void test_conv(int kt, int k, int B, int C, int Co)
 		free(gw), free(gb);
 	}
 	hi3i_conv_free(&cw, cpu);
-	free(x), free(w), free(b), free(y), free(y2), free(xn), free(wb), free(wbf), free(ref);
+	free(x), free(w), free(b), free(y), free(y2), free(yr), free(xn), free(ref);
 }
 
 /* The order of a Winograd F(2x2, 3x3) conv (lib/backend/cpu-conv.c), in
@@ -328,15 +344,13 @@ static void test_conv_wino(int kt, int B, int T, int H, int W, int C, int Co, in
 	const size_t P = (size_t)B * T * H * W, K = (size_t)C * kt * 9, P1 = P / (size_t)B;
 	float *x = randu(P * C, -1, 1), *w = randu((size_t)Co * K, -0.5f, 0.5f), *b = randu(Co, -1, 1);
 	float *y = alloc_f(P * Co), *y2 = alloc_f(P * Co), *yr = alloc_f(P * Co), *xn = alloc_f(P * C);
-	uint16_t *wb = malloc(2 * (size_t)Co * K);
-	float *wbf = malloc(sizeof(float) * (size_t)Co * K);
 	double *ref = malloc(sizeof(double) * P * Co);
 	int64_t ws[5] = {Co, C, kt, 3, 3}, s4[4] = {Co, C, 3, 3};
-	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = 3, .kw = 3}, cb = cw;
+	struct hi3_conv_w cw = {.Cout = Co, .C = C, .kt = kt, .kh = 3, .kw = 3};
 	const size_t keep = hi3i_cpu_conv_wino_bytes;
 	char name[96];
 
-	HI3_ASSERT(wb && wbf && ref);
+	HI3_ASSERT(ref);
 	snprintf(name, sizeof(name), "winograd conv %dx3x3 B=%d T=%d %dx%d C=%d Co=%d", kt, B, T, H, W, C, Co);
 	hi3i_cpu_conv_winograd = force ? 1 : -1;
 	cw.w = weight(cpu, w, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
@@ -375,26 +389,7 @@ static void test_conv_wino(int kt, int B, int T, int H, int W, int C, int Co, in
 	ok(!memcmp(y2 + 7 * Co, y + 7 * Co, sizeof(float) * 29 * Co) && isnan(y2[7 * Co - 1]) && isnan(y2[36 * Co]),
 	   "%s: ... a range of rows too", name);
 	hi3i_cpu_conv_wino_bytes = keep;
-	if (B > 1) {
-		const struct hi3_conv one = {1, T, H, W, C, kt, 3, 3};
-		omp_set_num_threads(1);
-		hi3i_conv(cpu, y2, x + P1 * C, &cw, &one, NULL);
-		omp_set_num_threads(2);
-		ok(!memcmp(y2, y + P1 * Co, sizeof(float) * P1 * Co), "%s: image 1 alone on one thread gives its bits in the "
-		   "batch", name);
-	}
-	for (size_t i = 0; i < (size_t)Co * K; i++) {
-		wb[i] = hi3_f32_to_bf16(w[i]);
-		wbf[i] = hi3_bf16_to_f32(wb[i]);
-	}
-	cb.w = weight_dt(cpu, wb, HI3_BF16, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
-	cb.b = cw.b;
-	hi3i_conv(cpu, y2, x, &cb, &cv, NULL);
-	cpu->ops->weight_free(cpu, cb.w);
-	cb.w = weight(cpu, wbf, kt > 1 ? 5 : 4, kt > 1 ? ws : s4, HI3_WT_MATRIX);
-	hi3i_conv(cpu, yr, x, &cb, &cv, NULL);
-	ok(!memcmp(y2, yr, sizeof(float) * P * Co), "%s: a bf16 weight gives the bits of its f32 widening", name);
-	cpu->ops->weight_free(cpu, cb.w);
+	check_conv_alone_bf16(name, &cw, &cv, x, w, y, y2, yr);
 	{
 		const int G = 2;
 		float *gw = randu((size_t)C, 0.5f, 1.5f), *gb = randu((size_t)C, -0.5f, 0.5f);
@@ -411,7 +406,7 @@ static void test_conv_wino(int kt, int B, int T, int H, int W, int C, int Co, in
 	}
 	hi3i_cpu_conv_winograd = -1;
 	hi3i_conv_free(&cw, cpu);
-	free(x), free(w), free(b), free(y), free(y2), free(yr), free(xn), free(wb), free(wbf), free(ref);
+	free(x), free(w), free(b), free(y), free(y2), free(yr), free(xn), free(ref);
 }
 
 /* The rule (cpu-conv.c): an odd frame or a 1 x 1 kernel stays direct even
