@@ -882,19 +882,13 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 static void att_part(void *p, int id, int nt)
 {
 	const struct att_call *c = p;
-	struct att_scratch *s = malloc(sizeof(*s));
 	const int n = (c->M + c->tb - 1) / c->tb * c->n_hg;
+	struct att_scratch s;
 
-	if (!s) {
-#pragma omp critical(hi3_cpu_fail)
-		hi3i_backend_fail(c->be, "cpu attention: out of memory for a thread's scratch");
-		return;
-	}
-	if (att_scratch_init(c, s) == 0)
+	if (att_scratch_init(c, &s) == 0)
 		for (int it = id; it < n; it += nt)
-			att_item(c, it / c->n_hg, it % c->n_hg, s);
-	att_scratch_release(s);
-	free(s);
+			att_item(c, it / c->n_hg, it % c->n_hg, &s);
+	att_scratch_release(&s);
 }
 
 static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *ks,
@@ -927,24 +921,15 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 	}
 #pragma omp parallel
 	{
-		struct att_scratch *s = malloc(sizeof(*s));
+		struct att_scratch s;
+		const int have = att_scratch_init(&c, &s) == 0;
 
-		if (!s) {
-#pragma omp critical(hi3_cpu_fail)
-			hi3i_backend_fail(be, "cpu attention: out of memory for a thread's scratch");
-		} else if (att_scratch_init(&c, s) != 0) {
-			free(s);
-			s = NULL;
-		}
 #pragma omp for schedule(dynamic, 1) collapse(2)
 		for (int ti = 0; ti < n_tb; ti++)
 			for (int hg = 0; hg < c.n_hg; hg++)
-				if (s)
-					att_item(&c, ti, hg, s);
-		if (s) {
-			att_scratch_release(s);
-			free(s);
-		}
+				if (have)
+					att_item(&c, ti, hg, &s);
+		att_scratch_release(&s);
 	}
 }
 
