@@ -267,7 +267,6 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 			acc[i][j] = a->k0 ? _mm256_loadu_ps(a->part + (size_t)(i * nr + j) * 8) : _mm256_setzero_ps();
 	for (int k = a->k0; k < k1; k += 8) {
 		const size_t kw = (size_t)(k - a->wk0);
-		__m256 wv[NRS];
 		if (pf && (kw * ES(kind)) % 64 == 0) {
 			const size_t rb = ldw * ES(kind);
 			size_t at = kw * ES(kind) + a->pf_ahead;
@@ -278,15 +277,39 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 				if ((size_t)j * rb + at < a->pf_left)
 					_mm_prefetch((const char *)w + (size_t)j * rb + at, _MM_HINT_T0);
 		}
-#pragma GCC unroll 8
-		for (int j = 0; j < nr; j++)
-			wv[j] = kind > WQ ? hi3i_qrow_load8(&qr[j], kind - WQ, k, a->bf) : load_w8(w, kind, (size_t)j * ldw + kw);
+		/* AVX2 has 16 vector registers: the accumulators and whichever
+		 * of the k slices of x or W is smaller are held, the other read
+		 * a row at a time, so no accumulator is spilled (the M = 1 tile
+		 * of 8 W rows held both and spilled one: its chain of
+		 * multiply-adds then ran through memory) */
+		if (mr <= nr) {
+			/* x's rows held: mr + mr nr + 1 registers */
+			__m256 xv[BR];
 #pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) {
-			__m256 xv = _mm256_loadu_ps(x + (size_t)i * ldx + k);
+			for (int i = 0; i < mr; i++)
+				xv[i] = _mm256_loadu_ps(x + (size_t)i * ldx + k);
+#pragma GCC unroll 8
+			for (int j = 0; j < nr; j++) {
+				const __m256 wj = kind > WQ ? hi3i_qrow_load8(&qr[j], kind - WQ, k, a->bf)
+				                            : load_w8(w, kind, (size_t)j * ldw + kw);
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++)
+					acc[i][j] = _mm256_fmadd_ps(xv[i], wj, acc[i][j]);
+			}
+		} else {
+			/* W's rows held: nr + mr nr + 1 */
+			__m256 wv[NRS];
 #pragma GCC unroll 8
 			for (int j = 0; j < nr; j++)
-				acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+				wv[j] = kind > WQ ? hi3i_qrow_load8(&qr[j], kind - WQ, k, a->bf)
+				                  : load_w8(w, kind, (size_t)j * ldw + kw);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				const __m256 xi = _mm256_loadu_ps(x + (size_t)i * ldx + k);
+#pragma GCC unroll 8
+				for (int j = 0; j < nr; j++)
+					acc[i][j] = _mm256_fmadd_ps(xi, wv[j], acc[i][j]);
+			}
 		}
 	}
 	if (a->k1 < K) {
