@@ -133,6 +133,67 @@ out:
 	return same;
 }
 
+/* A group of few-row products at threads t (hi3i_gemm_group: ranges of
+ * the union taken from a shared counter, one ahead, across products of
+ * either dtype, one with no k and one with no rows) equal to the plain
+ * loops of each product, bit for bit. */
+static int group_bits(int M, int threads)
+{
+	enum { NJ = 6 };
+	static const int NK[NJ][2] = {{1000, 1024}, {389, 200}, {24, 64}, {77, 0}, {50, 96}, {613, 136}};
+	hi3_wmat wm[NJ];
+	const hi3_wmat *pw[NJ];
+	unsigned char *w[NJ] = {0};
+	float *x[NJ] = {0}, *y[NJ] = {0}, *r[NJ] = {0};
+	const float *cx[NJ];
+	int rows[NJ], same = 1;
+	uint32_t s = 777u + (uint32_t)M;
+
+	for (int j = 0; j < NJ; j++) {
+		const int N = NK[j][0], K = NK[j][1], M1 = j == 4 ? 0 : M;
+		const hi3_dtype dt = j % 2 ? HI3_F32 : HI3_BF16;
+		const size_t es = dt == HI3_F32 ? 4 : 2;
+		w[j] = malloc((size_t)N * K * es + 1);
+		x[j] = malloc(sizeof(float) * ((size_t)M * K + 1));
+		y[j] = malloc(sizeof(float) * (size_t)M * N);
+		r[j] = malloc(sizeof(float) * (size_t)M * N);
+		if (!w[j] || !x[j] || !y[j] || !r[j]) {
+			same = 0;
+			goto out;
+		}
+		for (size_t i = 0; i < (size_t)N * K * es; i++) {
+			s = s * 1664525u + 1013904223u;
+			/* finite values: the top byte's exponent bits below all-ones */
+			w[j][i] = (unsigned char)(s >> 24) & ((i + 1) % es ? 0xff : 0xbf);
+		}
+		for (size_t i = 0; i < (size_t)M * K; i++) {
+			s = s * 1664525u + 1013904223u;
+			x[j][i] = (float)(int)(s >> 9) / (float)(1 << 22) - 1.0f;
+		}
+		if (hi3i_wmat_init(&wm[j], w[j], dt, N, K, NULL) != 0) {
+			same = 0;
+			goto out;
+		}
+		hi3i_gemm_ref(r[j], x[j], &wm[j], M1);
+		memset(y[j], 0xff, sizeof(float) * (size_t)M * N);
+		pw[j] = &wm[j];
+		cx[j] = x[j];
+		rows[j] = M1;
+	}
+	omp_set_num_threads(threads);
+	same = hi3i_gemm_group(NJ, y, cx, pw, rows) == 0;
+	for (int j = 0; j < NJ; j++)
+		same &= !memcmp(y[j], r[j], sizeof(float) * (size_t)rows[j] * NK[j][0]);
+out:
+	for (int j = 0; j < NJ; j++) {
+		free(w[j]);
+		free(x[j]);
+		free(y[j]);
+		free(r[j]);
+	}
+	return same;
+}
+
 int main(void)
 {
 	int nt = 0, all = 1, inner = 0;
@@ -208,5 +269,9 @@ int main(void)
 			ok(gemm_bits(M, 389, 200, HI3_F32, t), "f32 M = %d, N = 389, K = 200, %d threads: bits of the "
 			   "plain loops", M, t);
 		}
+	for (int M = 1; M <= 16; M = M < 4 ? M + 1 : M * 4)
+		for (int t = 1; t <= 5; t += 2)
+			ok(group_bits(M, t), "a group of 6 products (bf16 and f32, one with K = 0, one with no rows) at "
+			   "M = %d, %d threads: bits of the plain loops", M, t);
 	return done_testing();
 }

@@ -28,7 +28,7 @@
  *
  * A product of at most BR rows of x (a decode step) with AVX2 and W as
  * stored takes the few-row tiles instead (gemm_few): one pass over K, up to
- * NRS W rows per tile, and W prefetched PF_AHEAD bytes ahead of the loads.
+ * NRS W rows per tile, and the next tile's W prefetched during each tile.
  * There W is read once and used for one to four rows, so the product runs
  * at the rate W arrives from memory: without the prefetches a three-column
  * tile read a B = 1 step's weights at about a third of the machine's read
@@ -61,7 +61,6 @@
 #define WCHUNK ((size_t)128 << 10) /* bytes of f32 W (a chunk's k slice) reused across a block's rows */
 #define WIDEN_ROWS (4 * BR)       /* narrow W: widened into a buffer for more rows than this, else in registers */
 #define NRS 8                     /* W rows of a few-row tile (decode), at most */
-#define PF_AHEAD 2048             /* bytes: how far ahead of a few-row tile its W rows are prefetched */
 #define POOL_ROWS WIDEN_ROWS      /* products of at most this many rows of x run on the pool (pool.h) */
 
 /* How a W row is read: as stored, or (WQ + hi3i_qrow_kind) a quantized
@@ -172,8 +171,14 @@ struct tile_args {
 	const hi3_qweight *q;     /* a kind above WQ: the matrix, */
 	int n0;                   /* the W row of the tile's row 0, */
 	int bf;                   /* and whether its values are rounded to BF16 */
-	size_t pf_left;           /* prefetching tiles: bytes of W rows from w on to prefetch, */
-	size_t pf_ahead;          /* and how far ahead of the k being read */
+	const unsigned char *pf;  /* prefetching tiles: the W bytes read next, */
+	size_t pf_len;            /* pf_len of them (0: none) */
+};
+
+/* The first bytes another range reads next, to prefetch (gemm_few). */
+struct pf_block {
+	const void *p;
+	size_t n;
 };
 
 static void tile_portable(int mr, int nr, int kind, const struct tile_args *a)
@@ -241,11 +246,12 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void combi
 
 /* The register tile, specialised for each (mr, nr, kind) by the switches
  * below; the same bits as tile_portable. With pf (a few rows of x, whole
- * rows of W as stored: decode), each W row is also prefetched pf_ahead
- * bytes ahead of the k being read, and past its end the same row of the
- * next tile (W rows lie one after another), so that the loads find their
- * lines in cache: a few rows of x do too little work per W line for the
- * hardware prefetcher alone to keep up with nr short streams. */
+ * rows of W as stored: decode), the tile also prefetches the W bytes read
+ * after it (pf, pf_len: the next tile, or another range's first), in
+ * order, nr lines for each line a row advances, so the whole next block
+ * is in cache when its tile starts: a few rows of x do too little work per
+ * W line for the hardware prefetcher alone to keep up with nr short
+ * streams, and one stream in address order is what memory serves best. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(const int mr, const int nr,
                                                                                const int kind, const int pf,
                                                                                const struct tile_args *a)
@@ -268,14 +274,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 	for (int k = a->k0; k < k1; k += 8) {
 		const size_t kw = (size_t)(k - a->wk0);
 		if (pf && (kw * ES(kind)) % 64 == 0) {
-			const size_t rb = ldw * ES(kind);
-			size_t at = kw * ES(kind) + a->pf_ahead;
-			if (at >= rb)
-				at += (size_t)(nr - 1) * rb;
+			const size_t at = kw * ES(kind) * (size_t)nr;
 #pragma GCC unroll 8
 			for (int j = 0; j < nr; j++)
-				if ((size_t)j * rb + at < a->pf_left)
-					_mm_prefetch((const char *)w + (size_t)j * rb + at, _MM_HINT_T0);
+				if (at + (size_t)j * 64 < a->pf_len)
+					_mm_prefetch((const char *)a->pf + at + (size_t)j * 64, _MM_HINT_T0);
 		}
 		/* AVX2 has 16 vector registers: the accumulators and whichever
 		 * of the k slices of x or W is smaller are held, the other read
@@ -402,21 +405,29 @@ static int nrs(int mr)
 
 /* Columns [n0, n1) of y = x W^T for M <= BR rows, W as stored (F32, BF16
  * or F16): one pass over K (a few rows of x stay in L1), full tiles of
- * nrs(M) columns that prefetch, then the last columns by plain tiles. */
+ * nrs(M) columns that prefetch the block after them (the last full one
+ * the columns left, or else after: the range read next), then the last
+ * columns by plain tiles. */
 __attribute__((target("avx2,fma,f16c"))) static void gemm_few(float *y, const float *x, const hi3_wmat *w, int M,
-                                                              int n0, int n1)
+                                                              int n0, int n1, const struct pf_block *after)
 {
 	const int K = w->K, kind = wkind(w->dtype), nt = nrs(M);
 	const size_t rb = (size_t)K * hi3_dtype_size(w->dtype);
 	const unsigned char *w0 = w->data;
 	struct tile_args a = {.x = x, .ldx = (size_t)K, .ldw = (size_t)K, .k0 = 0, .k1 = K, .K = K,
-	                      .ldy = (size_t)w->N, .pf_ahead = HI3_MIN((size_t)PF_AHEAD, rb)};
+	                      .ldy = (size_t)w->N};
 	int j0 = n0;
 
 	for (; j0 + nt <= n1; j0 += nt) {
 		a.w = w0 + (size_t)j0 * rb;
 		a.y = y + j0;
-		a.pf_left = (size_t)(n1 - j0) * rb;
+		if (j0 + nt < n1) {
+			a.pf = w0 + (size_t)(j0 + nt) * rb;
+			a.pf_len = (size_t)HI3_MIN(nt, n1 - j0 - nt) * rb;
+		} else {
+			a.pf = after ? after->p : NULL;
+			a.pf_len = after ? after->n : 0;
+		}
 		tile_avx2_pf(M, kind, &a);
 	}
 	for (; j0 < n1; j0 += BN) {
@@ -842,8 +853,39 @@ static int n_tiles(const hi3_wmat *w)
 	return (w->N + SPLIT - 1) / SPLIT;
 }
 
-/* Rows [0, M) against split units [q0, q1) of w, on one thread. */
-static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q0, int q1, int *failed)
+/* Whether rows [0, M) against w take the few-row tiles (gemm_few). */
+static int takes_few(const hi3_wmat *w, int M)
+{
+#ifdef HAVE_X86
+	return isa() >= 1 && M <= BR && !w->q && w->data;
+#else
+	(void)w;
+	(void)M;
+	return 0;
+#endif
+}
+
+/* The first tile's bytes of split units [q0, q1) of w against M rows,
+ * when the few-row tiles read them; else none. */
+static struct pf_block first_tile(const hi3_wmat *w, int M, int64_t q0, int64_t q1)
+{
+	struct pf_block b = {NULL, 0};
+#ifdef HAVE_X86
+	const int64_t n0 = q0 * SPLIT, n1 = HI3_MIN((int64_t)w->N, q1 * SPLIT);
+
+	if (n0 < n1 && takes_few(w, M)) {
+		const size_t rb = (size_t)w->K * hi3_dtype_size(w->dtype);
+		b.p = (const unsigned char *)w->data + (size_t)n0 * rb;
+		b.n = (size_t)HI3_MIN((int64_t)nrs(M), n1 - n0) * rb;
+	}
+#endif
+	return b;
+}
+
+/* Rows [0, M) against split units [q0, q1) of w, on one thread; after:
+ * what the thread reads next, for the few-row tiles to prefetch. */
+static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q0, int q1,
+                       const struct pf_block *after, int *failed)
 {
 	const int n0 = q0 * SPLIT, n1 = HI3_MIN(w->N, q1 * SPLIT);
 	struct scratch s;
@@ -851,8 +893,8 @@ static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q
 	if (n0 >= n1)
 		return;
 #ifdef HAVE_X86
-	if (isa() >= 1 && M <= BR && !w->q && w->data) {
-		gemm_few(y, x, w, M, n0, n1);
+	if (takes_few(w, M)) {
+		gemm_few(y, x, w, M, n0, n1, after);
 		return;
 	}
 	/* quantized weights are decoded in the tile's registers for a few rows
@@ -887,12 +929,43 @@ static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q
 	scratch_release(&s);
 }
 
+/*
+ * A product of few rows (on the pool: a decode step's) is not split in
+ * equal parts: threads take ranges of split units from a shared counter,
+ * each about a 2nt-th of what is left (at least CLAIM_MIN units), so a
+ * thread that starts late or runs slow takes less and the others do not
+ * wait for it at the end. Ranges start on multiples of CLAIM_ALIGN units
+ * (24 columns, whole few-row tiles for 1-4 rows of x). Who computes an
+ * element changes; its order over k does not.
+ */
+#define CLAIM_ALIGN 4
+#define CLAIM_MIN 8
+
+/* The next range [*q0, *q1) of [0, total) units; 0 when none is left. */
+static int claim(_Atomic int64_t *next, int64_t total, int nt, int64_t *q0, int64_t *q1)
+{
+	int64_t cur = atomic_load_explicit(next, memory_order_relaxed), size;
+
+	do {
+		if (cur >= total)
+			return 0;
+		size = (total - cur) / (2 * nt);
+		size = HI3_MAX((size + CLAIM_ALIGN - 1) / CLAIM_ALIGN * CLAIM_ALIGN, CLAIM_MIN);
+		size = HI3_MIN(size, total - cur);
+	} while (!atomic_compare_exchange_weak_explicit(next, &cur, cur + size, memory_order_relaxed,
+	                                                memory_order_relaxed));
+	*q0 = cur;
+	*q1 = cur + size;
+	return 1;
+}
+
 /* One product, split between nt threads (hi3i_gemm). */
 struct gemm_job {
 	float *y;
 	const float *x;
 	const hi3_wmat *w;
-	int M, nq, by_rows;
+	int M, nq, by_rows, claims;
+	_Atomic int64_t next;     /* with claims: the first unit no thread has taken */
 	_Atomic int failed;
 };
 
@@ -910,10 +983,20 @@ static void gemm_part(void *p, int id, int nt)
 		const int m1 = HI3_MIN(j->M, 8 * (int)((int64_t)nb * (id + 1) / nt));
 		if (m0 < m1)
 			gemm_range(j->y + (size_t)m0 * j->w->N, j->x + (size_t)m0 * j->w->K, j->w, m1 - m0, 0, j->nq,
-			           &failed);
+			           NULL, &failed);
+	} else if (j->claims) {
+		/* a range is taken one ahead, so that its first tile is
+		 * prefetched during the last tile of the one before */
+		int64_t q0, q1, r0 = 0, r1 = 0;
+		for (int more = claim(&j->next, j->nq, nt, &q0, &q1); more && !failed; q0 = r0, q1 = r1) {
+			struct pf_block nx = {NULL, 0};
+			if ((more = claim(&j->next, j->nq, nt, &r0, &r1)))
+				nx = first_tile(j->w, j->M, r0, r1);
+			gemm_range(j->y, j->x, j->w, j->M, (int)q0, (int)q1, &nx, &failed);
+		}
 	} else {
 		gemm_range(j->y, j->x, j->w, j->M, (int)((int64_t)j->nq * id / nt), (int)((int64_t)j->nq * (id + 1) / nt),
-		           &failed);
+		           NULL, &failed);
 	}
 	if (failed)
 		atomic_store(&j->failed, 1);
@@ -944,8 +1027,8 @@ int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M)
 		memset(y, 0, sizeof(float) * (size_t)M * (size_t)N);
 		return 0;
 	}
-	struct gemm_job j = {y, x, w, M, nq, nq < 32 && M >= 256, 0};
-	run_parts(gemm_part, &j, M <= POOL_ROWS, (nq > 1 || j.by_rows) && (double)M * N * K >= 1 << 18);
+	struct gemm_job j = {y, x, w, M, nq, nq < 32 && M >= 256, M <= POOL_ROWS, 0, 0};
+	run_parts(gemm_part, &j, j.claims, (nq > 1 || j.by_rows) && (double)M * N * K >= 1 << 18);
 	return atomic_load(&j.failed) ? -1 : 0;
 }
 
@@ -957,49 +1040,110 @@ struct group_job {
 	const hi3_wmat *const *w;
 	const int *M;
 	int64_t total;
+	int claims;               /* few rows: ranges taken from next (claim) */
+	_Atomic int64_t next;
 	_Atomic int failed;
 };
 
-/* The union of every job's column tiles, split evenly. */
-static void group_part(void *p, int id, int nt)
+/* Units a product has in the group's union: with claims rounded up so
+ * that every product starts on a multiple of CLAIM_ALIGN. */
+static int64_t group_units(const hi3_wmat *w, int claims)
 {
-	struct group_job *j = p;
-	int64_t q0 = j->total * id / nt, q1 = j->total * (id + 1) / nt, base = 0;
-	int failed = 0;
+	const int64_t nq = n_tiles(w);
+
+	return claims ? (nq + CLAIM_ALIGN - 1) / CLAIM_ALIGN * CLAIM_ALIGN : nq;
+}
+
+/* Units [q0, q1) of the union of every job's column tiles; after: what
+ * the thread reads next. Each product's piece runs once the next piece is
+ * known, whose first tile it prefetches. */
+static void group_range(struct group_job *j, int64_t q0, int64_t q1, const struct pf_block *after, int *failed)
+{
+	int64_t base = 0;
+	int at = -1, a0 = 0, a1 = 0; /* the piece waiting to run: product at, units [a0, a1) */
+
+	for (int i = 0; i <= j->n; i++) {
+		const hi3_wmat *w = i < j->n ? j->w[i] : NULL;
+		int p0 = 0, p1 = 0;
+		if (w && (j->M[i] <= 0 || w->N <= 0))
+			continue;
+		if (w && base < q1) {
+			const int nq = n_tiles(w);
+			p0 = (int)HI3_MAX(q0 - base, 0);
+			p1 = (int)HI3_MIN(q1 - base, nq);
+			base += group_units(w, j->claims);
+			if (p0 >= p1)
+				continue;
+		}
+		if (at >= 0) {
+			const hi3_wmat *wa = j->w[at];
+			struct pf_block nx = p0 < p1 && w->K ? first_tile(w, j->M[i], p0, p1) : after ? *after
+			                                                                              : (struct pf_block){NULL, 0};
+			if (wa->K == 0) {
+				if (a0 == 0)
+					memset(j->y[at], 0, sizeof(float) * (size_t)j->M[at] * (size_t)wa->N);
+			} else {
+				gemm_range(j->y[at], j->x[at], wa, j->M[at], a0, a1, &nx, failed);
+			}
+		}
+		if (p0 >= p1)
+			break;
+		at = i;
+		a0 = p0;
+		a1 = p1;
+	}
+}
+
+/* The first tile of units [q0, q1) of the union (first_tile). */
+static struct pf_block group_first(const struct group_job *j, int64_t q0, int64_t q1)
+{
+	int64_t base = 0;
 
 	for (int i = 0; i < j->n && base < q1; i++) {
 		const hi3_wmat *w = j->w[i];
-		int nq, p0, p1;
 		if (j->M[i] <= 0 || w->N <= 0)
 			continue;
-		nq = n_tiles(w);
-		p0 = (int)HI3_MAX(q0 - base, 0);
-		p1 = (int)HI3_MIN(q1 - base, nq);
-		if (w->K == 0) {
-			if (p0 < p1 && p0 == 0)
-				memset(j->y[i], 0, sizeof(float) * (size_t)j->M[i] * (size_t)w->N);
-		} else {
-			gemm_range(j->y[i], j->x[i], w, j->M[i], p0, p1, &failed);
-		}
-		base += nq;
+		const int64_t nq = n_tiles(w), p0 = HI3_MAX(q0 - base, 0), p1 = HI3_MIN(q1 - base, nq);
+		if (p0 < p1)
+			return w->K ? first_tile(w, j->M[i], p0, p1) : (struct pf_block){NULL, 0};
+		base += group_units(w, j->claims);
 	}
+	return (struct pf_block){NULL, 0};
+}
+
+/* The union split evenly, or taken by claims. */
+static void group_part(void *p, int id, int nt)
+{
+	struct group_job *j = p;
+	int64_t q0, q1, r0 = 0, r1 = 0;
+	int failed = 0;
+
+	if (!j->claims)
+		group_range(j, j->total * id / nt, j->total * (id + 1) / nt, NULL, &failed);
+	else /* as gemm_part: a range taken one ahead, its first tile prefetched */
+		for (int more = claim(&j->next, j->total, nt, &q0, &q1); more && !failed; q0 = r0, q1 = r1) {
+			struct pf_block nx = {NULL, 0};
+			if ((more = claim(&j->next, j->total, nt, &r0, &r1)))
+				nx = group_first(j, r0, r1);
+			group_range(j, q0, q1, &nx, &failed);
+		}
 	if (failed)
 		atomic_store(&j->failed, 1);
 }
 
 int hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_wmat *const *w, const int *M)
 {
-	struct group_job j = {n, y, x, w, M, 0, 0};
-	int few = 1;
+	struct group_job j = {n, y, x, w, M, 0, 1, 0, 0};
 
 	for (int i = 0; i < n; i++)
-		if (M[i] > 0 && w[i]->N > 0) {
-			j.total += n_tiles(w[i]);
-			few &= M[i] <= POOL_ROWS;
-		}
+		if (M[i] > 0 && w[i]->N > 0)
+			j.claims &= M[i] <= POOL_ROWS;
+	for (int i = 0; i < n; i++)
+		if (M[i] > 0 && w[i]->N > 0)
+			j.total += group_units(w[i], j.claims);
 	if (!j.total)
 		return 0;
 	/* one parallel region over the union of every job's column tiles */
-	run_parts(group_part, &j, few, j.total > 1);
+	run_parts(group_part, &j, j.claims, j.total > 1);
 	return atomic_load(&j.failed) ? -1 : 0;
 }
