@@ -3,8 +3,9 @@
  * as asked; jobs follow one another without a lost or repeated part,
  * whether the workers are polling or asleep, on idle or busy cores; a job
  * inside a job or an OpenMP region runs on the caller alone; a child of
- * fork gets a team of its own; and the few-row products that run on it
- * keep their bits at any thread count. */
+ * fork gets a team of its own; a shared job's items run once each and no
+ * thread calls it after it returned; and the few-row products that run
+ * on it keep their bits at any thread count. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -50,6 +51,60 @@ static int job_ok(int want, int *nt_out)
 		return 0;
 	for (int i = 0; i < MAX_IDS; i++)
 		if (atomic_load(&c.hits[i]) != (i < nt))
+			return 0;
+	return 1;
+}
+
+/* A shared job: items taken from a counter by whichever thread comes. */
+#define SHARE_ITEMS 64
+#define SHARE_RING 4
+
+struct share {
+	_Atomic int next;
+	_Atomic int hits[SHARE_ITEMS];
+	_Atomic int calls;        /* calls of the job's fn */
+	_Atomic int returned;     /* hi3i_pool_share has returned */
+	_Atomic int late;         /* calls that began after it returned */
+	_Atomic int bad_id;       /* calls with id outside [0, nt) */
+};
+
+static void share_items(void *p, int id, int nt)
+{
+	struct share *s = p;
+
+	if (atomic_load(&s->returned))
+		atomic_fetch_add(&s->late, 1);
+	if (id < 0 || id >= nt)
+		atomic_fetch_add(&s->bad_id, 1);
+	atomic_fetch_add(&s->calls, 1);
+	for (int it; (it = atomic_fetch_add(&s->next, 1)) < SHARE_ITEMS;) {
+		atomic_fetch_add(&s->hits[it], 1);
+		for (volatile int spin = 0; spin < 200; spin++)
+			;
+	}
+}
+
+/* One shared job of want threads, its struct one of a ring, so that a
+ * call after the job returned lands on a struct that is checked again
+ * (late) or reused (calls): 1 when every item ran once, fn ran on the nt
+ * threads reported, and no call came late to a job of the ring. */
+static int share_ok(int want)
+{
+	static struct share ring[SHARE_RING];
+	static int turn;
+	struct share *s = &ring[turn++ % SHARE_RING];
+	int nt;
+
+	memset(s, 0, sizeof(*s));
+	nt = hi3i_pool_share(share_items, s, want);
+	atomic_store(&s->returned, 1);
+	if (nt < 1 || nt > want || atomic_load(&s->calls) != nt || atomic_load(&s->bad_id))
+		return 0;
+	for (int i = 0; i < SHARE_ITEMS; i++)
+		if (atomic_load(&s->hits[i]) != 1)
+			return 0;
+	for (int i = 0; i < SHARE_RING; i++)
+		if (atomic_load(&ring[i].late))
 			return 0;
 	return 1;
 }
@@ -212,6 +267,20 @@ int main(void)
 		all = job_ok(3, NULL);
 	}
 	ok(all, "jobs after the workers went to sleep still run every part");
+	all = 1;
+	for (int t = 1; t <= 6; t++)
+		all &= share_ok(t);
+	ok(all, "shared jobs of 1-6 threads run every item once, on the threads they report");
+	all = 1;
+	for (int i = 0; i < 20000 && all; i++)
+		all = i % 3 ? share_ok(1 + i % 6) : job_ok(1 + i % 6, NULL);
+	ok(all, "20000 shared and plain jobs in turn: every item and part once, no call after a job returned");
+	all = 1;
+	for (int i = 0; i < 6 && all; i++) {
+		sleep_ms(HI3I_POOL_SPIN_US / 1000 + 3);
+		all = share_ok(3) && share_ok(2);
+	}
+	ok(all, "shared jobs right after the workers went to sleep run every item once");
 
 	{
 		/* three threads that keep the cores busy: the team finds the
@@ -224,11 +293,12 @@ int main(void)
 			nh += pthread_create(&hog[nh], NULL, hog_core, NULL) == 0;
 		all = 1;
 		for (int i = 0; i < 3000 && all; i++)
-			all = job_ok(2 + i % 3, NULL);
+			all = job_ok(2 + i % 3, NULL) && share_ok(2 + i % 3);
 		atomic_store(&stop_hogs, 1);
 		for (int i = 0; i < nh; i++)
 			pthread_join(hog[i], NULL);
-		ok(all && nh == 3, "3000 jobs while three other threads keep the cores busy: every part runs once");
+		ok(all && nh == 3, "3000 plain and 3000 shared jobs while three other threads keep the cores busy: "
+		   "every part and item runs once");
 	}
 
 	hi3i_pool_run(nested, &inner, 3);

@@ -16,6 +16,7 @@
  */
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <omp.h>
 #include <string.h>
 #include <unistd.h>
@@ -762,6 +763,7 @@ struct att_call {
 	const hi3_attn_q *q;
 	int M, d, g, W, hb, tb, n_hg, vexp;
 	float scale;
+	_Atomic int next;         /* on the pool: the first item no thread has taken */
 };
 
 /* A thread's scratch for the items it runs. */
@@ -881,12 +883,14 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 /* The items of a short call, round robin over the pool's team. */
 static void att_part(void *p, int id, int nt)
 {
-	const struct att_call *c = p;
+	struct att_call *c = p;
 	const int n = (c->M + c->tb - 1) / c->tb * c->n_hg;
 	struct att_scratch s;
 
+	if (atomic_load_explicit(&c->next, memory_order_relaxed) >= n)
+		return;
 	if (att_scratch_init(c, &s) == 0)
-		for (int it = id; it < n; it += nt)
+		for (int it; (it = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) < n;)
 			att_item(c, it / c->n_hg, it % c->n_hg, &s);
 	att_scratch_release(&s);
 }
@@ -899,7 +903,7 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 	size_t keys = 0;
 	int serial, hb, tb, n_tb;
 	struct att_call c = {be, out, qkv, ks, vs, q, M, d, g, (dm->n_h + 2 * dm->n_kv) * d, 0, 0, 0,
-	                     exp_vector_ok(), 1.0f / sqrtf((float)d)};   /* the exp probe before the threads */
+	                     exp_vector_ok(), 1.0f / sqrtf((float)d), 0}; /* the exp probe before the threads */
 
 	/* a few queries over a short context (a decode step) take less time
 	 * than waking OpenMP's threads: all g heads of a kv head per item, so
@@ -916,7 +920,7 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 	c.n_hg = dm->n_h / hb;
 	n_tb = (M + tb - 1) / tb;
 	if (serial) {
-		hi3i_pool_run(att_part, &c, HI3_MIN(omp_get_max_threads(), n_tb * c.n_hg));
+		hi3i_pool_share(att_part, &c, HI3_MIN(omp_get_max_threads(), n_tb * c.n_hg));
 		return;
 	}
 #pragma omp parallel

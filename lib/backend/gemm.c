@@ -1004,13 +1004,14 @@ static void gemm_part(void *p, int id, int nt)
 
 /* Run part on the threads: a product of a few rows of x (a decode step's:
  * short, dozens a step) on the pool's team, whose workers are still awake
- * from the product before; others in an OpenMP region. */
+ * from the product before, as a shared job (its ranges are claims, so a
+ * worker that comes late is not waited for); others in an OpenMP region. */
 static void run_parts(hi3i_pool_fn part, void *job, int few, int parallel)
 {
 	if (!parallel) {
 		part(job, 0, 1);
 	} else if (few) {
-		hi3i_pool_run(part, job, omp_get_max_threads());
+		hi3i_pool_share(part, job, omp_get_max_threads());
 	} else {
 #pragma omp parallel
 		part(job, omp_get_thread_num(), omp_get_num_threads());

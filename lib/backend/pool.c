@@ -11,6 +11,12 @@
  * Every worker counts itself into done, the ones a job does not use too,
  * so that none still reads the job when the caller writes the next.
  *
+ * A shared job (hi3i_pool_share) does not wait for every worker: a worker
+ * joins it by counting itself into ticket, which also names the job's gen,
+ * and the caller, once its own call returns, closes the ticket and waits
+ * for the ones that joined. A worker that finds the ticket closed, or
+ * naming a later job, leaves the job alone: it reads nothing of it.
+ *
  * When yields hand the core to other work for a while, twice in a short
  * time (yield_core), the machine is busy: for BUSY_US workers sleep as soon as a job ends and the
  * caller sleeps on fin until the last worker is done. Polling there would
@@ -19,6 +25,7 @@
  * thread whose core is busy is cheap; it is the idle, halted core of a
  * virtual machine that is slow to wake.
  */
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -39,6 +46,9 @@
 #define TAKEN_US 200.0            /* a turn of other work on the core that says the machine is busy */
 #define AGAIN_US 20000.0          /* ... seen twice within this */
 #define BUSY_US 250000.0          /* then how long workers sleep at once, not polling */
+#define T_SHARED ((uint64_t)1 << 31) /* ticket: the job is shared, */
+#define T_CLOSED ((uint64_t)1 << 30) /* closed to workers not in yet, */
+#define T_COUNT (T_CLOSED - 1)       /* and the workers in it */
 
 static struct {
 	pthread_mutex_t run;      /* held by the caller of a job */
@@ -50,6 +60,8 @@ static struct {
 	_Atomic unsigned gen;     /* bumped once per job */
 	_Atomic int sleepers;     /* workers waiting on wake */
 	_Atomic int done;         /* workers through with the job of gen */
+	_Atomic int target;       /* done that ends the job: every worker, or those that joined a shared job */
+	_Atomic uint64_t ticket;  /* the job's gen (high 32 bits), T_SHARED, T_CLOSED and T_COUNT */
 	_Atomic double busy_until; /* until then (now_us), workers sleep at once */
 	_Atomic double taken_at;  /* when other work last took a core from a polling thread */
 	hi3i_pool_fn fn;          /* the job: written before gen, read after */
@@ -133,16 +145,43 @@ static unsigned wait_job(unsigned seen)
 	return g;
 }
 
+/* Whether a worker takes part in the job of gen g, and its id there: a
+ * worker's own (index) in a job for every worker, the order it joined in
+ * a shared job that is still open. */
+static int join(unsigned g, int index, int *id)
+{
+	uint64_t t = atomic_load(&pool.ticket);
+
+	for (;;) {
+		if ((unsigned)(t >> 32) != g)
+			return 0;         /* a later job: the worker's next wait returns it */
+		if (!(t & T_SHARED)) {
+			*id = index;
+			return 1;
+		}
+		if (t & T_CLOSED)
+			return 0;
+		if (atomic_compare_exchange_weak(&pool.ticket, &t, t + 1)) {
+			*id = (int)(t & T_COUNT) + 1;
+			return 1;
+		}
+	}
+}
+
 static void *worker(void *p)
 {
-	const int id = (int)(intptr_t)p;
-	unsigned seen = pool.first[id];
+	const int index = (int)(intptr_t)p;
+	unsigned seen = pool.first[index];
+	int id;
 
 	for (;;) {
 		seen = wait_job(seen);
+		if (!join(seen, index, &id))
+			continue;
 		if (id < pool.nt)
 			pool.fn(pool.arg, id, pool.nt);
-		if (atomic_fetch_add(&pool.done, 1) + 1 == pool.n && atomic_load(&pool.caller_sleeps)) {
+		if (atomic_fetch_add(&pool.done, 1) + 1 >= atomic_load(&pool.target) &&
+		    atomic_load(&pool.caller_sleeps)) {
 			pthread_mutex_lock(&pool.lock);
 			pthread_cond_signal(&pool.fin);
 			pthread_mutex_unlock(&pool.lock);
@@ -161,6 +200,7 @@ static void forget_workers(void)
 	atomic_store(&pool.caller_sleeps, 0);
 	pool.n = 0;
 	atomic_store(&pool.sleepers, 0);
+	atomic_store(&pool.ticket, (uint64_t)atomic_load(&pool.gen) << 32);
 }
 
 static void register_fork(void)
@@ -194,9 +234,10 @@ static int grow(int want)
 	return pool.n + 1;
 }
 
-int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want)
+/* Run a job (hi3i_pool_run, hi3i_pool_share). */
+static int run(hi3i_pool_fn fn, void *arg, int want, int shared)
 {
-	int nt;
+	int nt, target;
 
 	if (want <= 1 || omp_in_parallel() || pthread_mutex_trylock(&pool.run) != 0) {
 		fn(arg, 0, 1);
@@ -214,6 +255,8 @@ int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want)
 	pool.arg = arg;
 	pool.nt = nt;
 	atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+	atomic_store(&pool.target, shared ? INT_MAX : pool.n);
+	atomic_store(&pool.ticket, (uint64_t)(atomic_load(&pool.gen) + 1u) << 32 | (shared ? T_SHARED : 0));
 	atomic_fetch_add(&pool.gen, 1);
 	if (atomic_load(&pool.sleepers) > 0) {
 		pthread_mutex_lock(&pool.lock);
@@ -221,13 +264,19 @@ int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want)
 		pthread_mutex_unlock(&pool.lock);
 	}
 	fn(arg, 0, nt);
+	target = shared ? (int)(atomic_fetch_or(&pool.ticket, T_CLOSED) & T_COUNT) : pool.n;
+	if (shared) {
+		atomic_store(&pool.target, target);
+		if (nt > target + 1)
+			nt = target + 1;
+	}
 	/* the workers end about when the caller does: poll, yielding, and
 	 * on a busy machine sleep until the last of them signals */
-	if (atomic_load_explicit(&pool.done, memory_order_acquire) < pool.n) {
+	if (atomic_load_explicit(&pool.done, memory_order_acquire) < target) {
 		int poll = !machine_busy();
 		long sw = switches();
 
-		for (int turn = 1; poll && atomic_load_explicit(&pool.done, memory_order_acquire) < pool.n; turn++)
+		for (int turn = 1; poll && atomic_load_explicit(&pool.done, memory_order_acquire) < target; turn++)
 			if (turn % 16 == 0)
 				poll = !yield_core(&sw);
 			else
@@ -235,7 +284,7 @@ int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want)
 		if (!poll) {
 			pthread_mutex_lock(&pool.lock);
 			atomic_store(&pool.caller_sleeps, 1);
-			while (atomic_load(&pool.done) < pool.n)
+			while (atomic_load(&pool.done) < target)
 				pthread_cond_wait(&pool.fin, &pool.lock);
 			atomic_store(&pool.caller_sleeps, 0);
 			pthread_mutex_unlock(&pool.lock);
@@ -243,4 +292,14 @@ int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want)
 	}
 	pthread_mutex_unlock(&pool.run);
 	return nt;
+}
+
+int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want)
+{
+	return run(fn, arg, want, 0);
+}
+
+int hi3i_pool_share(hi3i_pool_fn fn, void *arg, int want)
+{
+	return run(fn, arg, want, 1);
 }

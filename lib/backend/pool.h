@@ -34,4 +34,14 @@ typedef void (*hi3i_pool_fn)(void *arg, int id, int nt);
  * region or while another thread runs a job of the pool. Returns nt. */
 int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want);
 
+/* Run a job whose parts any of its threads may take: fn(arg, id, nt)
+ * takes work from the job's own counter until none is left, id and nt
+ * only hints. The caller runs fn; workers that come while it runs join
+ * in (ids 1, 2, ... in the order they come, those from nt on do
+ * nothing), and when the caller's fn returns the job closes: the caller
+ * waits for the workers that joined, not for the others, which never
+ * call fn. So a worker that is late (woken from sleep, or its core taken)
+ * costs the job its help, not a wait. Returns the threads that ran fn. */
+int hi3i_pool_share(hi3i_pool_fn fn, void *arg, int want);
+
 #endif
