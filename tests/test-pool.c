@@ -8,6 +8,8 @@
  * on it keep their bits at any thread count. */
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -299,6 +301,30 @@ int main(void)
 			pthread_join(hog[i], NULL);
 		ok(all && nh == 3, "3000 plain and 3000 shared jobs while three other threads keep the cores busy: "
 		   "every part and item runs once");
+	}
+
+	{
+		/* reads ahead are hints: they never fault, and a job that comes
+		 * while the workers read still runs every part once */
+		const size_t big = (size_t)32 << 20;
+		unsigned char *buf = malloc(big);
+		all = buf != NULL;
+		for (int i = 0; i < 2000 && all; i++) {
+			if (i % 100 == 0 && buf)
+				memset(buf + (size_t)i * 4096, i, 4096);
+			hi3i_pool_prefetch(buf, big);
+			all = i % 2 ? share_ok(2 + i % 4) : job_ok(2 + i % 4, NULL);
+		}
+		hi3i_pool_prefetch(NULL, 1 << 20);
+		all &= job_ok(3, NULL);
+		hi3i_pool_prefetch((const void *)(uintptr_t)4096, (size_t)1 << 20);   /* no page there */
+		sleep_ms(2);
+		all &= share_ok(3);
+		sleep_ms(HI3I_POOL_SPIN_US / 1000 + 3);
+		hi3i_pool_prefetch(buf, big);                    /* the team sleeps: nothing */
+		all &= job_ok(3, NULL);
+		free(buf);
+		ok(all, "jobs right after reads ahead of 32 MiB, of NULL and of an unmapped range run every part once");
 	}
 
 	hi3i_pool_run(nested, &inner, 3);

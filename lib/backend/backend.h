@@ -160,6 +160,12 @@ typedef struct hi3_backend_ops {
 	 * CPU: cpu_matmul_group (hi3i_gemm_group); CUDA: kernels/gemv.cu gemv_group, cuBLAS */
 	void (*matmul_group)(struct hi3_backend *be, int n, float *const *y, const float *const *x,
 	                     const hi3_wt *const *w, const int *M);
+	/* the products the next matmul or matmul_group runs (n weights, M[i]
+	 * rows each), named before the small ops that come first, so that
+	 * the backend may start reading their weights meanwhile; optional
+	 * (NULL: nothing). CPU: cpu_prefetch (hi3i_gemm_prefetch: an idle
+	 * worker of the team reads the first bytes into cache); CUDA: none */
+	void (*prefetch)(struct hi3_backend *be, int n, const hi3_wt *const *w, const int *M);
 	/* x (M, H) = rows ids (M) of wte.  CPU: cpu_embed; CUDA: kernels/embed.cu */
 	void (*embed)(struct hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M);
 	/* y (M, n) = rmsnorm(x (M, n)) * w (n); y may equal x

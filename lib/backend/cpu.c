@@ -268,6 +268,17 @@ static void cpu_matmul_group(hi3_backend *be, int n, float *const *y, const floa
 		hi3i_backend_fail(be, "cpu matmul: out of memory for the GEMM's scratch");
 }
 
+static void cpu_prefetch(hi3_backend *be, int n, const hi3_wt *const *w, const int *M)
+{
+	const hi3_wmat *wm[64];
+
+	if (n > 64 || !be->batch_invariant)
+		return;
+	for (int i = 0; i < n; i++)
+		wm[i] = &w[i]->mat;
+	hi3i_gemm_prefetch(n, wm, M);
+}
+
 static void cpu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_wt *wte, int M)
 {
 	size_t es = hi3_dtype_size(wte->t->dtype), H = (size_t)wte->K;
@@ -1019,6 +1030,7 @@ static const hi3_backend_ops cpu_ops = {
 	.kv_sync_host = cpu_kv_sync_host,
 	.matmul = cpu_matmul,
 	.matmul_group = cpu_matmul_group,
+	.prefetch = cpu_prefetch,
 	.embed = cpu_embed,
 	.rmsnorm = cpu_rmsnorm,
 	.zero = cpu_zero,

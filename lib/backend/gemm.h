@@ -45,6 +45,11 @@ int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M);
  * region (their column tiles split across threads): the same bits as n
  * calls of hi3i_gemm, with one fork and join. 0, or -1 as hi3i_gemm. */
 int hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_wmat *const *w, const int *M);
+/* The products the next hi3i_gemm or hi3i_gemm_group will run (the same
+ * n, w, M): when they run on the pool's team, its waiting workers read the
+ * first bytes those products read into cache meanwhile (hi3i_pool_prefetch);
+ * else nothing. Returns at once. */
+void hi3i_gemm_prefetch(int n, const hi3_wmat *const *w, const int *M);
 /* For tests and benchmarks: use no kernel above max (0 the portable one,
  * 1 AVX2, 2 AVX-512; -1: the best the CPU has); returns the level now in
  * use. Every level gives the same bits. */

@@ -38,8 +38,10 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define RELAX() _mm_pause()
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #else
 #define RELAX() ((void)0)
+#define PREFETCH(p) __builtin_prefetch(p)
 #endif
 
 #define MAX_WORKERS 255
@@ -62,6 +64,10 @@ static struct {
 	_Atomic int done;         /* workers through with the job of gen */
 	_Atomic int target;       /* done that ends the job: every worker, or those that joined a shared job */
 	_Atomic uint64_t ticket;  /* the job's gen (high 32 bits), T_SHARED, T_CLOSED and T_COUNT */
+	_Atomic unsigned pf_gen;  /* bumped once per hi3i_pool_prefetch, after */
+	_Atomic uintptr_t pf_p;   /* the bytes to read ahead */
+	_Atomic size_t pf_n;
+	_Atomic int pf_workers;   /* the workers then: each reads every pf_workers-th block */
 	_Atomic double busy_until; /* until then (now_us), workers sleep at once */
 	_Atomic double taken_at;  /* when other work last took a core from a polling thread */
 	hi3i_pool_fn fn;          /* the job: written before gen, read after */
@@ -115,21 +121,41 @@ static int machine_busy(void)
 	return now_us() < atomic_load_explicit(&pool.busy_until, memory_order_relaxed);
 }
 
+/* Read the bytes of the last hi3i_pool_prefetch into cache, the worker
+ * of this index taking every pf_workers-th 4 KiB block, until the job after
+ * seen comes. */
+static void read_ahead(int index, unsigned seen)
+{
+	const char *p = (const char *)atomic_load(&pool.pf_p);
+	const size_t n = atomic_load(&pool.pf_n), step = (size_t)atomic_load(&pool.pf_workers) * 4096;
+
+	for (size_t b = (size_t)(index - 1) * 4096; p && b < n; b += step) {
+		if (atomic_load_explicit(&pool.gen, memory_order_relaxed) != seen)
+			return;
+		for (size_t o = b; o < b + 4096 && o < n; o += 64)
+			PREFETCH(p + o);
+	}
+}
+
 /* Wait for gen to move past seen: poll, yielding the core on every turn,
  * then sleep. On a machine found busy (yield_core) every worker sleeps at
  * once instead: a polling worker would take a core that other work wants,
  * and waking a worker on a busy core is cheap. */
-static unsigned wait_job(unsigned seen)
+static unsigned wait_job(int index, unsigned seen, unsigned *pf_seen)
 {
 	const double until = now_us() + HI3I_POOL_SPIN_US;
 	long sw = switches();
-	unsigned g;
+	unsigned g, pg;
 
 	if (!machine_busy()) {
 		for (int turn = 1;; turn++) {
 			for (int i = 0; i < 16; i++) {
 				if ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) != seen)
 					return g;
+				if ((pg = atomic_load_explicit(&pool.pf_gen, memory_order_acquire)) != *pf_seen) {
+					*pf_seen = pg;
+					read_ahead(index, seen);
+				}
 				RELAX();
 			}
 			if (yield_core(&sw) || (turn % 16 == 0 && now_us() > until))
@@ -171,11 +197,11 @@ static int join(unsigned g, int index, int *id)
 static void *worker(void *p)
 {
 	const int index = (int)(intptr_t)p;
-	unsigned seen = pool.first[index];
+	unsigned seen = pool.first[index], pf_seen = atomic_load(&pool.pf_gen);
 	int id;
 
 	for (;;) {
-		seen = wait_job(seen);
+		seen = wait_job(index, seen, &pf_seen);
 		if (!join(seen, index, &id))
 			continue;
 		if (id < pool.nt)
@@ -302,4 +328,18 @@ int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want)
 int hi3i_pool_share(hi3i_pool_fn fn, void *arg, int want)
 {
 	return run(fn, arg, want, 1);
+}
+
+void hi3i_pool_prefetch(const void *p, size_t n)
+{
+	/* no workers, the team asleep or another thread's job running: nobody to read */
+	if (atomic_load(&pool.sleepers) > 0 || machine_busy() || pthread_mutex_trylock(&pool.run) != 0)
+		return;
+	if (pool.n) {
+		atomic_store(&pool.pf_workers, pool.n);
+		atomic_store(&pool.pf_n, n);
+		atomic_store(&pool.pf_p, (uintptr_t)p);
+		atomic_fetch_add_explicit(&pool.pf_gen, 1, memory_order_release);
+	}
+	pthread_mutex_unlock(&pool.run);
 }

@@ -22,6 +22,8 @@
 #ifndef HI3_POOL_H
 #define HI3_POOL_H
 
+#include <stddef.h>
+
 /* How long an idle worker keeps polling for the next job before it
  * sleeps, in microseconds. */
 #define HI3I_POOL_SPIN_US 2000
@@ -43,5 +45,11 @@ int hi3i_pool_run(hi3i_pool_fn fn, void *arg, int want);
  * call fn. So a worker that is late (woken from sleep, or its core taken)
  * costs the job its help, not a wait. Returns the threads that ran fn. */
 int hi3i_pool_share(hi3i_pool_fn fn, void *arg, int want);
+
+/* Bytes [p, p + n) that the next job will read first: workers waiting
+ * for it read them into cache meanwhile (prefetch instructions, 4 KiB
+ * blocks in turn), each stopping when that job comes. Returns at once;
+ * nothing happens while the team sleeps or a job runs. */
+void hi3i_pool_prefetch(const void *p, size_t n);
 
 #endif

@@ -101,6 +101,20 @@ static void host_point(hi3_trace *tr, int kind, int layer, const void *buf, int 
 
 /* y (M, H) = SwiGLU MLP of h (M, H), into ab (M, 2I) and mid (M, I)
  * (split on the output rows of both products under tensor parallelism). */
+/* Name the products the backend runs next (its optional prefetch op), so
+ * it may start reading their weights during the small ops before them. */
+static void hint(hi3_model *m, int n, const hi3_wt *const *w, const int *M)
+{
+	if (m->be->ops->prefetch && n > 0)
+		m->be->ops->prefetch(m->be, n, w, M);
+}
+
+static void hint1(hi3_model *m, const hi3_wt *w, int M)
+{
+	if (w)
+		hint(m, 1, &w, &M);
+}
+
 static int mlp_forward(hi3_model *m, const struct hi3_mlp_w *mw, float *y, const float *h, float *ab, float *mid,
                        int M, hi3_error *err)
 {
@@ -108,6 +122,7 @@ static int mlp_forward(hi3_model *m, const struct hi3_mlp_w *mw, float *y, const
 
 	if (hi3i_shard_matmul(m, ab, h, mw->gate_up, 2 * mw->I, M, err) != 0)
 		return -1;
+	hint1(m, mw->down, M);
 	be->ops->swiglu(be, mid, ab, M, mw->I);
 	return hi3i_shard_matmul(m, y, mid, mw->down, m->cfg.hidden_size, M, err);
 }
@@ -393,8 +408,10 @@ out:
 	return rc;
 }
 
+/* next, next_M: the product after the layer, named to the backend once
+ * the experts' last products are done (hint). */
 static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, const float *h, int M,
-                       const hi3_batch *b, hi3_error *err)
+                       const hi3_batch *b, const hi3_wt *next, int next_M, hi3_error *err)
 {
 	hi3_backend *be = m->be;
 	const int H = m->cfg.hidden_size, E = L->E, k = L->k, K = m->max_k, NM = m->n_moe;
@@ -498,7 +515,14 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 				goto moe_out;
 			goto combine;
 		}
-		/* stage 1: gate_up of every expert with tokens, and the shared MLP */
+		/* stage 1: gate_up of the shared MLP (first: the product named to
+		 * the backend before routing) and of every expert with tokens */
+		if (L->has_shared) {
+			xs[n_jobs] = h;
+			ys[n_jobs] = m->w.sab;
+			ws[n_jobs] = L->shared.gate_up;
+			ms[n_jobs++] = M;
+		}
 		for (int e = 0; e < E; e++)
 			if (count[e] || every) {
 				xs[n_jobs] = m->w.xe + (size_t)first[e] * H;
@@ -506,19 +530,21 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 				ws[n_jobs] = L->experts[e].gate_up;
 				ms[n_jobs++] = count[e];
 			}
-		if (L->has_shared) {
-			xs[n_jobs] = h;
-			ys[n_jobs] = m->w.sab;
-			ws[n_jobs] = L->shared.gate_up;
-			ms[n_jobs++] = M;
-		}
 		matmul_group(m, n_jobs, ys, xs, ws, ms);
+		if (L->has_shared)
+			hint1(m, L->shared.down, M);
 		if (rows)
 			be->ops->swiglu(be, m->w.mid, m->w.ab, rows, inter);
 		if (L->has_shared)
 			be->ops->swiglu(be, m->w.smid, m->w.sab, M, L->shared.I);
-		/* stage 2: down */
+		/* stage 2: down, in the same order */
 		n_jobs = 0;
+		if (L->has_shared) {
+			xs[n_jobs] = m->w.smid;
+			ys[n_jobs] = m->w.ys;
+			ws[n_jobs] = L->shared.down;
+			ms[n_jobs++] = M;
+		}
 		for (int e = 0; e < E; e++)
 			if (count[e] || every) {
 				xs[n_jobs] = m->w.mid + (size_t)first[e] * inter;
@@ -526,13 +552,8 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 				ws[n_jobs] = L->experts[e].down;
 				ms[n_jobs++] = count[e];
 			}
-		if (L->has_shared) {
-			xs[n_jobs] = m->w.smid;
-			ys[n_jobs] = m->w.ys;
-			ws[n_jobs] = L->shared.down;
-			ms[n_jobs++] = M;
-		}
 		matmul_group(m, n_jobs, ys, xs, ws, ms);
+		hint1(m, next, next_M);
 combine:
 		if (where)
 			hi3i_trace_rows(b->trace, HI3_TRACE_EXPERT_OUT, l, m->w.ye, H, where, k);
@@ -871,6 +892,10 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 	point(b->trace, HI3_TRACE_EMBED, -1, m->w.x, H);
 	for (int l = 0; l < c->num_hidden_layers; l++) {
 		const struct hi3_layer_w *L = &m->layers[l];
+		const int last = l + 1 == c->num_hidden_layers;
+		/* the product after this layer: the next one's qkv, or the logits' */
+		const hi3_wt *next = !last ? m->layers[l + 1].qkv : b->n_logits > 0 ? m->lm_head : NULL;
+		const int next_M = !last ? M : b->n_logits;
 		hi3_kv_src ks, vs;
 		hi3_kv_dst dst = {0};
 
@@ -882,6 +907,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		be->ops->rmsnorm(be, m->w.h, m->w.x, L->ln_in, M, H, m->dims.eps);
 		point(b->trace, HI3_TRACE_IN_NORM, l, m->w.h, H);
 		be->ops->matmul(be, m->w.qkv, m->w.h, L->qkv, M);
+		hint1(m, L->o, M);
 		be->ops->rope_qk(be, m->w.qkv, m->w.pos, m->theta, L->qn, L->kn, &m->dims, M);
 		rope_zero_apply(m, &rz, m->w.qkv);
 		point(b->trace, HI3_TRACE_Q, l, m->w.qkv, (int)W);    /* q, k and v */
@@ -920,16 +946,19 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 			be->ops->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
 		if (hi3i_shard_matmul(m, m->w.h, m->w.att, L->o, H, M, err) != 0)
 			goto out;
+		hint1(m, !L->moe ? L->mlp.gate_up : L->has_shared ? L->shared.gate_up : NULL, M);
 		point(b->trace, HI3_TRACE_ATTN_OUT, l, m->w.h, H);
 		be->ops->add(be, m->w.x, m->w.h, (size_t)M * H);
 		/* MLP */
 		be->ops->rmsnorm(be, m->w.h, m->w.x, L->ln_post, M, H, m->dims.eps);
 		point(b->trace, HI3_TRACE_MLP_IN, l, m->w.h, H);
 		if (L->moe) {
-			if (moe_forward(m, L, m->w.y, m->w.h, M, b, err) != 0)
+			if (moe_forward(m, L, m->w.y, m->w.h, M, b, next, next_M, err) != 0)
 				goto out;
 		} else if (mlp_forward(m, &L->mlp, m->w.y, m->w.h, m->w.ab, m->w.mid, M, err) != 0) {
 			goto out;
+		} else {
+			hint1(m, next, next_M);
 		}
 		point(b->trace, HI3_TRACE_MLP_OUT, l, m->w.y, H);
 		be->ops->add(be, m->w.x, m->w.y, (size_t)M * H);
