@@ -493,6 +493,12 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, cons
 		for (; j + 8 <= j1; j += 8) {
 			__m256 a[8];
 			const float *k0 = kb + base + j * st;
+			/* the keys two blocks on, a line at a time: rows a slot
+			 * stride apart are short strided streams, and a decode
+			 * step's cache comes cold (its layer was read a step ago) */
+			for (int r = 16; r < 24 && j + r < j1; r++)
+				for (int i = 0; i < d; i += 16)
+					_mm_prefetch((const char *)(k0 + r * st + i), _MM_HINT_T0);
 			for (int r = 0; r < 8; r++)
 				a[r] = _mm256_setzero_ps();
 			for (int i = 0; i < d; i += 8) {
@@ -576,6 +582,9 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
 		for (int j = j0; j < j1; j++) {
 			const float *v = vb + j * st + c;
 			__m256 pj;
+			if (j + 8 < j1)       /* as scores_avx2: the row 8 on */
+				for (int i = 0; i < 64; i += 16)
+					_mm_prefetch((const char *)(v + 8 * st + i), _MM_HINT_T0);
 			if (p[j] == 0.0f)
 				continue;
 			pj = _mm256_set1_ps(p[j]);
