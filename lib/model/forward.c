@@ -99,22 +99,16 @@ static void host_point(hi3_trace *tr, int kind, int layer, const void *buf, int 
 		hi3i_trace_host(tr, kind, layer, buf, w);
 }
 
+/* Name the product the backend runs next (its optional prefetch op), so
+ * it may start reading its weights during the small ops before it. */
+static void hint(hi3_model *m, const hi3_wt *w, int M)
+{
+	if (m->be->ops->prefetch && w)
+		m->be->ops->prefetch(m->be, 1, &w, &M);
+}
+
 /* y (M, H) = SwiGLU MLP of h (M, H), into ab (M, 2I) and mid (M, I)
  * (split on the output rows of both products under tensor parallelism). */
-/* Name the products the backend runs next (its optional prefetch op), so
- * it may start reading their weights during the small ops before them. */
-static void hint(hi3_model *m, int n, const hi3_wt *const *w, const int *M)
-{
-	if (m->be->ops->prefetch && n > 0)
-		m->be->ops->prefetch(m->be, n, w, M);
-}
-
-static void hint1(hi3_model *m, const hi3_wt *w, int M)
-{
-	if (w)
-		hint(m, 1, &w, &M);
-}
-
 static int mlp_forward(hi3_model *m, const struct hi3_mlp_w *mw, float *y, const float *h, float *ab, float *mid,
                        int M, hi3_error *err)
 {
@@ -122,7 +116,7 @@ static int mlp_forward(hi3_model *m, const struct hi3_mlp_w *mw, float *y, const
 
 	if (hi3i_shard_matmul(m, ab, h, mw->gate_up, 2 * mw->I, M, err) != 0)
 		return -1;
-	hint1(m, mw->down, M);
+	hint(m, mw->down, M);
 	be->ops->swiglu(be, mid, ab, M, mw->I);
 	return hi3i_shard_matmul(m, y, mid, mw->down, m->cfg.hidden_size, M, err);
 }
@@ -532,7 +526,7 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 			}
 		matmul_group(m, n_jobs, ys, xs, ws, ms);
 		if (L->has_shared)
-			hint1(m, L->shared.down, M);
+			hint(m, L->shared.down, M);
 		if (rows)
 			be->ops->swiglu(be, m->w.mid, m->w.ab, rows, inter);
 		if (L->has_shared)
@@ -553,7 +547,7 @@ static int moe_forward(hi3_model *m, const struct hi3_layer_w *L, float *y, cons
 				ms[n_jobs++] = count[e];
 			}
 		matmul_group(m, n_jobs, ys, xs, ws, ms);
-		hint1(m, next, next_M);
+		hint(m, next, next_M);
 combine:
 		if (where)
 			hi3i_trace_rows(b->trace, HI3_TRACE_EXPERT_OUT, l, m->w.ye, H, where, k);
@@ -907,7 +901,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		be->ops->rmsnorm(be, m->w.h, m->w.x, L->ln_in, M, H, m->dims.eps);
 		point(b->trace, HI3_TRACE_IN_NORM, l, m->w.h, H);
 		be->ops->matmul(be, m->w.qkv, m->w.h, L->qkv, M);
-		hint1(m, L->o, M);
+		hint(m, L->o, M);
 		be->ops->rope_qk(be, m->w.qkv, m->w.pos, m->theta, L->qn, L->kn, &m->dims, M);
 		rope_zero_apply(m, &rz, m->w.qkv);
 		point(b->trace, HI3_TRACE_Q, l, m->w.qkv, (int)W);    /* q, k and v */
@@ -946,7 +940,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 			be->ops->kv_store(be, &dst, m->w.qkv, m->w.rows, m->w.slots, &m->dims, M);
 		if (hi3i_shard_matmul(m, m->w.h, m->w.att, L->o, H, M, err) != 0)
 			goto out;
-		hint1(m, !L->moe ? L->mlp.gate_up : L->has_shared ? L->shared.gate_up : NULL, M);
+		hint(m, !L->moe ? L->mlp.gate_up : L->has_shared ? L->shared.gate_up : NULL, M);
 		point(b->trace, HI3_TRACE_ATTN_OUT, l, m->w.h, H);
 		be->ops->add(be, m->w.x, m->w.h, (size_t)M * H);
 		/* MLP */
@@ -958,7 +952,7 @@ int hi3_forward(hi3_model *m, hi3_kvcache *kv, const hi3_batch *b, hi3_error *er
 		} else if (mlp_forward(m, &L->mlp, m->w.y, m->w.h, m->w.ab, m->w.mid, M, err) != 0) {
 			goto out;
 		} else {
-			hint1(m, next, next_M);
+			hint(m, next, next_M);
 		}
 		point(b->trace, HI3_TRACE_MLP_OUT, l, m->w.y, H);
 		be->ops->add(be, m->w.x, m->w.y, (size_t)M * H);
