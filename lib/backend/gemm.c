@@ -964,8 +964,7 @@ struct gemm_job {
 	float *y;
 	const float *x;
 	const hi3_wmat *w;
-	int M, nq, by_rows, claims;
-	_Atomic int64_t next;     /* with claims: the first unit no thread has taken */
+	int M, nq, by_rows;
 	_Atomic int failed;
 };
 
@@ -984,16 +983,6 @@ static void gemm_part(void *p, int id, int nt)
 		if (m0 < m1)
 			gemm_range(j->y + (size_t)m0 * j->w->N, j->x + (size_t)m0 * j->w->K, j->w, m1 - m0, 0, j->nq,
 			           NULL, &failed);
-	} else if (j->claims) {
-		/* a range is taken one ahead, so that its first tile is
-		 * prefetched during the last tile of the one before */
-		int64_t q0, q1, r0 = 0, r1 = 0;
-		for (int more = claim(&j->next, j->nq, nt, &q0, &q1); more && !failed; q0 = r0, q1 = r1) {
-			struct pf_block nx = {NULL, 0};
-			if ((more = claim(&j->next, j->nq, nt, &r0, &r1)))
-				nx = first_tile(j->w, j->M, r0, r1);
-			gemm_range(j->y, j->x, j->w, j->M, (int)q0, (int)q1, &nx, &failed);
-		}
 	} else {
 		gemm_range(j->y, j->x, j->w, j->M, (int)((int64_t)j->nq * id / nt), (int)((int64_t)j->nq * (id + 1) / nt),
 		           NULL, &failed);
@@ -1016,21 +1005,6 @@ static void run_parts(hi3i_pool_fn part, void *job, int few, int parallel)
 #pragma omp parallel
 		part(job, omp_get_thread_num(), omp_get_num_threads());
 	}
-}
-
-int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M)
-{
-	const int N = w->N, K = w->K, nq = n_tiles(w);
-
-	if (M <= 0 || N <= 0)
-		return 0;
-	if (K == 0) {
-		memset(y, 0, sizeof(float) * (size_t)M * (size_t)N);
-		return 0;
-	}
-	struct gemm_job j = {y, x, w, M, nq, nq < 32 && M >= 256, M <= POOL_ROWS, 0, 0};
-	run_parts(gemm_part, &j, j.claims, (nq > 1 || j.by_rows) && (double)M * N * K >= 1 << 18);
-	return atomic_load(&j.failed) ? -1 : 0;
 }
 
 /* n independent products, split between nt threads (hi3i_gemm_group). */
@@ -1121,7 +1095,7 @@ static void group_part(void *p, int id, int nt)
 
 	if (!j->claims)
 		group_range(j, j->total * id / nt, j->total * (id + 1) / nt, NULL, &failed);
-	else /* as gemm_part: a range taken one ahead, its first tile prefetched */
+	else /* a range taken one ahead: its first tile prefetched during the last one's */
 		for (int more = claim(&j->next, j->total, nt, &q0, &q1); more && !failed; q0 = r0, q1 = r1) {
 			struct pf_block nx = {NULL, 0};
 			if ((more = claim(&j->next, j->total, nt, &r0, &r1)))
@@ -1166,5 +1140,27 @@ int hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_wma
 		return 0;
 	/* one parallel region over the union of every job's column tiles */
 	run_parts(group_part, &j, j.claims, j.total > 1);
+	return atomic_load(&j.failed) ? -1 : 0;
+}
+
+int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M)
+{
+	const int N = w->N, K = w->K, nq = n_tiles(w), by_rows = nq < 32 && M >= 256;
+	const int parallel = (nq > 1 || by_rows) && (double)M * N * K >= 1 << 18;
+
+	if (M <= 0 || N <= 0)
+		return 0;
+	if (K == 0) {
+		memset(y, 0, sizeof(float) * (size_t)M * (size_t)N);
+		return 0;
+	}
+	if (M <= POOL_ROWS) {
+		/* a group of one, its ranges claimed on the pool's team */
+		struct group_job g = {1, &y, &x, &w, &M, group_units(w, 1), 1, 0, 0};
+		run_parts(group_part, &g, 1, parallel);
+		return atomic_load(&g.failed) ? -1 : 0;
+	}
+	struct gemm_job j = {y, x, w, M, nq, by_rows, 0};
+	run_parts(gemm_part, &j, 0, parallel);
 	return atomic_load(&j.failed) ? -1 : 0;
 }
