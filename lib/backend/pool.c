@@ -38,10 +38,10 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define RELAX() _mm_pause()
-#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T1) /* to L2: see gemm.c's tile */
 #else
 #define RELAX() ((void)0)
-#define PREFETCH(p) __builtin_prefetch(p)
+#define PREFETCH(p) __builtin_prefetch(p, 0, 2)
 #endif
 
 #define MAX_WORKERS 255
