@@ -32,6 +32,11 @@ struct cpu {
 	size_t wide_cap;          /* floats */
 	float *scratch;           /* hi3i_cpu_scratch */
 	size_t scratch_cap;       /* floats */
+	struct rope_memo {        /* cpu_rope_qk's angles of the last one-row call */
+		int32_t pos[2];
+		int half;             /* 0: none yet */
+		float theta[256], cs[256], sn[256];
+	} rope;
 };
 
 float *hi3i_cpu_scratch(hi3_backend *be, size_t n)
@@ -304,6 +309,7 @@ static inline void rms_row(float *y, const float *x, const float *w, int n, floa
 	for (int i = 0; i < n; i++)
 		ss += x[i] * x[i];
 	r = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma omp simd
 	for (int i = 0; i < n; i++)
 		y[i] = w[i] * (x[i] * r);
 }
@@ -332,7 +338,7 @@ static void cpu_copy2d(hi3_backend *be, float *dst, size_t ldd, const float *src
 static void cpu_add(hi3_backend *be, float *x, const float *y, size_t n)
 {
 	(void)be;
-#pragma omp parallel for schedule(static) if (PAR(n))
+#pragma omp parallel for simd schedule(static) if (PAR(n))
 	for (size_t i = 0; i < n; i++)
 		x[i] += y[i];
 }
@@ -341,6 +347,7 @@ static void rope_head(float *h, const float *cs, const float *sn, int d)
 {
 	int half = d / 2;
 
+#pragma omp simd
 	for (int i = 0; i < half; i++) {
 		float a = h[i], b = h[i + half];
 		h[i] = a * cs[i] - b * sn[i];
@@ -348,21 +355,46 @@ static void rope_head(float *h, const float *cs, const float *sn, int d)
 	}
 }
 
+/* The cosines and sines of a row's angles: at position pos (t, and y or x
+ * in alternate entries) times theta, i < half. */
+static void rope_angles(float *cs, float *sn, const int32_t *pos, const float *theta, int half)
+{
+	for (int i = 0; i < half; i++) {
+		float ang = (float)pos[i & 1] * theta[i];
+		cs[i] = cosf(ang);
+		sn[i] = sinf(ang);
+	}
+}
+
 static void cpu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const float *theta, const hi3_wt *qn,
                         const hi3_wt *kn, const struct hi3_dims *dm, int M)
 {
 	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
+	struct rope_memo *memo = &((struct cpu *)be->ctx)->rope;
 
-	(void)be;
+	/* a decode step of one row calls this once per layer at one position:
+	 * its 2 x d/2 cosf and sinf calls are most of the op, so the last
+	 * row's angles are kept (the same values: the same calls) */
+	if (M == 1 && d / 2 <= 256 &&
+	    !(memo->half == d / 2 && memo->pos[0] == pos[0] && memo->pos[1] == pos[1] &&
+	      memcmp(memo->theta, theta, sizeof(float) * (size_t)(d / 2)) == 0)) {
+		rope_angles(memo->cs, memo->sn, pos, theta, d / 2);
+		memcpy(memo->theta, theta, sizeof(float) * (size_t)(d / 2));
+		memo->pos[0] = pos[0];
+		memo->pos[1] = pos[1];
+		memo->half = d / 2;
+	}
 #pragma omp parallel for schedule(static) if (PAR((size_t)M * W))
 	for (int m = 0; m < M; m++) {
-		float cs[512], sn[512];
+		float buf_cs[512], buf_sn[512];
+		const float *cs = buf_cs, *sn = buf_sn;
 		float *row = qkv + (size_t)m * W;
 
-		for (int i = 0; i < d / 2; i++) {
-			float ang = (float)pos[2 * m + (i & 1)] * theta[i];
-			cs[i] = cosf(ang);
-			sn[i] = sinf(ang);
+		if (M == 1 && d / 2 <= 256) {
+			cs = memo->cs;
+			sn = memo->sn;
+		} else {
+			rope_angles(buf_cs, buf_sn, pos + 2 * m, theta, d / 2);
 		}
 		for (int j = 0; j < dm->n_kv; j++) {
 			float *blk = row + (size_t)j * (g + 2) * d;
@@ -972,9 +1004,11 @@ static void cpu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int in
 
 		for (int i0 = 0; i0 < inter; i0 += 256) {
 			const int n = HI3_MIN(256, inter - i0);
+#pragma omp simd
 			for (int i = 0; i < n; i++)
 				e[i] = -b[i0 + i];
 			softmax_exp(vexp, e, n, 0.0f);
+#pragma omp simd
 			for (int i = 0; i < n; i++)
 				o[i0 + i] = a[i0 + i] * (b[i0 + i] / (1.0f + e[i]));
 		}
@@ -998,6 +1032,7 @@ static void cpu_scatter_add(hi3_backend *be, float *dst, const float *src, const
 	for (int i = 0; i < n; i++) {
 		float *dr = dst + (size_t)idx[i] * w;
 		const float *sr = src + (size_t)i * w;
+#pragma omp simd
 		for (int j = 0; j < w; j++)
 			dr[j] += scale[i] * sr[j];
 	}
