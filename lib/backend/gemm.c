@@ -175,10 +175,14 @@ struct tile_args {
 	size_t pf_len;            /* pf_len of them (0: none) */
 };
 
-/* The first bytes another range reads next, to prefetch (gemm_few). */
+/* The first bytes another range reads next, to prefetch (gemm_few); or,
+ * with learn set, bytes not known yet: learn(b) finds them (the range
+ * group_part takes next) and sets p and n, called once, at the start of
+ * the last tile that prefetches them. */
 struct pf_block {
 	const void *p;
 	size_t n;
+	void (*learn)(struct pf_block *b);
 };
 
 static void tile_portable(int mr, int nr, int kind, const struct tile_args *a)
@@ -411,10 +415,10 @@ static int nrs(int mr)
 /* Columns [n0, n1) of y = x W^T for M <= BR rows, W as stored (F32, BF16
  * or F16): one pass over K (a few rows of x stay in L1), full tiles of
  * nrs(M) columns that prefetch the block after them (the last full one
- * the columns left, or else after: the range read next), then the last
- * columns by plain tiles. */
+ * the columns left, or else after: the range read next, learnt then),
+ * then the last columns by plain tiles. */
 __attribute__((target("avx2,fma,f16c"))) static void gemm_few(float *y, const float *x, const hi3_wmat *w, int M,
-                                                              int n0, int n1, const struct pf_block *after)
+                                                              int n0, int n1, struct pf_block *after)
 {
 	const int K = w->K, kind = wkind(w->dtype), nt = nrs(M);
 	const size_t rb = (size_t)K * hi3_dtype_size(w->dtype);
@@ -430,6 +434,10 @@ __attribute__((target("avx2,fma,f16c"))) static void gemm_few(float *y, const fl
 			a.pf = w0 + (size_t)(j0 + nt) * rb;
 			a.pf_len = (size_t)HI3_MIN(nt, n1 - j0 - nt) * rb;
 		} else {
+			if (after && after->learn) {
+				after->learn(after);
+				after->learn = NULL;
+			}
 			a.pf = after ? after->p : NULL;
 			a.pf_len = after ? after->n : 0;
 		}
@@ -874,7 +882,7 @@ static int takes_few(const hi3_wmat *w, int M)
  * when the few-row tiles read them; else none. */
 static struct pf_block first_tile(const hi3_wmat *w, int M, int64_t q0, int64_t q1)
 {
-	struct pf_block b = {NULL, 0};
+	struct pf_block b = {NULL, 0, NULL};
 #ifdef HAVE_X86
 	const int64_t n0 = q0 * SPLIT, n1 = HI3_MIN((int64_t)w->N, q1 * SPLIT);
 
@@ -890,7 +898,7 @@ static struct pf_block first_tile(const hi3_wmat *w, int M, int64_t q0, int64_t 
 /* Rows [0, M) against split units [q0, q1) of w, on one thread; after:
  * what the thread reads next, for the few-row tiles to prefetch. */
 static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q0, int q1,
-                       const struct pf_block *after, int *failed)
+                       struct pf_block *after, int *failed)
 {
 	const int n0 = q0 * SPLIT, n1 = HI3_MIN(w->N, q1 * SPLIT);
 	struct scratch s;
@@ -944,7 +952,7 @@ static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q
  * element changes; its order over k does not.
  */
 #define CLAIM_ALIGN 4
-#define CLAIM_MIN 8
+#define CLAIM_MIN 4
 
 /* The next range [*q0, *q1) of [0, total) units; 0 when none is left. */
 static int claim(_Atomic int64_t *next, int64_t total, int nt, int64_t *q0, int64_t *q1)
@@ -1035,9 +1043,9 @@ static int64_t group_units(const hi3_wmat *w, int claims)
 }
 
 /* Units [q0, q1) of the union of every job's column tiles; after: what
- * the thread reads next. Each product's piece runs once the next piece is
- * known, whose first tile it prefetches. */
-static void group_range(struct group_job *j, int64_t q0, int64_t q1, const struct pf_block *after, int *failed)
+ * the thread reads next (or NULL). Each product's piece runs once the next
+ * piece is known, whose first tile it prefetches; the last piece, after. */
+static void group_range(struct group_job *j, int64_t q0, int64_t q1, struct pf_block *after, int *failed)
 {
 	int64_t base = 0;
 	int at = -1, a0 = 0, a1 = 0; /* the piece waiting to run: product at, units [a0, a1) */
@@ -1057,13 +1065,14 @@ static void group_range(struct group_job *j, int64_t q0, int64_t q1, const struc
 		}
 		if (at >= 0) {
 			const hi3_wmat *wa = j->w[at];
-			struct pf_block nx = p0 < p1 && w->K ? first_tile(w, j->M[i], p0, p1) : after ? *after
-			                                                                              : (struct pf_block){NULL, 0};
+			struct pf_block nx = {NULL, 0, NULL};
+			if (p0 < p1 && w->K)
+				nx = first_tile(w, j->M[i], p0, p1);
 			if (wa->K == 0) {
 				if (a0 == 0)
 					memset(j->y[at], 0, sizeof(float) * (size_t)j->M[at] * (size_t)wa->N);
 			} else {
-				gemm_range(j->y[at], j->x[at], wa, j->M[at], a0, a1, &nx, failed);
+				gemm_range(j->y[at], j->x[at], wa, j->M[at], a0, a1, p0 < p1 ? &nx : after, failed);
 			}
 		}
 		if (p0 >= p1)
@@ -1085,10 +1094,31 @@ static struct pf_block group_first(const struct group_job *j, int64_t q0, int64_
 			continue;
 		const int64_t nq = n_tiles(w), p0 = HI3_MAX(q0 - base, 0), p1 = HI3_MIN(q1 - base, nq);
 		if (p0 < p1)
-			return w->K ? first_tile(w, j->M[i], p0, p1) : (struct pf_block){NULL, 0};
+			return w->K ? first_tile(w, j->M[i], p0, p1) : (struct pf_block){NULL, 0, NULL};
 		base += group_units(w, j->claims);
 	}
-	return (struct pf_block){NULL, 0};
+	return (struct pf_block){NULL, 0, NULL};
+}
+
+/* group_part's next range: taken from the counter when the last tile of
+ * the range before needs its first bytes (learn_next), or after it. */
+struct next_range {
+	struct pf_block b;        /* first: what the last tile learns */
+	struct group_job *j;
+	int nt, more, taken;
+	int64_t q0, q1;
+};
+
+static void learn_next(struct pf_block *b)
+{
+	struct next_range *r = (struct next_range *)b;
+
+	r->taken = 1;
+	if ((r->more = claim(&r->j->next, r->j->total, r->nt, &r->q0, &r->q1))) {
+		const struct pf_block f = group_first(r->j, r->q0, r->q1);
+		r->b.p = f.p;
+		r->b.n = f.n;
+	}
 }
 
 /* The union split evenly, or taken by claims. */
@@ -1100,21 +1130,19 @@ static void group_part(void *p, int id, int nt)
 
 	if (!j->claims)
 		group_range(j, j->total * id / nt, j->total * (id + 1) / nt, NULL, &failed);
-	else /* the next range is taken before the last CLAIM_ALIGN units of this
-	      * one, whose tiles prefetch its first: a range taken earlier waits
-	      * idle while this one runs, and at the end of the job the other
-	      * threads wait for it (measured: 1.5-3% of a decode step's products) */
+	else /* the next range is taken when the last tile of this one starts,
+	      * which prefetches its first (learn_next): a range taken earlier
+	      * waits idle while this one runs, and at the end of the job the
+	      * other threads wait for it (measured: 1.5-3% of a decode step's
+	      * products) */
 		for (int more = claim(&j->next, j->total, nt, &q0, &q1); more && !failed; q0 = r0, q1 = r1) {
-			const int64_t qt = HI3_MAX(q0, q1 - CLAIM_ALIGN);
-			struct pf_block nx = {NULL, 0};
-			if (qt > q0) {
-				nx = group_first(j, qt, q1);
-				group_range(j, q0, qt, &nx, &failed);
-				nx = (struct pf_block){NULL, 0};
-			}
-			if ((more = claim(&j->next, j->total, nt, &r0, &r1)))
-				nx = group_first(j, r0, r1);
-			group_range(j, qt, q1, &nx, &failed);
+			struct next_range nx = {{NULL, 0, learn_next}, j, nt, 0, 0, 0, 0};
+			group_range(j, q0, q1, &nx.b, &failed);
+			if (!nx.taken)
+				learn_next(&nx.b);
+			more = nx.more;
+			r0 = nx.q0;
+			r1 = nx.q1;
 		}
 	if (failed)
 		atomic_store(&j->failed, 1);
