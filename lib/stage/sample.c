@@ -34,10 +34,53 @@ void hi3_gen_defaults_sampler(const hi3_gen_defaults *g, hi3_sampler *s)
 	s->top_p = g->top_p;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* hi3_argmax for logits[0] not NaN, eight lanes at a time: each lane's
+ * largest value by the scan's comparison (NaN never greater), their
+ * largest, then the first id holding it (== takes -0 for +0 as the scan's
+ * > does, so the scan's lower id of a tie). */
+__attribute__((target("avx2"))) static int64_t argmax_avx2(const float *x, int V)
+{
+	__m256 m = _mm256_set1_ps(x[0]), vm;
+	float lane[8], mx;
+	int v = 0;
+
+	for (; v + 8 <= V; v += 8) {
+		const __m256 a = _mm256_loadu_ps(x + v);
+		m = _mm256_blendv_ps(m, a, _mm256_cmp_ps(a, m, _CMP_GT_OQ));
+	}
+	_mm256_storeu_ps(lane, m);
+	mx = lane[0];
+	for (int i = 1; i < 8; i++)
+		if (lane[i] > mx)
+			mx = lane[i];
+	for (; v < V; v++)
+		if (x[v] > mx)
+			mx = x[v];
+	vm = _mm256_set1_ps(mx);
+	for (v = 0; v + 8 <= V; v += 8) {
+		const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + v), vm, _CMP_EQ_OQ));
+		if (hit)
+			return v + __builtin_ctz((unsigned)hit);
+	}
+	for (; v < V; v++)
+		if (x[v] == mx)
+			break;
+	return v;
+}
+#endif
+
 int64_t hi3_argmax(const float *logits, int V)
 {
 	int64_t best = 0;
 
+	/* nothing is greater than a NaN at id 0: the scan below answers 0 */
+#if defined(__x86_64__) && defined(__GNUC__)
+	if (V > 1 && !isnan(logits[0]) && __builtin_cpu_supports("avx2"))
+		return argmax_avx2(logits, V);
+#endif
 	for (int v = 1; v < V; v++)
 		if (logits[v] > logits[best])     /* ties keep the lower id */
 			best = v;
