@@ -177,8 +177,8 @@ struct tile_args {
 
 /* The first bytes another range reads next, to prefetch (gemm_few); or,
  * with learn set, bytes not known yet: learn(b) finds them (the range
- * group_part takes next) and sets p and n, called once, at the start of
- * the last tile that prefetches them. */
+ * group_part takes next), sets p and n and clears learn; called at the
+ * start of the last tile that prefetches them. */
 struct pf_block {
 	const void *p;
 	size_t n;
@@ -434,10 +434,8 @@ __attribute__((target("avx2,fma,f16c"))) static void gemm_few(float *y, const fl
 			a.pf = w0 + (size_t)(j0 + nt) * rb;
 			a.pf_len = (size_t)HI3_MIN(nt, n1 - j0 - nt) * rb;
 		} else {
-			if (after && after->learn) {
+			if (after && after->learn)
 				after->learn(after);
-				after->learn = NULL;
-			}
 			a.pf = after ? after->p : NULL;
 			a.pf_len = after ? after->n : 0;
 		}
@@ -1105,7 +1103,7 @@ static struct pf_block group_first(const struct group_job *j, int64_t q0, int64_
 struct next_range {
 	struct pf_block b;        /* first: what the last tile learns */
 	struct group_job *j;
-	int nt, more, taken;
+	int nt, more;
 	int64_t q0, q1;
 };
 
@@ -1113,7 +1111,7 @@ static void learn_next(struct pf_block *b)
 {
 	struct next_range *r = (struct next_range *)b;
 
-	r->taken = 1;
+	r->b.learn = NULL;
 	if ((r->more = claim(&r->j->next, r->j->total, r->nt, &r->q0, &r->q1))) {
 		const struct pf_block f = group_first(r->j, r->q0, r->q1);
 		r->b.p = f.p;
@@ -1136,9 +1134,9 @@ static void group_part(void *p, int id, int nt)
 	      * other threads wait for it (measured: 1.5-3% of a decode step's
 	      * products) */
 		for (int more = claim(&j->next, j->total, nt, &q0, &q1); more && !failed; q0 = r0, q1 = r1) {
-			struct next_range nx = {{NULL, 0, learn_next}, j, nt, 0, 0, 0, 0};
+			struct next_range nx = {{NULL, 0, learn_next}, j, nt, 0, 0, 0};
 			group_range(j, q0, q1, &nx.b, &failed);
-			if (!nx.taken)
+			if (nx.b.learn)       /* no full tile asked for it */
 				learn_next(&nx.b);
 			more = nx.more;
 			r0 = nx.q0;
