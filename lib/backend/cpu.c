@@ -371,11 +371,12 @@ static void cpu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const f
 {
 	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
 	struct rope_memo *memo = &((struct cpu *)be->ctx)->rope;
-
 	/* a decode step of one row calls this once per layer at one position:
 	 * its 2 x d/2 cosf and sinf calls are most of the op, so the last
 	 * row's angles are kept (the same values: the same calls) */
-	if (M == 1 && d / 2 <= 256 &&
+	const int memo_row = M == 1 && d / 2 <= 256;
+
+	if (memo_row &&
 	    !(memo->half == d / 2 && memo->pos[0] == pos[0] && memo->pos[1] == pos[1] &&
 	      memcmp(memo->theta, theta, sizeof(float) * (size_t)(d / 2)) == 0)) {
 		rope_angles(memo->cs, memo->sn, pos, theta, d / 2);
@@ -390,7 +391,7 @@ static void cpu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const f
 		const float *cs = buf_cs, *sn = buf_sn;
 		float *row = qkv + (size_t)m * W;
 
-		if (M == 1 && d / 2 <= 256) {
+		if (memo_row) {
 			cs = memo->cs;
 			sn = memo->sn;
 		} else {
