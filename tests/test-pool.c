@@ -285,8 +285,8 @@ int main(void)
 	ok(all, "shared jobs right after the workers went to sleep run every item once");
 
 	{
-		/* three threads that keep the cores busy: the team finds the
-		 * machine busy and sleeps between jobs, the caller too */
+		/* three threads of this process that keep the cores busy: the
+		 * team polls on, yielding its cores to them */
 		pthread_t hog[3];
 		int nh = 0;
 
@@ -300,6 +300,31 @@ int main(void)
 		for (int i = 0; i < nh; i++)
 			pthread_join(hog[i], NULL);
 		ok(all && nh == 3, "3000 plain and 3000 shared jobs while three other threads keep the cores busy: "
+		   "every part and item runs once");
+	}
+
+	{
+		/* the same with three other processes: only work outside the
+		 * process makes the team find the machine busy and sleep */
+		pid_t hog[3];
+		int nh = 0;
+
+		for (int i = 0; i < 3; i++)
+			if ((hog[nh] = fork()) == 0) {
+				alarm(60);                  /* never outlives a lost parent for long */
+				for (volatile unsigned x = 0;; x++)
+					;
+			} else if (hog[nh] > 0) {
+				nh++;
+			}
+		all = 1;
+		for (int i = 0; i < 3000 && all; i++)
+			all = job_ok(2 + i % 3, NULL) && share_ok(2 + i % 3);
+		for (int i = 0; i < nh; i++) {
+			kill(hog[i], SIGKILL);
+			waitpid(hog[i], NULL, 0);
+		}
+		ok(all && nh == 3, "3000 plain and 3000 shared jobs while three other processes keep the cores busy: "
 		   "every part and item runs once");
 	}
 

@@ -17,19 +17,22 @@
  * for the ones that joined. A worker that finds the ticket closed, or
  * naming a later job, leaves the job alone: it reads nothing of it.
  *
- * When yields hand the core to other work for a while, twice in a short
- * time (yield_core), the machine is busy: for BUSY_US workers sleep as soon as a job ends and the
+ * When yields hand the core to another process's work for a while, twice
+ * in a short time (yield_core), the machine is busy: for BUSY_US workers sleep as soon as a job ends and the
  * caller sleeps on fin until the last worker is done. Polling there would
  * take cores other work wants (measured: with two `nice yes` beside it, a
  * decode step of the `small` preset 21 ms polling, 8 ms so), and waking a
  * thread whose core is busy is cheap; it is the idle, halted core of a
  * virtual machine that is slow to wake.
  */
+#include <dirent.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <omp.h>
@@ -93,12 +96,65 @@ static long switches(void)
 	return getrusage(RUSAGE_THREAD, &r) == 0 ? r.ru_nivcsw : 0;
 }
 
+/* This process's runnable threads (state R in /proc/self/task); -1 where
+ * /proc cannot say. */
+static int own_runnable(void)
+{
+	char line[128], path[64];
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((e = readdir(d))) {
+		FILE *f;
+		const char *c;
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof path, "/proc/self/task/%.20s/stat", e->d_name);
+		if (!(f = fopen(path, "r")))
+			continue;
+		/* "tid (comm) S ...": the state follows the last ')' */
+		if (fgets(line, sizeof line, f) && (c = strrchr(line, ')')) && c[1] == ' ' && c[2] == 'R')
+			n++;
+		fclose(f);
+	}
+	closedir(d);
+	return n;
+}
+
+/* Whether a thread outside this process can run now: the machine's
+ * runnable threads (/proc/loadavg) outnumber this process's, counted
+ * before and after (a thread of ours may stop between the reads). 1
+ * where /proc cannot say. */
+static int others_runnable(void)
+{
+	char line[128];
+	int all = -1, own0 = own_runnable(), own1;
+	FILE *f = fopen("/proc/loadavg", "r");
+
+	if (f) {
+		if (!fgets(line, sizeof line, f) || sscanf(line, "%*s %*s %*s %d/", &all) != 1)
+			all = -1;
+		fclose(f);
+	}
+	own1 = own_runnable();
+	return all < 0 || own0 < 0 || all > (own0 > own1 ? own0 : own1);
+}
+
 /* Give the core to other work that wants it, if any: 1 when other work
  * took it (the thread was switched out since *seen, which is updated,
- * for TAKEN_US or more) for the second time within AGAIN_US: the machine
- * is busy, marked so for BUSY_US; else 0. Neither time the hypervisor
- * takes from the virtual machine (no switch) nor a kernel thread's
- * occasional turn counts. */
+ * for TAKEN_US or more, and a thread of another process wants to run) for
+ * the second time within AGAIN_US: the machine is busy, marked so for
+ * BUSY_US; else 0. Neither time the hypervisor takes from the virtual
+ * machine (no switch), nor a kernel thread's occasional turn, nor this
+ * process's own threads count: OpenMP's team works or spins on these
+ * cores after a region, and a turn of it is no reason for the pool to
+ * sleep (measured on a 2-vCPU machine: after a prefill or `hi3 bench`'s
+ * fill of its read buffer, both OpenMP, the team slept through 1-14 of
+ * the 48 decode steps in 5 of 6 bench runs, its workers starting 30-60 us
+ * late on each job). */
 static int yield_core(long *seen)
 {
 	const double t0 = now_us();
@@ -109,6 +165,8 @@ static int yield_core(long *seen)
 	if ((t = now_us()) - t0 < TAKEN_US || (n = switches()) == *seen)
 		return 0;
 	*seen = n;
+	if (!others_runnable())
+		return 0;
 	last = atomic_exchange_explicit(&pool.taken_at, t, memory_order_relaxed);
 	if (t - last > AGAIN_US)
 		return 0;
