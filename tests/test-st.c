@@ -1,5 +1,6 @@
 /* test-st.c -- safetensors reader/writer: round trip, alignment, and every
  * malformed file the reader must refuse with a message naming file and tensor. */
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "hi3.h"
@@ -151,6 +152,40 @@ int main(void)
 		ok(hi3i_shape_bytes(3, big, 1, &r) == 0 && r == 0 && hi3i_shape_bytes(2, big, 2, &r) == -1 &&
 		   hi3i_shape_bytes(2, neg, 4, &r) == -1 && hi3i_shape_bytes(0, big, 4, &r) == 0 && r == 4,
 		   "hi3i_shape_bytes: zero dims give 0 bytes, the others must fit int64");
+	}
+	{
+		/* NaN and Inf counted in each float format, in a row (no
+		 * threads) and in a tensor of 2^20 and more (chunks of 2^16 on
+		 * OpenMP's threads), with bad values at the chunks' edges */
+		const size_t ns[2] = {1000, ((size_t)1 << 20) + 12345};
+		const size_t at[5] = {0, 999, 65535, 65536, ((size_t)1 << 20) + 12344};
+		const hi3_dtype dts[5] = {HI3_F32, HI3_BF16, HI3_F16, HI3_F8_E4M3, HI3_F8_E5M2};
+		/* a NaN, an Inf (none in e4m3: its NaN again), a 1 and a max finite value of each */
+		const uint32_t nan[5] = {0x7fc00000u, 0x7fc0, 0x7e00, 0x7f, 0x7e};
+		const uint32_t inf[5] = {0xff800000u, 0xff80, 0xfc00, 0xff, 0xfc};
+		const uint32_t one[5] = {0x3f800000u, 0x3f80, 0x3c00, 0x38, 0x3c};
+		const uint32_t big[5] = {0x7f7fffffu, 0x7f7f, 0x7bff, 0x7e, 0x7b};
+		unsigned char *buf = malloc(ns[1] * 4);
+		int all = buf != NULL;
+
+		for (int k = 0; k < 5 && all; k++)
+			for (int s = 0; s < 2; s++) {
+				const size_t n = ns[s], es = hi3_dtype_size(dts[k]);
+				int64_t want = 0;
+				for (size_t i = 0; i < n; i++) {
+					const uint32_t v = i % 3 ? one[k] : big[k];
+					memcpy(buf + i * es, &v, es);  /* little-endian: the low bytes */
+				}
+				for (int j = 0; j < 5; j++)
+					if (at[j] < n) {
+						memcpy(buf + at[j] * es, j % 2 ? &inf[k] : &nan[k], es);
+						want++;
+					}
+				all &= hi3i_count_nonfinite(buf, dts[k], n) == want;
+			}
+		free(buf);
+		ok(all, "hi3i_count_nonfinite: NaN and Inf of f32, bf16, f16 and both f8 found at chunk edges, "
+		   "in a row and in a tensor of 2^20 and more");
 	}
 	/* Nothing writes over an existing file on failure: writing into a
 	 * missing directory fails and leaves no temporary behind. */

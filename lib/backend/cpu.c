@@ -296,9 +296,7 @@ static void cpu_embed(hi3_backend *be, float *x, const int64_t *ids, const hi3_w
 			first_use(be, wte, rows + (size_t)ids[m] * H * es, H * es);
 		}
 	}
-#pragma omp parallel for schedule(static) if (PAR((size_t)M * H))
-	for (int m = 0; m < M; m++)
-		hi3_to_f32(x + (size_t)m * H, rows + (size_t)ids[m] * H * es, wte->t->dtype, H);
+	HI3_PAR_FOR((size_t)M * H, m, M, hi3_to_f32(x + (size_t)m * H, rows + (size_t)ids[m] * H * es, wte->t->dtype, H););
 }
 
 /* y = x * rsqrt(mean(x^2) + eps) * w over n, like HunyuanRMSNorm in fp32. */
@@ -317,9 +315,7 @@ static inline void rms_row(float *y, const float *x, const float *w, int n, floa
 static void cpu_rmsnorm(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M, int n, float eps)
 {
 	(void)be;
-#pragma omp parallel for schedule(static) if (PAR((size_t)M * n))
-	for (int m = 0; m < M; m++)
-		rms_row(y + (size_t)m * n, x + (size_t)m * n, w->f32, n, eps);
+	HI3_PAR_FOR((size_t)M * n, m, M, rms_row(y + (size_t)m * n, x + (size_t)m * n, w->f32, n, eps););
 }
 
 static void cpu_zero(hi3_backend *be, float *x, size_t n)
@@ -338,9 +334,15 @@ static void cpu_copy2d(hi3_backend *be, float *dst, size_t ldd, const float *src
 static void cpu_add(hi3_backend *be, float *x, const float *y, size_t n)
 {
 	(void)be;
-#pragma omp parallel for simd schedule(static) if (PAR(n))
-	for (size_t i = 0; i < n; i++)
-		x[i] += y[i];
+	if (PAR(n)) {
+#pragma omp parallel for simd schedule(static)
+		for (size_t i = 0; i < n; i++)
+			x[i] += y[i];
+	} else {        /* no parallel region at all: see HI3_PAR_FOR */
+#pragma omp simd
+		for (size_t i = 0; i < n; i++)
+			x[i] += y[i];
+	}
 }
 
 static void rope_head(float *h, const float *cs, const float *sn, int d)
@@ -366,10 +368,36 @@ static void rope_angles(float *cs, float *sn, const int32_t *pos, const float *t
 	}
 }
 
+/* Row m of cpu_rope_qk: RoPE on its q and k heads, then their norms. */
+static void rope_qk_row(float *qkv, int m, const int32_t *pos, const float *theta, const struct rope_memo *memo,
+                        const hi3_wt *qn, const hi3_wt *kn, const struct hi3_dims *dm)
+{
+	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
+	float buf_cs[512], buf_sn[512];
+	const float *cs = buf_cs, *sn = buf_sn;
+	float *row = qkv + (size_t)m * W;
+
+	if (memo) {
+		cs = memo->cs;
+		sn = memo->sn;
+	} else {
+		rope_angles(buf_cs, buf_sn, pos + 2 * m, theta, d / 2);
+	}
+	for (int j = 0; j < dm->n_kv; j++) {
+		float *blk = row + (size_t)j * (g + 2) * d;
+		for (int h = 0; h < g + 1; h++) {        /* g query heads, then the key head */
+			float *hp = blk + (size_t)h * d;
+			rope_head(hp, cs, sn, d);
+			if (qn)
+				rms_row(hp, hp, h < g ? qn->f32 : kn->f32, d, dm->eps);
+		}
+	}
+}
+
 static void cpu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const float *theta, const hi3_wt *qn,
                         const hi3_wt *kn, const struct hi3_dims *dm, int M)
 {
-	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
+	const int d = dm->d, W = (dm->n_h + 2 * dm->n_kv) * d;
 	struct rope_memo *memo = &((struct cpu *)be->ctx)->rope;
 	/* a decode step of one row calls this once per layer at one position:
 	 * its 2 x d/2 cosf and sinf calls are most of the op, so the last
@@ -385,28 +413,7 @@ static void cpu_rope_qk(hi3_backend *be, float *qkv, const int32_t *pos, const f
 		memo->pos[1] = pos[1];
 		memo->half = d / 2;
 	}
-#pragma omp parallel for schedule(static) if (PAR((size_t)M * W))
-	for (int m = 0; m < M; m++) {
-		float buf_cs[512], buf_sn[512];
-		const float *cs = buf_cs, *sn = buf_sn;
-		float *row = qkv + (size_t)m * W;
-
-		if (memo_row) {
-			cs = memo->cs;
-			sn = memo->sn;
-		} else {
-			rope_angles(buf_cs, buf_sn, pos + 2 * m, theta, d / 2);
-		}
-		for (int j = 0; j < dm->n_kv; j++) {
-			float *blk = row + (size_t)j * (g + 2) * d;
-			for (int h = 0; h < g + 1; h++) {        /* g query heads, then the key head */
-				float *hp = blk + (size_t)h * d;
-				rope_head(hp, cs, sn, d);
-				if (qn)
-					rms_row(hp, hp, h < g ? qn->f32 : kn->f32, d, dm->eps);
-			}
-		}
-	}
+	HI3_PAR_FOR((size_t)M * W, m, M, rope_qk_row(qkv, m, pos, theta, memo_row ? memo : NULL, qn, kn, dm););
 }
 
 static inline void store_vec(void *dst, hi3_dtype dt, size_t off, const float *src, int d)
@@ -420,26 +427,32 @@ static inline void store_vec(void *dst, hi3_dtype dt, size_t off, const float *s
 	}
 }
 
+/* kv head j of cpu_kv_store, for every token in order: of duplicate slots
+ * the last token's stays. */
+static void kv_store_head(const hi3_kv_dst *dst, const float *qkv, const int32_t *row, const int64_t *slot,
+                          const struct hi3_dims *dm, int M, int j, size_t rs)
+{
+	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
+
+	for (int m = 0; m < M; m++) {
+		if (slot[m] < 0)
+			continue;
+		const float *blk = qkv + (size_t)m * W + (size_t)j * (g + 2) * d;
+		size_t off = (size_t)row[m] * rs + ((size_t)j * (size_t)dst->C + (size_t)slot[m]) * d;
+		store_vec(dst->k, dst->dtype, off, blk + (size_t)g * d, d);
+		store_vec(dst->v, dst->dtype, off, blk + (size_t)(g + 1) * d, d);
+	}
+}
+
 static void cpu_kv_store(hi3_backend *be, const hi3_kv_dst *dst, const float *qkv, const int32_t *row,
                          const int64_t *slot, const struct hi3_dims *dm, int M)
 {
-	const int d = dm->d, g = dm->n_h / dm->n_kv, W = (dm->n_h + 2 * dm->n_kv) * d;
+	const int d = dm->d, W = (dm->n_h + 2 * dm->n_kv) * d;
 	const size_t rs = dst->row_stride ? (size_t)dst->row_stride : (size_t)dm->n_kv * (size_t)dst->C * (size_t)d;
 
 	(void)be;
-	/* Parallel over kv heads; each thread stores its head for all tokens
-	 * in order, so duplicate slots resolve to the last token. */
-#pragma omp parallel for schedule(static) if (PAR((size_t)M * W))
-	for (int j = 0; j < dm->n_kv; j++) {
-		for (int m = 0; m < M; m++) {
-			if (slot[m] < 0)
-				continue;
-			const float *blk = qkv + (size_t)m * W + (size_t)j * (g + 2) * d;
-			size_t off = (size_t)row[m] * rs + ((size_t)j * (size_t)dst->C + (size_t)slot[m]) * d;
-			store_vec(dst->k, dst->dtype, off, blk + (size_t)g * d, d);
-			store_vec(dst->v, dst->dtype, off, blk + (size_t)(g + 1) * d, d);
-		}
-	}
+	/* parallel over kv heads, each head's tokens in order on one thread */
+	HI3_PAR_FOR((size_t)M * W, j, dm->n_kv, kv_store_head(dst, qkv, row, slot, dm, M, j, rs););
 }
 
 /* The key or value vector at off: in place for f32, widened into buf for bf16. */
@@ -993,35 +1006,44 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 /* y = a * silu(b) with silu(b) = b / (1 + expf(-b)); the exponentials 256
  * at a time by softmax_exp, which gives expf's bits (scalar expf where its
  * vector form does not). */
+static void swiglu_row(float *o, const float *a, const float *b, int inter, int vexp)
+{
+	float e[256];
+
+	for (int i0 = 0; i0 < inter; i0 += 256) {
+		const int n = HI3_MIN(256, inter - i0);
+#pragma omp simd
+		for (int i = 0; i < n; i++)
+			e[i] = -b[i0 + i];
+		softmax_exp(vexp, e, n, 0.0f);
+#pragma omp simd
+		for (int i = 0; i < n; i++)
+			o[i0 + i] = a[i0 + i] * (b[i0 + i] / (1.0f + e[i]));
+	}
+}
+
 static void cpu_swiglu(hi3_backend *be, float *y, const float *ab, int M, int inter)
 {
 	const int vexp = exp_vector_ok();       /* before the threads: the probe runs once */
 
 	(void)be;
-#pragma omp parallel for schedule(static) if (PAR((size_t)M * inter))
-	for (int m = 0; m < M; m++) {
-		const float *a = ab + (size_t)m * 2 * inter, *b = a + inter;
-		float *o = y + (size_t)m * inter, e[256];
-
-		for (int i0 = 0; i0 < inter; i0 += 256) {
-			const int n = HI3_MIN(256, inter - i0);
-#pragma omp simd
-			for (int i = 0; i < n; i++)
-				e[i] = -b[i0 + i];
-			softmax_exp(vexp, e, n, 0.0f);
-#pragma omp simd
-			for (int i = 0; i < n; i++)
-				o[i0 + i] = a[i0 + i] * (b[i0 + i] / (1.0f + e[i]));
-		}
-	}
+	HI3_PAR_FOR((size_t)M * inter, m, M,
+	            swiglu_row(y + (size_t)m * inter, ab + (size_t)m * 2 * inter, ab + (size_t)m * 2 * inter + inter,
+	                       inter, vexp););
 }
 
 static void cpu_gather(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
 {
 	(void)be;
-#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
-	for (int i = 0; i < n; i++)
-		memcpy(dst + (size_t)i * w, src + (size_t)idx[i] * w, sizeof(float) * (size_t)w);
+	HI3_PAR_FOR((size_t)n * w, i, n, memcpy(dst + (size_t)i * w, src + (size_t)idx[i] * w, sizeof(float) * (size_t)w););
+}
+
+/* y += a x over n */
+static void axpy(float *y, float a, const float *x, int n)
+{
+#pragma omp simd
+	for (int j = 0; j < n; j++)
+		y[j] += a * x[j];
 }
 
 static void cpu_scatter_add(hi3_backend *be, float *dst, const float *src, const int32_t *idx,
@@ -1029,22 +1051,13 @@ static void cpu_scatter_add(hi3_backend *be, float *dst, const float *src, const
 {
 	(void)be;
 	/* idx may repeat across calls but not within one (one expert per token). */
-#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
-	for (int i = 0; i < n; i++) {
-		float *dr = dst + (size_t)idx[i] * w;
-		const float *sr = src + (size_t)i * w;
-#pragma omp simd
-		for (int j = 0; j < w; j++)
-			dr[j] += scale[i] * sr[j];
-	}
+	HI3_PAR_FOR((size_t)n * w, i, n, axpy(dst + (size_t)idx[i] * w, scale[i], src + (size_t)i * w, w););
 }
 
 static void cpu_scatter(hi3_backend *be, float *dst, const float *src, const int32_t *idx, int n, int w)
 {
 	(void)be;
-#pragma omp parallel for schedule(static) if (PAR((size_t)n * w))
-	for (int i = 0; i < n; i++)
-		memcpy(dst + (size_t)idx[i] * w, src + (size_t)i * w, sizeof(float) * (size_t)w);
+	HI3_PAR_FOR((size_t)n * w, i, n, memcpy(dst + (size_t)idx[i] * w, src + (size_t)i * w, sizeof(float) * (size_t)w););
 }
 
 static void cpu_destroy(hi3_backend *be)

@@ -26,6 +26,21 @@ _Noreturn void hi3i_assert_fail(const char *what, const char *file, int line);
  * elements times their cost): below it the fork/join costs more than it
  * saves (decode at small B). */
 #define HI3_PAR_WORTH(work) ((size_t)(work) >= ((size_t)1 << 16))
+/* for (int i = 0; i < n; i++) { body }: on OpenMP's threads when work is
+ * worth them, else on the calling thread without entering a parallel
+ * region. A region that its if clause keeps serial still costs libgomp a
+ * team: 1.3 us against 0.25 us for a loop over 1024 elements (measured),
+ * and a decode step of the `small` preset runs some 80 such loops. */
+#define HI3_PAR_FOR(work, i, n, ...)                                          \
+	do {                                                                  \
+		const int hi3_par_n_ = (n);                                   \
+		if (HI3_PAR_WORTH(work)) {                                    \
+			_Pragma("omp parallel for schedule(static)")          \
+			for (int i = 0; i < hi3_par_n_; i++) { __VA_ARGS__ }  \
+		} else {                                                      \
+			for (int i = 0; i < hi3_par_n_; i++) { __VA_ARGS__ }  \
+		}                                                             \
+	} while (0)
 
 /* The rows [lo, lo + n) of a length-N axis split into parts: part i. */
 static inline void hi3i_split(int N, int parts, int i, int *lo, int *n)

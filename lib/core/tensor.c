@@ -168,15 +168,14 @@ const char *hi3_shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
 	return buf;
 }
 
-int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n)
+/* NaN and Inf among the elements [i0, i1) of data. */
+static int64_t nonfinite_range(const unsigned char *p, hi3_dtype dt, size_t i0, size_t i1)
 {
-	const unsigned char *p = data;
 	int64_t bad = 0;
 
 	switch (dt) {
 	case HI3_F32:
-#pragma omp parallel for reduction(+ : bad) schedule(static) if (n >= (1u << 20))
-		for (size_t i = 0; i < n; i++) {
+		for (size_t i = i0; i < i1; i++) {
 			uint32_t u;
 			memcpy(&u, p + 4 * i, 4);
 			bad += (u & 0x7f800000u) == 0x7f800000u;
@@ -184,9 +183,8 @@ int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n)
 		return bad;
 	case HI3_BF16:
 	case HI3_F16: {
-		uint16_t mask = dt == HI3_BF16 ? 0x7f80 : 0x7c00;
-#pragma omp parallel for reduction(+ : bad) schedule(static) if (n >= (1u << 20))
-		for (size_t i = 0; i < n; i++) {
+		const uint16_t mask = dt == HI3_BF16 ? 0x7f80 : 0x7c00;
+		for (size_t i = i0; i < i1; i++) {
 			uint16_t u;
 			memcpy(&u, p + 2 * i, 2);
 			bad += (u & mask) == mask;
@@ -197,16 +195,29 @@ int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n)
 	case HI3_F8_E5M2: {
 		/* e4m3: NaN is S.1111.111 (no infinities); e5m2: exponent 11111 */
 		const uint8_t mask = dt == HI3_F8_E4M3 ? 0x7f : 0x7c;
-#pragma omp parallel for reduction(+ : bad) schedule(static) if (n >= (1u << 20))
-		for (size_t i = 0; i < n; i++)
+		for (size_t i = i0; i < i1; i++)
 			bad += (p[i] & mask) == mask;
 		return bad;
 	}
 	default:
 		if (!hi3_dtype_is_float(dt))
 			return 0;
-		for (size_t i = 0; i < n; i++)
-			bad += !isfinite(hi3_elem_f64(data, dt, i));
+		for (size_t i = i0; i < i1; i++)
+			bad += !isfinite(hi3_elem_f64(p, dt, i));
 		return bad;
 	}
+}
+
+int64_t hi3i_count_nonfinite(const void *data, hi3_dtype dt, size_t n)
+{
+	const size_t chunk = (size_t)1 << 16;
+	const int64_t parts = (int64_t)((n + chunk - 1) / chunk);
+	int64_t bad = 0;
+
+	if (n < ((size_t)1 << 20))      /* a row the first time it is gathered: no parallel region (HI3_PAR_FOR) */
+		return nonfinite_range(data, dt, 0, n);
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+	for (int64_t c = 0; c < parts; c++)
+		bad += nonfinite_range(data, dt, (size_t)c * chunk, HI3_MIN(n, (size_t)(c + 1) * chunk));
+	return bad;
 }
