@@ -12,9 +12,11 @@
  * pool's workers poll for the next job for HI3I_POOL_SPIN_US after the
  * last one, and only then sleep: the gaps between a step's products are
  * shorter, so a step pays for one wake-up, not one per product. A worker
- * that finds it lost its core while polling (other work wants the cores)
- * makes the team sleep at once for a while instead: there, polling would
- * take a core from that work, and waking a worker on a busy core is cheap.
+ * that finds it lost its core while polling, with another process's
+ * threads wanting to run (other work wants the cores; this process's own
+ * OpenMP threads do not count), makes the team sleep at once for a while
+ * instead: there, polling would take a core from that work, and waking a
+ * worker on a busy core is cheap.
  *
  * A job is fn(arg, id, nt) on nt threads, id 0 the caller. What each id
  * computes is the caller's choice; the pool only decides how many run.
