@@ -18,12 +18,13 @@
  * naming a later job, leaves the job alone: it reads nothing of it.
  *
  * When yields hand the core to another process's work for a while, twice
- * in a short time (yield_core), the machine is busy: for BUSY_US workers sleep as soon as a job ends and the
- * caller sleeps on fin until the last worker is done. Polling there would
- * take cores other work wants (measured: with two `nice yes` beside it, a
- * decode step of the `small` preset 21 ms polling, 8 ms so), and waking a
- * thread whose core is busy is cheap; it is the idle, halted core of a
- * virtual machine that is slow to wake.
+ * in a short time (yield_core), the machine is busy: for BUSY_US workers
+ * sleep as soon as a job ends and the caller sleeps on fin until the last
+ * worker is done. Polling there would take cores other work wants
+ * (measured: with two `nice yes` beside it, a decode step of the `small`
+ * preset 21 ms polling, 8 ms so), and waking a thread whose core is busy
+ * is cheap; it is the idle, halted core of a virtual machine that is slow
+ * to wake.
  */
 #include <dirent.h>
 #include <limits.h>
