@@ -1,7 +1,9 @@
 /* test-st.c -- safetensors reader/writer: round trip, alignment, and every
  * malformed file the reader must refuse with a message naming file and tensor. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include "hi3.h"
 #include "core/internal.h"
@@ -39,6 +41,74 @@ static void expect_bad(const char *name, const char *hdr, size_t data_len, const
 	ok(rc == -1 && err.status == HI3_ERR_INPUT && strstr(err.msg, needle) && strstr(err.msg, name),
 	   "%s refused: %s", name, err.msg);
 	hi3_st_close(st);
+}
+
+/* Whether this process's map of path asks for huge pages: 1 when its
+ * VmFlags in /proc/self/smaps name "hg" (MADV_HUGEPAGE), 0 when not, -1
+ * when the map is not found there (or /proc cannot say). */
+static int map_advised(const char *path)
+{
+	char real[PATH_MAX], line[PATH_MAX + 128];
+	FILE *f;
+	int in = 0, found = -1;
+
+	if (!realpath(path, real) || !(f = fopen("/proc/self/smaps", "r")))
+		return -1;
+	while (fgets(line, sizeof line, f)) {
+		const char *p = strchr(line, '/');
+		size_t n = strlen(line);
+		if (n && line[n - 1] == '\n')
+			line[--n] = 0;
+		if (strncmp(line, "VmFlags:", 8) == 0) {
+			if (in)
+				found = strstr(line, " hg") != NULL;
+			in = 0;
+		} else if (strchr(line, '-') && strchr(line, '-') < strchr(line, ' ')) {
+			in = p && strcmp(p, real) == 0;   /* a map's first line: "lo-hi perms ... path" */
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+/* A read-only map of a file of 2 MiB or more asks for huge pages, a
+ * smaller one does not: checked where the kernel takes the advice for
+ * anonymous memory (else skipped). */
+static void huge_map_advice(void)
+{
+	const size_t big = 2u << 20;
+	int64_t shape[1] = {(int64_t)(big / sizeof(float))};
+	void *probe = NULL;
+	int can;
+
+	can = posix_memalign(&probe, big, big) == 0;
+#ifdef MADV_HUGEPAGE
+	can = can && madvise(probe, big, MADV_HUGEPAGE) == 0;
+#else
+	can = 0;
+#endif
+	free(probe);
+	if (!can || map_advised("/proc/self/exe") < 0) {
+		diag("skipped: huge-page advice (no MADV_HUGEPAGE or no /proc/self/smaps here)");
+		return;
+	}
+	for (int large = 0; large < 2; large++) {
+		const char *name = large ? "huge.safetensors" : "small.safetensors";
+		hi3_st_writer *w = hi3_stw_new();
+		hi3_st *st = NULL;
+		hi3_error err = {0};
+		int got;
+
+		shape[0] = large ? (int64_t)(big / sizeof(float)) : 1024;
+		hi3_stw_add(w, "x", HI3_F32, 1, shape, NULL);
+		ok(hi3_stw_write(w, path_of(name), &err) == 0 && hi3_st_open(&st, path_of(name), HI3_ST_READ, &err) == 0,
+		   "%s written and mapped: %s", name, err.msg);
+		got = map_advised(path_of(name));
+		ok(got == large, "a read-only map of %s %s huge pages (smaps: %d)", large ? "2 MiB and more" : "4 KiB",
+		   large ? "asks for" : "does not ask for", got);
+		hi3_st_close(st);
+		hi3_stw_free(w);
+	}
 }
 
 int main(void)
@@ -187,6 +257,7 @@ int main(void)
 		ok(all, "hi3i_count_nonfinite: NaN and Inf of f32, bf16, f16 and both f8 found at chunk edges, "
 		   "in a row and in a tensor of 2^20 and more");
 	}
+	huge_map_advice();
 	/* Nothing writes over an existing file on failure: writing into a
 	 * missing directory fails and leaves no temporary behind. */
 	w = hi3_stw_new();
