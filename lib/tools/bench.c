@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "backend/gemm.h"
 #include "backend/pool.h"
 #include "model/config-internal.h"
@@ -42,13 +43,22 @@ static uint64_t read_block(const uint64_t *a, size_t n)
 }
 #endif
 
-/* A buffer of n words to read, filled (so that it is mapped in); NULL when out of memory. */
+/* A buffer of n words to read, filled (so that it is mapped in); NULL
+ * when out of memory. It asks for huge pages, as a checkpoint's map does
+ * (format/safetensors.c): the floor is the fastest read of the bytes,
+ * and on 4 KiB pages the same read took 4-6% longer (an AMD EPYC VM, the
+ * two buffers read in turn, 31 rounds, 1 and 2 threads). */
 static uint64_t *read_buffer(size_t n)
 {
+	const size_t huge = (size_t)2 << 20;
 	uint64_t *a = NULL;
 
-	if (posix_memalign((void **)&a, 64, n * sizeof(uint64_t)) != 0)
+	if (posix_memalign((void **)&a, huge, n * sizeof(uint64_t)) != 0)
 		return NULL;
+#ifdef MADV_HUGEPAGE
+	if (n * sizeof(uint64_t) >= huge)
+		(void)madvise(a, n * sizeof(uint64_t), MADV_HUGEPAGE);
+#endif
 #pragma omp parallel for schedule(static)
 	for (size_t i = 0; i < n; i++)
 		a[i] = i * 0x9e3779b97f4a7c15ULL;
