@@ -26,9 +26,12 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "core/internal.h"
 #include "backend/gemm.h"
+#include "backend/pool.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -204,6 +207,268 @@ static void make_q(hi3_qweight *q, unsigned char *buf, int d, const float *w, in
 	}
 }
 
+/* ------------------------------------------------------------ set stream */
+
+/* One B = 1 decode step's products of the `small` preset (hidden 1024, 8
+ * layers; per layer qkv, o, the router, then the shared expert and 4
+ * routed ones as two groups, gate_up then down, as the model runs them;
+ * then lm_head), the weights back to back in one buffer of huge pages as
+ * a checkpoint's map holds them, beside reads of the same bytes on the
+ * same team of threads (backend/pool.h), each pass in turn:
+ *   xor read          32-byte loads XORed: the read `hi3 bench` divides a
+ *                     decode step by (its floor);
+ *   widen read        the loads of the products' few-row tile, 8 weights at
+ *                     a time widened to floats (BF16: 16 bytes zero-extended
+ *                     and shifted; F32: 32 bytes), XORed;
+ *   widen+fma read    the same floats into 4 chains of fused multiply-adds;
+ *   widen32+fma read  (BF16) 32-byte loads widened by a permute and two
+ *                     unpacks: the same floats in the same lanes, half the
+ *                     loads.
+ * A read differs from the products only by their 8 rows at once, their
+ * prefetches and their jobs, so the lines say how far a loop's own work
+ * keeps a core from the read's rate on this machine. */
+enum { S_GEMM, S_XOR, S_WIDEN, S_FMA, S_FMA32, S_N };
+static const char *const sname[S_N] = {"products", "xor read", "widen read", "widen+fma read", "widen32+fma read"};
+
+struct stream_read {
+	const unsigned char *p;
+	size_t n;
+	int kind, bf16;
+	_Atomic uint64_t x;
+};
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint64_t read_xor(const unsigned char *p, size_t n)
+{
+	__m256i x0 = _mm256_setzero_si256(), x1 = x0, x2 = x0, x3 = x0;
+
+	for (size_t i = 0; i + 128 <= n; i += 128) {
+		x0 = _mm256_xor_si256(x0, _mm256_load_si256((const __m256i *)(p + i)));
+		x1 = _mm256_xor_si256(x1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+		x2 = _mm256_xor_si256(x2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+		x3 = _mm256_xor_si256(x3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+	}
+	x0 = _mm256_xor_si256(_mm256_xor_si256(x0, x1), _mm256_xor_si256(x2, x3));
+	return (uint64_t)_mm256_extract_epi64(x0, 0);
+}
+
+/* 8 elements at p as floats, loaded as the products load W */
+__attribute__((target("avx2"), always_inline)) static inline __m256i widen8(const unsigned char *p, int bf16)
+{
+	return bf16 ? _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16)
+	            : _mm256_loadu_si256((const __m256i *)p);
+}
+
+__attribute__((target("avx2"))) static uint64_t read_widen(const unsigned char *p, size_t n, int bf16)
+{
+	const size_t e = bf16 ? 16 : 32;
+	__m256i x0 = _mm256_setzero_si256(), x1 = x0, x2 = x0, x3 = x0;
+
+	for (size_t i = 0; i + 4 * e <= n; i += 4 * e) {
+		x0 = _mm256_xor_si256(x0, widen8(p + i, bf16));
+		x1 = _mm256_xor_si256(x1, widen8(p + i + e, bf16));
+		x2 = _mm256_xor_si256(x2, widen8(p + i + 2 * e, bf16));
+		x3 = _mm256_xor_si256(x3, widen8(p + i + 3 * e, bf16));
+	}
+	x0 = _mm256_xor_si256(_mm256_xor_si256(x0, x1), _mm256_xor_si256(x2, x3));
+	return (uint64_t)_mm256_extract_epi64(x0, 0);
+}
+
+__attribute__((target("avx2,fma"))) static uint64_t read_fma(const unsigned char *p, size_t n, int bf16)
+{
+	const size_t e = bf16 ? 16 : 32;
+	const __m256 c = _mm256_set1_ps(one);
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+	float r[8];
+
+	for (size_t i = 0; i + 4 * e <= n; i += 4 * e) {
+		a0 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(widen8(p + i, bf16)), a0);
+		a1 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(widen8(p + i + e, bf16)), a1);
+		a2 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(widen8(p + i + 2 * e, bf16)), a2);
+		a3 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(widen8(p + i + 3 * e, bf16)), a3);
+	}
+	_mm256_storeu_ps(r, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+	return (uint64_t)r[0];
+}
+__attribute__((target("avx2,fma"))) static uint64_t read_fma32(const unsigned char *p, size_t n, int bf16)
+{
+	const __m256 c = _mm256_set1_ps(one);
+	const __m256i z = _mm256_setzero_si256();
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+	float r[8];
+
+	(void)bf16;
+	for (size_t i = 0; i + 64 <= n; i += 64) {
+		__m256i u = _mm256_permute4x64_epi64(_mm256_load_si256((const __m256i *)(p + i)), 0xD8);
+		__m256i v = _mm256_permute4x64_epi64(_mm256_load_si256((const __m256i *)(p + i + 32)), 0xD8);
+		a0 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, u)), a0);
+		a1 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, u)), a1);
+		a2 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v)), a2);
+		a3 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v)), a3);
+	}
+	_mm256_storeu_ps(r, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+	return (uint64_t)r[0];
+}
+#else
+static uint64_t read_xor(const unsigned char *p, size_t n)
+{
+	uint64_t x = 0, v;
+
+	for (size_t i = 0; i + 8 <= n; i += 8) {
+		memcpy(&v, p + i, 8);
+		x ^= v;
+	}
+	return x;
+}
+
+static uint64_t read_widen(const unsigned char *p, size_t n, int bf16)
+{
+	uint32_t x = 0;
+
+	for (size_t i = 0; i + 4 <= n; i += bf16 ? 2 : 4) {
+		uint32_t v = 0;
+		memcpy(bf16 ? (unsigned char *)&v + 2 : (unsigned char *)&v, p + i, bf16 ? 2 : 4);
+		x ^= v;
+	}
+	return x;
+}
+
+#define read_fma32 read_fma
+static uint64_t read_fma(const unsigned char *p, size_t n, int bf16)
+{
+	float a = 0.0f;
+
+	for (size_t i = 0; i + 4 <= n; i += bf16 ? 2 : 4)
+		a = fmaf(one, bf16 ? hi3_bf16_to_f32((uint16_t)(p[i] | p[i + 1] << 8)) : *(const float *)(p + i), a);
+	return (uint64_t)a;
+}
+#endif
+
+/* Thread id's equal share of the read, in whole 128-byte blocks. */
+static void stream_part(void *arg, int id, int nt)
+{
+	struct stream_read *r = arg;
+	const size_t blocks = r->n / 128, lo = blocks * (size_t)id / (size_t)nt * 128,
+	             hi = blocks * (size_t)(id + 1) / (size_t)nt * 128;
+	uint64_t x = r->kind == S_XOR ? read_xor(r->p + lo, hi - lo)
+	             : r->kind == S_WIDEN ? read_widen(r->p + lo, hi - lo, r->bf16)
+	             : r->kind == S_FMA32 ? read_fma32(r->p + lo, hi - lo, r->bf16)
+	                                  : read_fma(r->p + lo, hi - lo, r->bf16);
+
+	atomic_fetch_xor(&r->x, x);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	const double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static int stream_set(int reps)
+{
+	enum { L = 8, E = 4, PER = 3 + 2 * (E + 1) };
+	static const int shape[PER][2] = {{1536, 1024}, {1024, 1024}, {16, 1024}, /* qkv, o, router */
+	                                  {1024, 1024}, {1024, 1024}, {1024, 1024}, {1024, 1024}, {1024, 1024},
+	                                  {1024, 512}, {1024, 512}, {1024, 512}, {1024, 512}, {1024, 512}};
+	const int nm = L * PER + 1;
+	float *x = calloc(2048, sizeof(float)), *y = calloc(32000, sizeof(float));
+	float *ys[E + 1], *xs[E + 1];
+	double *tm = malloc(sizeof(double) * (size_t)reps * S_N * 2);
+
+	if (!x || !y || !tm) {
+		fprintf(stderr, "bench-gemm: out of memory\n");
+		return 1;
+	}
+	for (int i = 0; i < 2048; i++)
+		x[i] = (float)(i % 17) / 17.0f - 0.5f;
+	for (int d = 0; d < 2; d++) {
+		const size_t es = d ? 2 : 4;
+		hi3_wmat w[L * PER + 1];
+		size_t bytes = 0, at = 0;
+		unsigned char *buf;
+		hi3_error err = {0};
+
+		for (int l = 0; l < L; l++)
+			for (int i = 0; i < PER; i++)
+				bytes += (size_t)shape[i][0] * (size_t)shape[i][1] * es;
+		bytes += (size_t)32000 * 1024 * es;
+		if (posix_memalign((void **)&buf, (size_t)2 << 20, bytes + 128) != 0) {
+			fprintf(stderr, "bench-gemm: out of memory for %zu MB of weights\n", bytes >> 20);
+			return 1;
+		}
+#ifdef MADV_HUGEPAGE
+		(void)madvise(buf, bytes + 128, MADV_HUGEPAGE);   /* as a checkpoint's map and hi3 bench's read */
+#endif
+		for (size_t i = 0; i < bytes / 2; i++)   /* values near 1 in either form */
+			((uint16_t *)buf)[i] = d ? (uint16_t)(0x3f80 + (i * 2654435761u >> 26)) : (i & 1 ? 0x3f80 : 0);
+		for (int m = 0; m < nm; m++) {
+			const int N = m < L * PER ? shape[m % PER][0] : 32000, K = m < L * PER ? shape[m % PER][1] : 1024;
+			hi3i_wmat_init(&w[m], buf + at, d ? HI3_BF16 : HI3_F32, N, K, &err);
+			at += (size_t)N * (size_t)K * es;
+		}
+		for (int r = 0; r < reps; r++) {
+			double tx = 0.0, ts[S_N];
+			for (int s = 0; s < S_N; s++) {
+				const double t0 = hi3i_now();
+				if (s == S_FMA32 && !d) {
+					ts[s] = 0.0;
+					continue;
+				}
+				if (s == S_GEMM) {
+					int fail = 0;
+					for (int l = 0; l < L; l++) {
+						const hi3_wmat *g[E + 1];
+						int M1[E + 1];
+						for (int i = 0; i < 3; i++)
+							fail |= hi3i_gemm(y, x, &w[l * PER + i], 1);
+						for (int half = 0; half < 2; half++) {
+							for (int e = 0; e <= E; e++) {
+								g[e] = &w[l * PER + 3 + half * (E + 1) + e];
+								ys[e] = y + (size_t)e * 1024;
+								xs[e] = x;
+								M1[e] = 1;
+							}
+							fail |= hi3i_gemm_group(E + 1, ys, (const float *const *)xs,
+							                        (const hi3_wmat *const *)g, M1);
+						}
+					}
+					if (fail | hi3i_gemm(y, x, &w[nm - 1], 1)) {
+						fprintf(stderr, "bench-gemm: out of memory\n");
+						return 1;
+					}
+				} else {
+					struct stream_read rd = {buf, bytes, s, d, 0};
+					hi3i_pool_run(stream_part, &rd, omp_get_max_threads());
+					y[0] += (float)(atomic_load(&rd.x) & 1);
+				}
+				ts[s] = hi3i_now() - t0;
+				if (s == S_XOR)
+					tx = ts[s];
+			}
+			for (int s = 0; s < S_N; s++) {
+				tm[(size_t)s * reps + r] = ts[s];
+				tm[(size_t)(S_N + s) * reps + r] = ts[s] / tx;
+			}
+		}
+		for (int s = 0; s < (d ? S_N : S_FMA32); s++) {
+			double *ms = tm + (size_t)s * reps, *ra = tm + (size_t)(S_N + s) * reps;
+			qsort(ms, (size_t)reps, sizeof(double), cmp_double);
+			qsort(ra, (size_t)reps, sizeof(double), cmp_double);
+			printf("{\"stream\": \"%s\", \"dtype\": \"%s\", \"mb\": %.1f, \"ms\": %.2f, \"gb_s\": %.1f, "
+			       "\"over_xor\": %.3f, \"over_xor_q1\": %.3f, \"over_xor_q3\": %.3f}\n",
+			       sname[s], d ? "BF16" : "F32", bytes / 1e6, ms[reps / 2] * 1e3, bytes / ms[reps / 2] * 1e-9,
+			       ra[reps / 2], ra[reps / 4], ra[3 * reps / 4]);
+			fflush(stdout);
+		}
+		free(buf);
+	}
+	free(x);
+	free(y);
+	free(tm);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const int pk = argc > 1 && !strcmp(argv[1], "--peak"), a0 = pk ? 2 : 1;
@@ -214,7 +479,7 @@ int main(int argc, char **argv)
 
 	if ((argc > a0 && hi3i_parse_i64(argv[a0], 0, 1024, &threads)) ||
 	    (argc > a0 + 1 && hi3i_parse_i64(argv[a0 + 1], 1, 1000, &reps))) {
-		fprintf(stderr, "usage: bench-gemm --peak [THREADS]\n       bench-gemm [THREADS [REPS [all|prefill|vit|quant]]]\n");
+		fprintf(stderr, "usage: bench-gemm --peak [THREADS]\n       bench-gemm [THREADS [REPS [all|prefill|vit|quant|stream]]]\n");
 		return 2;
 	}
 	if (threads > 0)
@@ -228,6 +493,8 @@ int main(int argc, char **argv)
 	best = hi3i_gemm_isa(-1);
 	printf("{\"hi3_kernel\": \"%s\", \"threads\": %d}\n",
 	       hi3i_gemm_isa(-1) == 2 ? "avx512" : hi3i_gemm_isa(-1) == 1 ? "avx2" : "portable", omp_get_max_threads());
+	if (!strcmp(set, "stream"))
+		return stream_set((int)reps);
 	for (size_t s = 0; s < HI3_ARRAY_SIZE(shapes); s++) {
 		const struct shape *sh = &shapes[s];
 		const int M = sh->M, N = sh->N, K = sh->K;
