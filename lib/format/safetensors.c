@@ -98,8 +98,8 @@ static int map_file(hi3_st *st, int flags, hi3_error *err)
 #ifdef MADV_HUGEPAGE
 	/* Huge pages for a checkpoint read in place: where the kernel reads
 	 * the file in through this map (not yet in its page cache), it then
-	 * reads 2 MiB folios and maps each with one entry, and a decode
-	 * step's walk over the weights misses the TLB 512 times less
+	 * reads 2 MiB folios and maps each with one entry, so a decode
+	 * step's walk over the weights needs 512 times fewer TLB entries
 	 * (docs/PERFORMANCE.md, "Decode at B = 1, sixth round"). Advice
 	 * only: a kernel without file huge pages ignores it or says EINVAL,
 	 * and pages already cached in small folios stay as they are. */
