@@ -28,10 +28,10 @@
 #include <omp.h>
 #include <stdatomic.h>
 #include <string.h>
-#include <sys/mman.h>
 #include "core/internal.h"
 #include "backend/gemm.h"
 #include "backend/pool.h"
+#include "tools/tools.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -215,8 +215,8 @@ static void make_q(hi3_qweight *q, unsigned char *buf, int d, const float *w, in
  * then lm_head), the weights back to back in one buffer of huge pages as
  * a checkpoint's map holds them, beside reads of the same bytes on the
  * same team of threads (backend/pool.h), each pass in turn:
- *   xor read          32-byte loads XORed: the read `hi3 bench` divides a
- *                     decode step by (its floor);
+ *   xor read          hi3i_read_xor, the read `hi3 bench` divides a decode
+ *                     step by (its floor);
  *   widen read        the loads of the products' few-row tile, 8 weights at
  *                     a time widened to floats (BF16: 16 bytes zero-extended
  *                     and shifted; F32: 32 bytes), XORed;
@@ -238,20 +238,6 @@ struct stream_read {
 };
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) static uint64_t read_xor(const unsigned char *p, size_t n)
-{
-	__m256i x0 = _mm256_setzero_si256(), x1 = x0, x2 = x0, x3 = x0;
-
-	for (size_t i = 0; i + 128 <= n; i += 128) {
-		x0 = _mm256_xor_si256(x0, _mm256_load_si256((const __m256i *)(p + i)));
-		x1 = _mm256_xor_si256(x1, _mm256_load_si256((const __m256i *)(p + i + 32)));
-		x2 = _mm256_xor_si256(x2, _mm256_load_si256((const __m256i *)(p + i + 64)));
-		x3 = _mm256_xor_si256(x3, _mm256_load_si256((const __m256i *)(p + i + 96)));
-	}
-	x0 = _mm256_xor_si256(_mm256_xor_si256(x0, x1), _mm256_xor_si256(x2, x3));
-	return (uint64_t)_mm256_extract_epi64(x0, 0);
-}
-
 /* 8 elements at p as floats, loaded as the products load W */
 __attribute__((target("avx2"), always_inline)) static inline __m256i widen8(const unsigned char *p, int bf16)
 {
@@ -310,17 +296,6 @@ __attribute__((target("avx2,fma"))) static uint64_t read_fma32(const unsigned ch
 	return (uint64_t)r[0];
 }
 #else
-static uint64_t read_xor(const unsigned char *p, size_t n)
-{
-	uint64_t x = 0, v;
-
-	for (size_t i = 0; i + 8 <= n; i += 8) {
-		memcpy(&v, p + i, 8);
-		x ^= v;
-	}
-	return x;
-}
-
 static uint64_t read_widen(const unsigned char *p, size_t n, int bf16)
 {
 	uint32_t x = 0;
@@ -350,7 +325,7 @@ static void stream_part(void *arg, int id, int nt)
 	struct stream_read *r = arg;
 	const size_t blocks = r->n / 128, lo = blocks * (size_t)id / (size_t)nt * 128,
 	             hi = blocks * (size_t)(id + 1) / (size_t)nt * 128;
-	uint64_t x = r->kind == S_XOR ? read_xor(r->p + lo, hi - lo)
+	uint64_t x = r->kind == S_XOR ? hi3i_read_xor((const uint64_t *)(r->p + lo), (hi - lo) / 8)
 	             : r->kind == S_WIDEN ? read_widen(r->p + lo, hi - lo, r->bf16)
 	             : r->kind == S_FMA32 ? read_fma32(r->p + lo, hi - lo, r->bf16)
 	                                  : read_fma(r->p + lo, hi - lo, r->bf16);
@@ -393,13 +368,10 @@ static int stream_set(int reps)
 			for (int i = 0; i < PER; i++)
 				bytes += (size_t)shape[i][0] * (size_t)shape[i][1] * es;
 		bytes += (size_t)32000 * 1024 * es;
-		if (posix_memalign((void **)&buf, (size_t)2 << 20, bytes + 128) != 0) {
+		if (!(buf = hi3i_huge_alloc(bytes + 128, NULL))) {   /* as a checkpoint's map and hi3 bench's read */
 			fprintf(stderr, "bench-gemm: out of memory for %zu MB of weights\n", bytes >> 20);
 			return 1;
 		}
-#ifdef MADV_HUGEPAGE
-		(void)madvise(buf, bytes + 128, MADV_HUGEPAGE);   /* as a checkpoint's map and hi3 bench's read */
-#endif
 		for (size_t i = 0; i < bytes / 2; i++)   /* values near 1 in either form */
 			((uint16_t *)buf)[i] = d ? (uint16_t)(0x3f80 + (i * 2654435761u >> 26)) : (i & 1 ? 0x3f80 : 0);
 		for (int m = 0; m < nm; m++) {

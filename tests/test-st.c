@@ -56,6 +56,7 @@ static int map_advised(const char *path)
 		return -1;
 	while (fgets(line, sizeof line, f)) {
 		const char *p = strchr(line, '/');
+		unsigned long lo, hi;
 		size_t n = strlen(line);
 		if (n && line[n - 1] == '\n')
 			line[--n] = 0;
@@ -63,7 +64,7 @@ static int map_advised(const char *path)
 			if (in)
 				found = strstr(line, " hg") != NULL;
 			in = 0;
-		} else if (strchr(line, '-') && strchr(line, '-') < strchr(line, ' ')) {
+		} else if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
 			in = p && strcmp(p, real) == 0;   /* a map's first line: "lo-hi perms ... path" */
 		}
 	}

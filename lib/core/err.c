@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "core/internal.h"
 
 int hi3_error_set(hi3_error *err, int status, const char *fmt, ...)
@@ -107,6 +108,21 @@ void *hi3i_aligned_alloc(size_t n, hi3_error *err)
 		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory allocating %zu bytes", n);
 		return NULL;
 	}
+	return p;
+}
+
+void *hi3i_huge_alloc(size_t n, hi3_error *err)
+{
+	void *p = NULL;
+
+	if (posix_memalign(&p, HI3_HUGE_PAGE, n ? n : 64) != 0) {
+		hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory allocating %zu bytes", n);
+		return NULL;
+	}
+#ifdef MADV_HUGEPAGE
+	if (n >= HI3_HUGE_PAGE)
+		(void)madvise(p, n, MADV_HUGEPAGE);
+#endif
 	return p;
 }
 

@@ -59,6 +59,11 @@ void *hi3i_malloc(size_t n, hi3_error *err);
 void *hi3i_calloc(size_t count, size_t size, hi3_error *err);
 /* 64-byte aligned allocation, freed with free(). */
 void *hi3i_aligned_alloc(size_t n, hi3_error *err);
+/* n bytes on 2 MiB boundaries that ask the kernel for huge pages
+ * (MADV_HUGEPAGE, from 2 MiB on; advice only), freed with free(): a
+ * buffer read as a checkpoint's map is (format/safetensors.c). */
+#define HI3_HUGE_PAGE ((size_t)2 << 20)
+void *hi3i_huge_alloc(size_t n, hi3_error *err);
 char *hi3i_strdup(const char *s);
 /* printf into a fresh heap string. */
 char *hi3i_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

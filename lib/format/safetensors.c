@@ -24,7 +24,6 @@
 #include "format/format.h"
 
 #define MAX_HEADER (256u << 20)   /* refuse headers above 256 MiB */
-#define HUGE_MAP (2u << 20)       /* a read-only map this large asks for huge pages */
 
 struct hi3_st {
 	char *path;
@@ -103,7 +102,7 @@ static int map_file(hi3_st *st, int flags, hi3_error *err)
 	 * (docs/PERFORMANCE.md, "Decode at B = 1, sixth round"). Advice
 	 * only: a kernel without file huge pages ignores it or says EINVAL,
 	 * and pages already cached in small folios stay as they are. */
-	if (!wr && st->size >= HUGE_MAP)
+	if (!wr && st->size >= HI3_HUGE_PAGE)
 		(void)madvise(st->map, st->size, MADV_HUGEPAGE);
 #endif
 	return 0;

@@ -9,7 +9,6 @@
 #include <omp.h>
 #include <stdatomic.h>
 #include <string.h>
-#include <sys/mman.h>
 #include "backend/gemm.h"
 #include "backend/pool.h"
 #include "model/config-internal.h"
@@ -18,7 +17,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 /* XOR of every 32-byte word in [a, a + n): a pure streaming read. */
-__attribute__((target("avx2"))) static uint64_t read_block(const uint64_t *a, size_t n)
+__attribute__((target("avx2"))) uint64_t hi3i_read_xor(const uint64_t *a, size_t n)
 {
 	__m256i x0 = _mm256_setzero_si256(), x1 = x0, x2 = x0, x3 = x0;
 	size_t i = 0;
@@ -33,7 +32,7 @@ __attribute__((target("avx2"))) static uint64_t read_block(const uint64_t *a, si
 	return (uint64_t)_mm256_extract_epi64(x0, 0) ^ (uint64_t)_mm256_extract_epi64(x0, 3);
 }
 #else
-static uint64_t read_block(const uint64_t *a, size_t n)
+uint64_t hi3i_read_xor(const uint64_t *a, size_t n)
 {
 	uint64_t x = 0;
 
@@ -50,15 +49,10 @@ static uint64_t read_block(const uint64_t *a, size_t n)
  * two buffers read in turn, 31 rounds, 1 and 2 threads). */
 static uint64_t *read_buffer(size_t n)
 {
-	const size_t huge = (size_t)2 << 20;
-	uint64_t *a = NULL;
+	uint64_t *a = hi3i_huge_alloc(n * sizeof(uint64_t), NULL);
 
-	if (posix_memalign((void **)&a, huge, n * sizeof(uint64_t)) != 0)
+	if (!a)
 		return NULL;
-#ifdef MADV_HUGEPAGE
-	if (n * sizeof(uint64_t) >= huge)
-		(void)madvise(a, n * sizeof(uint64_t), MADV_HUGEPAGE);
-#endif
 #pragma omp parallel for schedule(static)
 	for (size_t i = 0; i < n; i++)
 		a[i] = i * 0x9e3779b97f4a7c15ULL;
@@ -76,7 +70,7 @@ static void read_part(void *p, int id, int nt)
 	struct read_job *j = p;
 	const size_t chunk = (j->n / (size_t)nt) & ~(size_t)15, lo = chunk * (size_t)id;
 
-	atomic_fetch_xor(&j->x, read_block(j->a + lo, id == nt - 1 ? j->n - lo : chunk));
+	atomic_fetch_xor(&j->x, hi3i_read_xor(j->a + lo, id == nt - 1 ? j->n - lo : chunk));
 }
 
 /* Seconds to read the n words of a once, every thread a slice, on the

@@ -9,6 +9,10 @@
 #include "core/internal.h"
 #include "tools/hi3-tools.h"
 
+/* XOR of the n 64-bit words at a (32-byte aligned): the plain streaming
+ * read that `hi3 bench` takes as a decode step's floor (bench.c). */
+uint64_t hi3i_read_xor(const uint64_t *a, size_t n);
+
 /* Natural name order: digit runs compare as numbers ("k.2" < "k.10"). */
 int hi3i_natcmp(const char *a, const char *b);
 
