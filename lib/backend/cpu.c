@@ -515,10 +515,13 @@ static int cpu_has_avx2(void)
 
 /* Scores of keys [j0, j1) for one query: sc[j] = dot(q, k_j) * scale, each
  * dot in the canonical lane order above, so a key scores the same bits in
- * any range, batch or tile. */
+ * any range, batch or tile. pf: whether the query is the first of its item
+ * to read these keys (the vector version then prefetches them ahead; the
+ * item's other queries find them in cache). */
 static void scores_portable(const float *q, const hi3_kv_src *ks, int64_t base, int j0, int j1, int d, float scale,
-                            float *sc, float *kbuf)
+                            float *sc, float *kbuf, int pf)
 {
+	(void)pf;
 	for (int j = j0; j < j1; j++)
 		sc[j] = dot_portable(q, key_at(ks, base + j * ks->slot_stride, kbuf, d), d) * scale;
 }
@@ -528,7 +531,7 @@ static void scores_portable(const float *q, const hi3_kv_src *ks, int64_t base, 
  * that the canonical reduction runs across keys in vector lanes. */
 __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, const hi3_kv_src *ks, int64_t base,
                                                             int j0, int j1, int d, float scale, float *sc,
-                                                            float *kbuf)
+                                                            float *kbuf, int pf)
 {
 	const float *kb = (const float *)ks->base;
 	const int64_t st = ks->slot_stride;
@@ -541,8 +544,11 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, cons
 			const float *k0 = kb + base + j * st;
 			/* the keys two blocks on, a line at a time: rows a slot
 			 * stride apart are short strided streams, and a decode
-			 * step's cache comes cold (its layer was read a step ago) */
-			for (int r = 16; r < 24 && j + r < j1; r++)
+			 * step's cache comes cold (its layer was read a step ago);
+			 * only for the first query to read them: on an AMD EPYC
+			 * (Zen 3) the others' prefetches, of lines already in L1,
+			 * cost a sixth of a decode step's attention */
+			for (int r = 16; pf && r < 24 && j + r < j1; r++)
 				for (int i = 0; i < d; i += 16)
 					_mm_prefetch((const char *)(k0 + r * st + i), _MM_HINT_T0);
 			for (int r = 0; r < 8; r++)
@@ -591,10 +597,12 @@ static float max_portable(const float *sc, int n)
 
 /* acc (d) += sum over keys j in [j0, j1) with p[j] != 0 of p[j] * v_j, in
  * key order, one fused multiply-add per element and key: consecutive ranges
- * continue one sum, with the same bits as one call over their union. */
+ * continue one sum, with the same bits as one call over their union. pf as
+ * for scores. */
 static void pv_portable(float *acc, const float *p, const hi3_kv_src *vs, int64_t base, int j0, int j1, int d,
-                        float *vbuf)
+                        float *vbuf, int pf)
 {
+	(void)pf;
 	for (int j = j0; j < j1; j++) {
 		const float *v;
 		if (p[j] == 0.0f)
@@ -610,14 +618,15 @@ static void pv_portable(float *acc, const float *p, const hi3_kv_src *vs, int64_
  * registers (each element's sum over the keys is independent of the
  * others, so the split changes no bit). */
 __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float *p, const hi3_kv_src *vs,
-                                                        int64_t base, int j0, int j1, int d, float *vbuf)
+                                                        int64_t base, int j0, int j1, int d, float *vbuf,
+                                                        int pf)
 {
 	const float *vb = (const float *)vs->base + base;
 	const int64_t st = vs->slot_stride;
 	int c = 0;
 
 	if (d % 8 || vs->dtype != HI3_F32) {
-		pv_portable(acc, p, vs, base, j0, j1, d, vbuf);
+		pv_portable(acc, p, vs, base, j0, j1, d, vbuf, pf);
 		return;
 	}
 	for (; c + 64 <= d; c += 64) {
@@ -628,7 +637,7 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
 		for (int j = j0; j < j1; j++) {
 			const float *v = vb + j * st + c;
 			__m256 pj;
-			if (j + 8 < j1)       /* as scores_avx2: the row 8 on */
+			if (pf && j + 8 < j1)   /* as scores_avx2: the row 8 on */
 				for (int i = 0; i < 64; i += 16)
 					_mm_prefetch((const char *)(v + 8 * st + i), _MM_HINT_T0);
 			if (p[j] == 0.0f)
@@ -898,19 +907,22 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 		aq[i].sc = s->sc + (size_t)i * (size_t)end_max;
 		aq[i].acc = s->acc + (size_t)i * (size_t)d;
 	}
-	/* scores; keys not admitted: [max(a1, 0), b0) */
+	/* scores; keys not admitted: [max(a1, 0), b0). The first query of
+	 * each cache row (the queries of a token's heads share it) reads a
+	 * tile from memory and prefetches; the others find it in cache. */
 	for (int j0 = 0; j0 < end_max; j0 += ATT_KT) {
 		for (int i = 0; i < nq; i++) {
 			struct att_query *x = &aq[i];
+			const int pf = i == 0 || x->base_k != x[-1].base_k;
 			int j1 = HI3_MIN(j0 + ATT_KT, x->end), lo, hi;
 			if (j0 >= j1)
 				continue;
 			if ((hi = HI3_MIN(x->a1, j1)) > j0)
-				scores(x->q, ks, x->base_k, j0, hi, d, scale, x->sc, kbuf);
+				scores(x->q, ks, x->base_k, j0, hi, d, scale, x->sc, kbuf, pf);
 			for (int j = HI3_MAX(HI3_MAX(x->a1, 0), j0); j < HI3_MIN(x->b0, j1); j++)
 				x->sc[j] = -INFINITY;
 			if ((lo = HI3_MAX(x->b0, j0)) < j1)
-				scores(x->q, ks, x->base_k, lo, j1, d, scale, x->sc, kbuf);
+				scores(x->q, ks, x->base_k, lo, j1, d, scale, x->sc, kbuf, pf);
 		}
 	}
 	/* weights in place of the scores (0 for keys not admitted) */
@@ -933,7 +945,8 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 	for (int j0 = 0; j0 < end_max; j0 += ATT_KT)
 		for (int i = 0; i < nq; i++)
 			if (j0 < aq[i].end)
-				pv(aq[i].acc, aq[i].sc, vs, aq[i].base_v, j0, HI3_MIN(j0 + ATT_KT, aq[i].end), d, kbuf);
+				pv(aq[i].acc, aq[i].sc, vs, aq[i].base_v, j0, HI3_MIN(j0 + ATT_KT, aq[i].end), d, kbuf,
+				   i == 0 || aq[i].base_v != aq[i - 1].base_v);
 	for (int i = 0; i < nq; i++) {
 		struct att_query *x = &aq[i];
 		if (x->end == 0) {
