@@ -223,12 +223,21 @@ static void make_q(hi3_qweight *q, unsigned char *buf, int d, const float *w, in
  *   widen+fma read    the same floats into 4 chains of fused multiply-adds;
  *   widen32+fma read  (BF16) 32-byte loads widened by a permute and two
  *                     unpacks: the same floats in the same lanes, half the
- *                     loads.
+ *                     loads;
+ *   widen+fma+pf read widen+fma with a prefetch PF_AHEAD bytes ahead of
+ *                     each 64-byte line it starts.
  * A read differs from the products only by their 8 rows at once, their
  * prefetches and their jobs, so the lines say how far a loop's own work
- * keeps a core from the read's rate on this machine. */
-enum { S_GEMM, S_XOR, S_WIDEN, S_FMA, S_FMA32, S_N };
-static const char *const sname[S_N] = {"products", "xor read", "widen read", "widen+fma read", "widen32+fma read"};
+ * keeps a core from the read's rate on this machine, and the last one
+ * what reading the bytes in address order with a near prefetch gives the
+ * same work (the products read 8 rows at once and prefetch a whole tile
+ * ahead). */
+enum { S_GEMM, S_XOR, S_WIDEN, S_FMA, S_FMA32, S_FMAPF, S_N };
+static const char *const sname[S_N] = {"products", "xor read", "widen read", "widen+fma read", "widen32+fma read",
+                                       "widen+fma+pf read"};
+/* widen+fma+pf's prefetch distance: about what one core needs in flight
+ * to stream from memory (latency times rate: 100-150 ns at 10-20 GB/s) */
+#define PF_AHEAD 1536
 
 struct stream_read {
 	const unsigned char *p;
@@ -260,7 +269,9 @@ __attribute__((target("avx2"))) static uint64_t read_widen(const unsigned char *
 	return (uint64_t)_mm256_extract_epi64(x0, 0);
 }
 
-__attribute__((target("avx2,fma"))) static uint64_t read_fma(const unsigned char *p, size_t n, int bf16)
+/* ahead: prefetch that many bytes ahead of each 64-byte line (0: none) */
+__attribute__((target("avx2,fma"))) static uint64_t read_fma(const unsigned char *p, size_t n, int bf16,
+                                                             size_t ahead)
 {
 	const size_t e = bf16 ? 16 : 32;
 	const __m256 c = _mm256_set1_ps(one);
@@ -268,6 +279,9 @@ __attribute__((target("avx2,fma"))) static uint64_t read_fma(const unsigned char
 	float r[8];
 
 	for (size_t i = 0; i + 4 * e <= n; i += 4 * e) {
+		for (size_t l = i; ahead && l < i + 4 * e; l += 64)
+			if (l + ahead < n)
+				_mm_prefetch((const char *)p + l + ahead, _MM_HINT_T0);
 		a0 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(widen8(p + i, bf16)), a0);
 		a1 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(widen8(p + i + e, bf16)), a1);
 		a2 = _mm256_fmadd_ps(c, _mm256_castsi256_ps(widen8(p + i + 2 * e, bf16)), a2);
@@ -308,14 +322,19 @@ static uint64_t read_widen(const unsigned char *p, size_t n, int bf16)
 	return x;
 }
 
-#define read_fma32 read_fma
-static uint64_t read_fma(const unsigned char *p, size_t n, int bf16)
+static uint64_t read_fma(const unsigned char *p, size_t n, int bf16, size_t ahead)
 {
 	float a = 0.0f;
 
+	(void)ahead;
 	for (size_t i = 0; i + 4 <= n; i += bf16 ? 2 : 4)
 		a = fmaf(one, bf16 ? hi3_bf16_to_f32((uint16_t)(p[i] | p[i + 1] << 8)) : *(const float *)(p + i), a);
 	return (uint64_t)a;
+}
+
+static uint64_t read_fma32(const unsigned char *p, size_t n, int bf16)
+{
+	return read_fma(p, n, bf16, 0);
 }
 #endif
 
@@ -328,7 +347,7 @@ static void stream_part(void *arg, int id, int nt)
 	uint64_t x = r->kind == S_XOR ? hi3i_read_xor((const uint64_t *)(r->p + lo), (hi - lo) / 8)
 	             : r->kind == S_WIDEN ? read_widen(r->p + lo, hi - lo, r->bf16)
 	             : r->kind == S_FMA32 ? read_fma32(r->p + lo, hi - lo, r->bf16)
-	                                  : read_fma(r->p + lo, hi - lo, r->bf16);
+	                                  : read_fma(r->p + lo, hi - lo, r->bf16, r->kind == S_FMAPF ? PF_AHEAD : 0);
 
 	atomic_fetch_xor(&r->x, x);
 }
@@ -423,8 +442,10 @@ static int stream_set(int reps)
 				tm[(size_t)(S_N + s) * reps + r] = ts[s] / tx;
 			}
 		}
-		for (int s = 0; s < (d ? S_N : S_FMA32); s++) {
+		for (int s = 0; s < S_N; s++) {
 			double *ms = tm + (size_t)s * reps, *ra = tm + (size_t)(S_N + s) * reps;
+			if (s == S_FMA32 && !d)
+				continue;
 			qsort(ms, (size_t)reps, sizeof(double), cmp_double);
 			qsort(ra, (size_t)reps, sizeof(double), cmp_double);
 			printf("{\"stream\": \"%s\", \"dtype\": \"%s\", \"mb\": %.1f, \"ms\": %.2f, \"gb_s\": %.1f, "
