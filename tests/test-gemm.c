@@ -314,7 +314,7 @@ int main(void)
 	/* (N, K, M): with AVX-512, M >= 8 takes the packed kernel: rows past a
 	 * tile of 8, N past a tile of 6, K % 8, and K = 4700 (several k slices,
 	 * lanes carried) are its edges; N = 72, M = 300: threads split rows;
-	 * M <= 4 takes the prefetching few-row tiles (8, 6, 4, 3 columns, the
+	 * M <= 4 takes the prefetching few-row tiles (4, 4, 4, 3 columns, the
 	 * rest by plain tiles; K past one slice in one pass; split by threads) */
 	static const int shapes[][3] = {{16, 8, 1}, {17, 33, 7}, {128, 128, 13}, {200, 300, 100},
 	                                {384, 256, 6}, {5, 1, 3}, {96, 520, 97}, {40, 2100, 9}, {7, 2051, 4}, {50, 2100, 40},

@@ -386,7 +386,7 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
 }
 
 /* A full few-row tile, prefetching, W as stored: mr rows of x against
- * nrs(mr) W rows, about a dozen accumulators, enough chains of fused
+ * nrs(mr) W rows, 4 to 12 accumulators, enough chains of fused
  * multiply-adds in flight to read W at the memory's rate. */
 #define TILE_PF(mr, nr)                                            \
 	case mr:                                                   \
@@ -400,14 +400,22 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
 __attribute__((target("avx2,fma,f16c"))) static void tile_avx2_pf(int mr, int kind, const struct tile_args *a)
 {
 	switch (mr) {
-		TILE_PF(1, NRS) TILE_PF(2, 6) TILE_PF(3, 4) TILE_PF(4, 3)
+		TILE_PF(1, 4) TILE_PF(2, 4) TILE_PF(3, 4) TILE_PF(4, 3)
 	}
 }
 
-/* The columns of tile_avx2_pf's tile of mr rows. */
+/* The columns of tile_avx2_pf's tile of mr rows: at most 4, though the
+ * registers hold NRS for one row of x and 6 for two. On an AMD EPYC (Zen
+ * 3, an 8-way 32 KiB L1) a B = 1 decode step of `small` ran at 1.31x its
+ * floor with 8 W rows and 1.23x with 4 (bf16, 2 threads; 1.38x and 1.29x
+ * with one; f32 1.18x and 1.14x), and a B = 2 step took 15.1 ms with 6
+ * and 13.3 ms with 4, likely because the lines of that many rows at one
+ * offset, a power-of-two row stride apart, crowd into one or two L1 sets
+ * beside the next tile's prefetched lines. Four chains of multiply-adds
+ * (or 8, 12) still outrun memory. */
 static int nrs(int mr)
 {
-	static const int nr[BR + 1] = {0, NRS, 6, 4, 3};
+	static const int nr[BR + 1] = {0, 4, 4, 4, 3};
 
 	return nr[mr];
 }
