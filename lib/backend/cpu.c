@@ -826,6 +826,8 @@ struct att_query {
 	float *o, *sc, *acc;
 	int64_t base_k, base_v;
 	int end, a1, b0;          /* keys [0, end): scored in [0, a1) and [b0, end) */
+	int pf;                   /* the item's first query of its cache row: it reads the row
+	                           * from memory and prefetches; the others find it in cache */
 	float sum;
 };
 
@@ -888,6 +890,7 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 			x->end = end;
 			x->a1 = HI3_MIN(a->hi + 1, end);
 			x->b0 = HI3_MAX(a->blk_lo, x->a1);
+			x->pf = x == aq || x->base_k != x[-1].base_k || x->base_v != x[-1].base_v;
 		}
 		end_max = HI3_MAX(end_max, end);
 	}
@@ -907,22 +910,19 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 		aq[i].sc = s->sc + (size_t)i * (size_t)end_max;
 		aq[i].acc = s->acc + (size_t)i * (size_t)d;
 	}
-	/* scores; keys not admitted: [max(a1, 0), b0). The first query of
-	 * each cache row (the queries of a token's heads share it) reads a
-	 * tile from memory and prefetches; the others find it in cache. */
+	/* scores; keys not admitted: [max(a1, 0), b0) */
 	for (int j0 = 0; j0 < end_max; j0 += ATT_KT) {
 		for (int i = 0; i < nq; i++) {
 			struct att_query *x = &aq[i];
-			const int pf = i == 0 || x->base_k != x[-1].base_k;
 			int j1 = HI3_MIN(j0 + ATT_KT, x->end), lo, hi;
 			if (j0 >= j1)
 				continue;
 			if ((hi = HI3_MIN(x->a1, j1)) > j0)
-				scores(x->q, ks, x->base_k, j0, hi, d, scale, x->sc, kbuf, pf);
+				scores(x->q, ks, x->base_k, j0, hi, d, scale, x->sc, kbuf, x->pf);
 			for (int j = HI3_MAX(HI3_MAX(x->a1, 0), j0); j < HI3_MIN(x->b0, j1); j++)
 				x->sc[j] = -INFINITY;
 			if ((lo = HI3_MAX(x->b0, j0)) < j1)
-				scores(x->q, ks, x->base_k, lo, j1, d, scale, x->sc, kbuf, pf);
+				scores(x->q, ks, x->base_k, lo, j1, d, scale, x->sc, kbuf, x->pf);
 		}
 	}
 	/* weights in place of the scores (0 for keys not admitted) */
@@ -946,7 +946,7 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 		for (int i = 0; i < nq; i++)
 			if (j0 < aq[i].end)
 				pv(aq[i].acc, aq[i].sc, vs, aq[i].base_v, j0, HI3_MIN(j0 + ATT_KT, aq[i].end), d, kbuf,
-				   i == 0 || aq[i].base_v != aq[i - 1].base_v);
+				   aq[i].pf);
 	for (int i = 0; i < nq; i++) {
 		struct att_query *x = &aq[i];
 		if (x->end == 0) {

@@ -27,8 +27,8 @@
  * those of the f32 weights it stands for.
  *
  * A product of at most BR rows of x (a decode step) with AVX2 and W as
- * stored takes the few-row tiles instead (gemm_few): one pass over K, up to
- * NRS W rows per tile, and the next tile's W prefetched during each tile.
+ * stored takes the few-row tiles instead (gemm_few): one pass over K, 3 or
+ * 4 W rows per tile (nrs), and the next tile's W prefetched during each tile.
  * There W is read once and used for one to four rows, so the product runs
  * at the rate W arrives from memory: without the prefetches a three-column
  * tile read a B = 1 step's weights at about a third of the machine's read
@@ -60,7 +60,7 @@
 #define KC 1024                   /* k per slice; a multiple of 8 */
 #define WCHUNK ((size_t)128 << 10) /* bytes of f32 W (a chunk's k slice) reused across a block's rows */
 #define WIDEN_ROWS (4 * BR)       /* narrow W: widened into a buffer for more rows than this, else in registers */
-#define NRS 8                     /* W rows of a few-row tile (decode), at most */
+#define NRS 8                     /* W rows a few-row tile's registers hold, at most (nrs takes fewer) */
 #define POOL_ROWS WIDEN_ROWS      /* products of at most this many rows of x run on the pool (pool.h) */
 
 /* How a W row is read: as stored, or (WQ + hi3i_qrow_kind) a quantized
