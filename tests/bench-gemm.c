@@ -230,8 +230,8 @@ static void make_q(hi3_qweight *q, unsigned char *buf, int d, const float *w, in
  * prefetches and their jobs, so the lines say how far a loop's own work
  * keeps a core from the read's rate on this machine, and the last one
  * what reading the bytes in address order with a near prefetch gives the
- * same work (the products read 4 rows at once and prefetch a whole tile
- * ahead). */
+ * same work (the products read 2 to 4 rows at once and prefetch a whole
+ * tile ahead). */
 enum { S_GEMM, S_XOR, S_WIDEN, S_FMA, S_FMA32, S_FMAPF, S_N };
 static const char *const sname[S_N] = {"products", "xor read", "widen read", "widen+fma read", "widen32+fma read",
                                        "widen+fma+pf read"};

@@ -27,7 +27,7 @@
  * those of the f32 weights it stands for.
  *
  * A product of at most BR rows of x (a decode step) with AVX2 and W as
- * stored takes the few-row tiles instead (gemm_few): one pass over K, 3 or
+ * stored takes the few-row tiles instead (gemm_few): one pass over K, 2 to
  * 4 W rows per tile (nrs), and the next tile's W prefetched during each tile.
  * There W is read once and used for one to four rows, so the product runs
  * at the rate W arrives from memory: without the prefetches a three-column
@@ -386,7 +386,7 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
 }
 
 /* A full few-row tile, prefetching, W as stored: mr rows of x against
- * nrs(mr) W rows, 4 to 12 accumulators, enough chains of fused
+ * nrs(mr) W rows, 2 to 12 accumulators, enough chains of fused
  * multiply-adds in flight to read W at the memory's rate. */
 #define TILE_PF(mr, nr)                                            \
 	case mr:                                                   \
@@ -400,22 +400,22 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
 __attribute__((target("avx2,fma,f16c"))) static void tile_avx2_pf(int mr, int kind, const struct tile_args *a)
 {
 	switch (mr) {
-		TILE_PF(1, 4) TILE_PF(2, 4) TILE_PF(3, 4) TILE_PF(4, 3)
+		TILE_PF(1, 2) TILE_PF(2, 2) TILE_PF(3, 4) TILE_PF(4, 3)
 	}
 }
 
-/* The columns of tile_avx2_pf's tile of mr rows: at most 4, though the
- * registers hold NRS for one row of x and 6 for two. On an AMD EPYC (Zen
- * 3, an 8-way 32 KiB L1) a B = 1 decode step of `small` ran at 1.31x its
- * floor with 8 W rows and 1.23x with 4 (bf16, 2 threads; 1.38x and 1.29x
- * with one; f32 1.18x and 1.14x), and a B = 2 step took 15.1 ms with 6
- * and 13.3 ms with 4, likely because the lines of that many rows at one
- * offset, a power-of-two row stride apart, crowd into one or two L1 sets
- * beside the next tile's prefetched lines. Four chains of multiply-adds
- * (or 8, 12) still outrun memory. */
+/* The columns of tile_avx2_pf's tile of mr rows: 2 for one or two rows
+ * of x, though the registers hold 8 and 6. Fewer W rows read at once ran
+ * faster on an AMD EPYC (Zen 3, 2 vCPUs): B = 1 decode steps of `small`
+ * in bf16, two threads, at 1.19x their floor with 4 W rows and 1.14-1.16x
+ * with 2 (one thread 1.26x and 1.25x; f32 and the real layer shape the
+ * same either way), B = 2 steps in 16.0 ms and 15.2 ms; an earlier round
+ * ran 8 rows at 1.31x against 4 at 1.23x. Two chains of fused
+ * multiply-adds, a step each every 4 cycles, still take 8 bytes of bf16 a
+ * cycle (16 of f32), above one core's share of the memory's rate. */
 static int nrs(int mr)
 {
-	static const int nr[BR + 1] = {0, 4, 4, 4, 3};
+	static const int nr[BR + 1] = {0, 2, 2, 4, 3};
 
 	return nr[mr];
 }
