@@ -385,22 +385,25 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
 	}
 }
 
+/* The columns of tile_avx2_pf's tile of mr rows of x (see nrs). */
+#define NR_PF(mr) ((mr) <= 2 ? 2 : (mr) == 3 ? 4 : 3)
+
 /* A full few-row tile, prefetching, W as stored: mr rows of x against
- * nrs(mr) W rows, 2 to 12 accumulators, enough chains of fused
+ * NR_PF(mr) W rows, 2 to 12 accumulators, enough chains of fused
  * multiply-adds in flight to read W at the memory's rate. */
-#define TILE_PF(mr, nr)                                            \
-	case mr:                                                   \
-		switch (kind) {                                    \
-		case WF32: tile(mr, nr, WF32, 1, a); break;        \
-		case WBF16: tile(mr, nr, WBF16, 1, a); break;      \
-		default: tile(mr, nr, WF16, 1, a); break;          \
-		}                                                  \
+#define TILE_PF(mr)                                                     \
+	case mr:                                                        \
+		switch (kind) {                                         \
+		case WF32: tile(mr, NR_PF(mr), WF32, 1, a); break;      \
+		case WBF16: tile(mr, NR_PF(mr), WBF16, 1, a); break;    \
+		default: tile(mr, NR_PF(mr), WF16, 1, a); break;        \
+		}                                                       \
 		break;
 
 __attribute__((target("avx2,fma,f16c"))) static void tile_avx2_pf(int mr, int kind, const struct tile_args *a)
 {
 	switch (mr) {
-		TILE_PF(1, 2) TILE_PF(2, 2) TILE_PF(3, 4) TILE_PF(4, 3)
+		TILE_PF(1) TILE_PF(2) TILE_PF(3) TILE_PF(4)
 	}
 }
 
@@ -415,9 +418,7 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2_pf(int mr, int ki
  * cycle (16 of f32), above one core's share of the memory's rate. */
 static int nrs(int mr)
 {
-	static const int nr[BR + 1] = {0, 2, 2, 4, 3};
-
-	return nr[mr];
+	return NR_PF(mr);
 }
 
 /* Columns [n0, n1) of y = x W^T for M <= BR rows, W as stored (F32, BF16
