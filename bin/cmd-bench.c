@@ -18,7 +18,9 @@ static const struct cli_help help = {
 	"tokens and N greedy decode steps through the model; and the decode floor of a\n"
 	"B = 1 step: the bytes it must read (active weights and KV) over the measured\n"
 	"bandwidth, and the same bytes read after every step (the median read beside\n"
-	"the median step, as the machine's bandwidth moves). No files are written.\n"
+	"the median step, as the machine's bandwidth moves). On the CPU, each decode\n"
+	"step is also split by op: the median time in the matrix products, in attention,\n"
+	"and in everything else. No files are written.\n"
 	"Use --batch-invariant=off to time the OpenBLAS path of the model instead of\n"
 	"the batch-invariant one.\n",
 	.operands = "no arguments",
@@ -93,6 +95,11 @@ int cmd_bench(int argc, char **argv)
 		json_object_set_new(o, "batch_invariant", json_boolean(cli_batch_invariant()));
 		for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 			json_object_set_new(o, f[i].k, json_real(f[i].v));
+		if (r.op_times) {
+			json_object_set_new(o, "decode_products_median_ms", json_real(r.products_median_s * 1e3));
+			json_object_set_new(o, "decode_attention_median_ms", json_real(r.attention_median_s * 1e3));
+			json_object_set_new(o, "decode_other_median_ms", json_real(r.other_median_s * 1e3));
+		}
 		json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		fputc('\n', stdout);
 		json_decref(o);
@@ -114,6 +121,10 @@ int cmd_bench(int argc, char **argv)
 			printf("  floor read between steps      %8.2f ms/step (median); median step %.2f ms, %.2fx\n",
 			       r.floor_median_s * 1e3, r.step_median_s * 1e3, r.step_median_s / r.floor_median_s);
 		}
+		if (r.op_times && N > 0)
+			printf("  a decode step by op (medians) products %.2f ms, attention %.2f ms, other %.2f ms"
+			       " (step %.2f ms)\n", r.products_median_s * 1e3, r.attention_median_s * 1e3,
+			       r.other_median_s * 1e3, r.step_median_s * 1e3);
 	}
 	cli_close_model(m);
 	return 0;

@@ -2,9 +2,11 @@
  * bench.c -- measurements `hi3 bench` reports side by side in one run:
  * memory read bandwidth, OpenBLAS sgemm against hi3's in-place GEMM on the
  * model's own prefill shapes, in-memory prefill and decode, and the decode
- * floor set by the bytes one step must read.
+ * floor set by the bytes one step must read, and a decode step split by op
+ * on the CPU.
  */
 #include <cblas.h>
+#undef I   /* cblas.h brings complex.h's I, a member's name in model.h */
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
@@ -12,6 +14,7 @@
 #include "backend/gemm.h"
 #include "backend/pool.h"
 #include "model/config-internal.h"
+#include "model/model.h"
 #include "tools/tools.h"
 
 #if defined(__x86_64__)
@@ -221,6 +224,70 @@ double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, 
 	return b;
 }
 
+/*
+ * A decode step split by op: hi3_bench_model hands the CPU backend a copy of
+ * its ops whose matrix products and attention add their wall time to
+ * op_clock, then puts the backend's own ops back. The CPU backend's ops
+ * return when their work is done (a CUDA op only enqueues it), so the wall
+ * time of the call is the op's. Two clock reads an op, about 120 a step
+ * of `small`: microseconds in a step of milliseconds.
+ */
+enum { OP_PRODUCTS, OP_ATTENTION, OP_N };
+
+static struct {
+	const struct hi3_backend_ops *own;  /* the backend's ops, while the timed copy runs */
+	struct hi3_backend_ops timed;
+	double t[OP_N];                     /* seconds spent so far */
+} op_clock;
+
+static void timed_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M)
+{
+	const double t0 = hi3i_now();
+
+	op_clock.own->matmul(be, y, x, w, M);
+	op_clock.t[OP_PRODUCTS] += hi3i_now() - t0;
+}
+
+static void timed_matmul_group(hi3_backend *be, int n, float *const *y, const float *const *x,
+                               const hi3_wt *const *w, const int *M)
+{
+	const double t0 = hi3i_now();
+
+	op_clock.own->matmul_group(be, n, y, x, w, M);
+	op_clock.t[OP_PRODUCTS] += hi3i_now() - t0;
+}
+
+static void timed_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *k,
+                            const hi3_kv_src *v, const hi3_attn_q *q, const struct hi3_dims *dm, int M)
+{
+	const double t0 = hi3i_now();
+
+	op_clock.own->attention(be, out, qkv, k, v, q, dm, M);
+	op_clock.t[OP_ATTENTION] += hi3i_now() - t0;
+}
+
+/* Time be's products and attention from now on: 1, or 0 where they cannot
+ * be timed by the clock (not the CPU backend) or are already timed. */
+static int op_clock_start(hi3_backend *be)
+{
+	if (strcmp(be->name, "cpu") != 0 || op_clock.own || !be->ops->matmul || !be->ops->attention)
+		return 0;
+	op_clock.own = be->ops;
+	op_clock.timed = *be->ops;
+	op_clock.timed.matmul = timed_matmul;
+	op_clock.timed.matmul_group = be->ops->matmul_group ? timed_matmul_group : NULL;
+	op_clock.timed.attention = timed_attention;
+	be->ops = &op_clock.timed;
+	return 1;
+}
+
+static void op_clock_stop(hi3_backend *be)
+{
+	if (op_clock.own && be->ops == &op_clock.timed)
+		be->ops = op_clock.own;
+	op_clock.own = NULL;
+}
+
 int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_bench_model_result *r,
                     hi3_error *err)
 {
@@ -232,8 +299,8 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_b
 	float *logits = NULL;
 	uint64_t *buf = NULL;
 	size_t fn = 0;
-	double *step_t = NULL, *read_t = NULL;
-	int rc = -1;
+	double *step_t = NULL, *read_t = NULL, *op_t[OP_N] = {NULL, NULL}, *other_t = NULL;
+	int rc = -1, timing = 0;
 	double t0;
 
 	memset(r, 0, sizeof(*r));
@@ -271,21 +338,32 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_b
 			goto out;
 		r->prefill_s = hi3i_now() - t0;
 	}
+	if (N > 0) {
+		if (!(step_t = hi3i_malloc(sizeof(double) * (size_t)N, err)))
+			goto out;
+		for (int o = 0; o < OP_N; o++)
+			if (!(op_t[o] = hi3i_malloc(sizeof(double) * (size_t)N, err)))
+				goto out;
+		if (!(other_t = hi3i_malloc(sizeof(double) * (size_t)N, err)))
+			goto out;
+	}
 	if (floor_bytes > 0 && N > 0) {
 		/* a read of floor_bytes after every step (the buffer read over
 		 * as often as it takes): the floor measured beside the steps */
 		fn = (size_t)HI3_MIN(floor_bytes, (double)((size_t)1 << 30)) / sizeof(uint64_t);
 		buf = read_buffer(fn);
-		step_t = hi3i_malloc(sizeof(double) * (size_t)N, err);
 		read_t = hi3i_malloc(sizeof(double) * (size_t)N, err);
-		if (!buf || !step_t || !read_t) {
+		if (!buf || !read_t) {
 			if (!buf)
 				hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory for a %.0f MB read buffer", fn * 8 / 1e6);
 			goto out;
 		}
 	}
+	timing = N > 0 && op_clock_start(m->be);
 	for (int s = 0; s < N; s++) {
-		double ts = hi3i_now();
+		double ts;
+		memset(op_clock.t, 0, sizeof(op_clock.t));
+		ts = hi3i_now();
 		for (int b = 0; b < B; b++) {
 			ids[b] = hi3_argmax(logits + (size_t)b * V, V);
 			slot[b] = P + s;
@@ -300,19 +378,31 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_b
 			goto out;
 		ts = hi3i_now() - ts;
 		r->decode_s += ts;
+		step_t[s] = ts;
+		if (timing) {
+			op_t[OP_PRODUCTS][s] = op_clock.t[OP_PRODUCTS];
+			op_t[OP_ATTENTION][s] = op_clock.t[OP_ATTENTION];
+			other_t[s] = ts - op_clock.t[OP_PRODUCTS] - op_clock.t[OP_ATTENTION];
+		}
 		if (buf) {
 			double tr = 0.0, left = floor_bytes;
 			for (; left >= 8.0 * (double)fn; left -= 8.0 * (double)fn)
 				tr += read_pass(buf, fn);
 			if (left >= 128.0)
 				tr += read_pass(buf, (size_t)(left / 8.0));
-			step_t[s] = ts;
 			read_t[s] = tr;
 		}
 	}
-	if (buf) {
+	op_clock_stop(m->be);
+	if (N > 0)
 		r->step_median_s = median(step_t, N);
+	if (buf)
 		r->floor_median_s = median(read_t, N);
+	if (timing) {
+		r->op_times = 1;
+		r->products_median_s = median(op_t[OP_PRODUCTS], N);
+		r->attention_median_s = median(op_t[OP_ATTENTION], N);
+		r->other_median_s = median(other_t, N);
 	}
 	r->prefill_tok_s = (double)B * P / r->prefill_s;
 	r->decode_tok_s = N ? (double)B * N / r->decode_s : 0.0;
@@ -337,6 +427,8 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_b
 	}
 	rc = 0;
 out:
+	if (timing)
+		op_clock_stop(m->be);
 	hi3_model_drop_cache(m, kv);
 	hi3_kvcache_free(kv);
 	free(ids);
@@ -348,5 +440,8 @@ out:
 	free(buf);
 	free(step_t);
 	free(read_t);
+	for (int o = 0; o < OP_N; o++)
+		free(op_t[o]);
+	free(other_t);
 	return rc;
 }

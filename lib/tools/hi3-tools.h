@@ -98,8 +98,14 @@ typedef struct hi3_bench_model_result {
 	double first_prefill_s;   /* the first prefill: it also reads the weights in from the mapping */
 	double prefill_s, prefill_tok_s, prefill_flops;   /* the same prefill again */
 	double decode_s, decode_tok_s;
-	double step_median_s;     /* with floor_bytes: the median decode step, */
-	double floor_median_s;    /* and the median read of floor_bytes right after a step */
+	double step_median_s;     /* the median decode step; */
+	double floor_median_s;    /* with floor_bytes: the median read of floor_bytes right after a step */
+	/* on the CPU backend (op_times set; else 0): the medians over the
+	 * decode steps of the time each step spent in the matrix products
+	 * (matmul and matmul_group), in attention, and in everything else
+	 * (step - products - attention) */
+	int op_times;
+	double products_median_s, attention_median_s, other_median_s;
 } hi3_bench_model_result;
 
 /* Best-of-reps read bandwidth over a buffer of bytes, in bytes/s. */
@@ -114,7 +120,9 @@ double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, 
  * floor_bytes > 0, each step is followed by a read of that many bytes
  * (a buffer of at most 1 GiB, read over as often as it takes), so that
  * the floor is measured beside the steps, in the same moments of a
- * machine whose bandwidth moves. */
+ * machine whose bandwidth moves. On the CPU backend the decode steps are
+ * also split by op (r->op_times); not reentrant: one call at a time in a
+ * process. */
 int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_bench_model_result *r,
                     hi3_error *err);
 

@@ -1,0 +1,58 @@
+#!/bin/bash
+# t3300-bench.sh -- hi3 bench: its JSON and table, and a decode step split
+# by op on the CPU (products, attention, the rest), which adds up to the step.
+. "$SRCDIR/tests/lib.sh"
+TT="$BUILDDIR/tests/test-tools"
+
+# near A B RELTOL: numbers equal within a relative tolerance
+near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; exit !(d <= t * m) }'; }
+# le A B: A <= B
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 <= b + 0) }'; }
+
+(cd "$TRASH" && make_model tiny-moe m --dtype bf16) || exit 1
+
+test_expect_success 'one decode step: products, attention and the rest add up to the step' '
+	hi3 -q -t 2 -m m bench --prompt-len 16 --new 1 --reps 1 --json >j &&
+	"$TT" json <j &&
+	step=$("$TT" json decode_step_median_ms <j) &&
+	p=$("$TT" json decode_products_median_ms <j) &&
+	a=$("$TT" json decode_attention_median_ms <j) &&
+	o=$("$TT" json decode_other_median_ms <j) &&
+	le 1e-6 "$p" && le 1e-6 "$a" && le 0 "$o" &&
+	near "$(awk -v p="$p" -v a="$a" -v o="$o" "BEGIN { printf \"%.9g\", p + a + o }")" "$step" 1e-6 &&
+	near "$step" "$("$TT" json decode_step_ms <j)" 1e-6
+'
+
+# Each part of a step is at most the step, so each part's median is at
+# most the step's: a clock not reset between steps would break it.
+test_expect_success 'five steps at B = 2: each part'"'"'s median is at most the step'"'"'s' '
+	hi3 -q -t 2 -m m bench --batch 2 --prompt-len 16 --new 5 --reps 1 --json >j &&
+	step=$("$TT" json decode_step_median_ms <j) &&
+	le 1e-6 "$step" &&
+	for k in decode_products_median_ms decode_attention_median_ms; do
+		v=$("$TT" json $k <j) && le 1e-6 "$v" && le "$v" "$step" || exit 1
+	done &&
+	v=$("$TT" json decode_other_median_ms <j) && le 0 "$v" && le "$v" "$step"
+'
+
+test_expect_success 'the OpenBLAS path is split too' '
+	hi3 -q -t 1 --batch-invariant=off -m m bench --prompt-len 8 --new 2 --reps 1 --json >j &&
+	test "$("$TT" json batch_invariant <j)" = false &&
+	le 1e-6 "$("$TT" json decode_products_median_ms <j)"
+'
+
+test_expect_success 'the table has the split line; no decode steps, no split' '
+	hi3 -q -t 2 -m m bench --prompt-len 8 --new 3 --reps 1 >t &&
+	test_grep "^  a decode step by op (medians) products [0-9.]* ms, attention [0-9.]* ms, other [0-9.]* ms" t &&
+	hi3 -q -m m bench --prompt-len 8 --new 0 --reps 1 >t0 &&
+	! grep "by op" t0 &&
+	hi3 -q -m m bench --prompt-len 8 --new 0 --reps 1 --json >j0 &&
+	! grep decode_products j0
+'
+
+test_expect_success 'a missing model: exit 3, the file named' '
+	test_must_fail 3 hi3 -m nowhere bench --new 1 2>err &&
+	test_grep "nowhere/config.json" err
+'
+
+test_done
