@@ -121,7 +121,7 @@ int cmd_bench(int argc, char **argv)
 			printf("  floor read between steps      %8.2f ms/step (median); median step %.2f ms, %.2fx\n",
 			       r.floor_median_s * 1e3, r.step_median_s * 1e3, r.step_median_s / r.floor_median_s);
 		}
-		if (r.op_times && N > 0)
+		if (r.op_times)
 			printf("  a decode step by op (medians) products %.2f ms, attention %.2f ms, other %.2f ms"
 			       " (step %.2f ms)\n", r.products_median_s * 1e3, r.attention_median_s * 1e3,
 			       r.other_median_s * 1e3, r.step_median_s * 1e3);

@@ -299,7 +299,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_b
 	float *logits = NULL;
 	uint64_t *buf = NULL;
 	size_t fn = 0;
-	double *step_t = NULL, *read_t = NULL, *op_t[OP_N] = {NULL, NULL}, *other_t = NULL;
+	double *step_t = NULL, *read_t = NULL, *op_t[OP_N] = {NULL}, *other_t = NULL;
 	int rc = -1, timing = 0;
 	double t0;
 
@@ -339,13 +339,12 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_b
 		r->prefill_s = hi3i_now() - t0;
 	}
 	if (N > 0) {
-		if (!(step_t = hi3i_malloc(sizeof(double) * (size_t)N, err)))
+		/* each step's time, then its time in each op and in the rest: one block */
+		if (!(step_t = hi3i_malloc(sizeof(double) * (2 + OP_N) * (size_t)N, err)))
 			goto out;
 		for (int o = 0; o < OP_N; o++)
-			if (!(op_t[o] = hi3i_malloc(sizeof(double) * (size_t)N, err)))
-				goto out;
-		if (!(other_t = hi3i_malloc(sizeof(double) * (size_t)N, err)))
-			goto out;
+			op_t[o] = step_t + (size_t)(1 + o) * N;
+		other_t = step_t + (size_t)(1 + OP_N) * N;
 	}
 	if (floor_bytes > 0 && N > 0) {
 		/* a read of floor_bytes after every step (the buffer read over
@@ -393,7 +392,6 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_b
 			read_t[s] = tr;
 		}
 	}
-	op_clock_stop(m->be);
 	if (N > 0)
 		r->step_median_s = median(step_t, N);
 	if (buf)
@@ -440,8 +438,5 @@ out:
 	free(buf);
 	free(step_t);
 	free(read_t);
-	for (int o = 0; o < OP_N; o++)
-		free(op_t[o]);
-	free(other_t);
 	return rc;
 }
