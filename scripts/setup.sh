@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential autoconf automake libtool pkg-config
           libopenblas-dev libjansson-dev libpcre2-dev libpng-dev libutf8proc-dev
           libjpeg62-turbo-dev libwebp-dev zlib1g-dev
-          groff-base libopenmpi-dev openmpi-bin time)
+          groff-base libopenmpi-dev openmpi-bin time strace)
 
 if [ "${1:-}" != "--no-apt" ]; then
 	missing=()
