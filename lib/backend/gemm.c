@@ -27,12 +27,14 @@
  * those of the f32 weights it stands for.
  *
  * A product of at most BR rows of x (a decode step) with AVX2 and W as
- * stored takes the few-row tiles instead (gemm_few): one pass over K, 2 to
- * 4 W rows per tile (nrs), and the next tile's W prefetched during each tile.
- * There W is read once and used for one to four rows, so the product runs
- * at the rate W arrives from memory: without the prefetches a three-column
- * tile read a B = 1 step's weights at about a third of the machine's read
- * bandwidth (docs/PERFORMANCE.md, "Decode at B = 1 against its floor").
+ * stored takes the few-row tiles instead (gemm_few): one pass over K, two
+ * W rows per tile, one from each half of the thread's range, so that each
+ * half is read front to back as one stream, and the next row of each
+ * prefetched during each tile. There W is read once and used for one to
+ * four rows, so the product runs at the rate W arrives from memory:
+ * without the prefetches a three-column tile read a B = 1 step's weights
+ * at about a third of the machine's read bandwidth (docs/PERFORMANCE.md,
+ * "Decode at B = 1 against its floor").
  *
  * With AVX-512 (checked at run time) a product of 8 rows or more takes the
  * kernel of the AVX-512 section below instead: x packed by pairs of rows,
@@ -60,7 +62,8 @@
 #define KC 1024                   /* k per slice; a multiple of 8 */
 #define WCHUNK ((size_t)128 << 10) /* bytes of f32 W (a chunk's k slice) reused across a block's rows */
 #define WIDEN_ROWS (4 * BR)       /* narrow W: widened into a buffer for more rows than this, else in registers */
-#define NRS 8                     /* W rows a few-row tile's registers hold, at most (nrs takes fewer) */
+#define NRS 8                     /* W rows a tile's registers hold, at most */
+#define STREAMS 4                 /* W rows a few-row tile reads at most: one from each part of a range (NS) */
 #define POOL_ROWS WIDEN_ROWS      /* products of at most this many rows of x run on the pool (pool.h) */
 
 /* How a W row is read: as stored, or (WQ + hi3i_qrow_kind) a quantized
@@ -171,16 +174,17 @@ struct tile_args {
 	const hi3_qweight *q;     /* a kind above WQ: the matrix, */
 	int n0;                   /* the W row of the tile's row 0, */
 	int bf;                   /* and whether its values are rounded to BF16 */
-	const unsigned char *pf;  /* prefetching tiles: the W bytes read next, */
-	size_t pf_len;            /* pf_len of them (0: none) */
+	const unsigned char *pf[STREAMS]; /* prefetching tiles: the W bytes read next, a stream each (or NULL), */
+	size_t pf_len;            /* pf_len bytes of each (0: none) */
 };
 
-/* The first bytes another range reads next, to prefetch (gemm_few); or,
- * with learn set, bytes not known yet: learn(b) finds them (the range
- * group_part takes next), sets p and n and clears learn; called at the
- * start of the last tile that prefetches them. */
+/* The first bytes another range reads next, to prefetch (gemm_few): n
+ * bytes at p and n at p2 (either may be NULL); or, with learn set, bytes
+ * not known yet: learn(b) finds them (the range group_part takes next),
+ * sets p, p2 and n and clears learn; called at the start of the last tile
+ * that prefetches them. */
 struct pf_block {
-	const void *p;
+	const void *p[STREAMS];
 	size_t n;
 	void (*learn)(struct pf_block *b);
 };
@@ -249,13 +253,14 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void combi
 }
 
 /* The register tile, specialised for each (mr, nr, kind) by the switches
- * below; the same bits as tile_portable. With pf (a few rows of x, whole
- * rows of W as stored: decode), the tile also prefetches the W bytes read
- * after it (pf, pf_len: the next tile, or another range's first), in
- * order, nr lines for each line a row advances, so the whole next block
- * is in cache when its tile starts: a few rows of x do too little work per
- * W line for the hardware prefetcher alone to keep up with nr short
- * streams, and one stream in address order is what memory serves best.
+ * below; the same bits as tile_portable. With pf (a few rows of x, two
+ * whole rows of W as stored: decode), the tile also prefetches the W bytes
+ * read after it, pf_len at pf and at pf2 (the next row of each of its
+ * rows' streams, or another range's first rows), a line of each for each
+ * line a row advances, so that the next tile's rows are in cache when it
+ * starts: a few rows of x do too little work per W line for the hardware
+ * prefetcher alone to keep up (without these prefetches a B = 1 step's
+ * products ran at 1.8x their floor).
  * The lines go to L2 (T1), not L1: a prefetch into L1 holds one of the
  * core's few L1 fill buffers until its line comes, which capped a core's
  * stream on a Xeon (measured: one decode step's products at 1.13x the read
@@ -282,13 +287,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 			acc[i][j] = a->k0 ? _mm256_loadu_ps(a->part + (size_t)(i * nr + j) * 8) : _mm256_setzero_ps();
 	for (int k = a->k0; k < k1; k += 8) {
 		const size_t kw = (size_t)(k - a->wk0);
-		if (pf && (kw * ES(kind)) % 64 == 0) {
-			const size_t at = kw * ES(kind) * (size_t)nr;
-#pragma GCC unroll 8
-			for (int j = 0; j < nr; j++)
-				if (at + (size_t)j * 64 < a->pf_len)
-					_mm_prefetch((const char *)a->pf + at + (size_t)j * 64, _MM_HINT_T1);
-		}
+		if (pf && (kw * ES(kind)) % 64 == 0 && kw * ES(kind) < a->pf_len)
+#pragma GCC unroll 4
+			for (int s = 0; s < nr; s++)
+				if (a->pf[s])
+					_mm_prefetch((const char *)a->pf[s] + kw * ES(kind), _MM_HINT_T1);
 		/* AVX2 has 16 vector registers: the accumulators and whichever
 		 * of the k slices of x or W is smaller are held, the other read
 		 * a row at a time, so no accumulator is spilled (the M = 1 tile
@@ -385,19 +388,21 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
 	}
 }
 
-/* The columns of tile_avx2_pf's tile of mr rows of x (see nrs). */
-#define NR_PF(mr) ((mr) <= 2 ? 2 : (mr) == 3 ? 4 : 3)
+/* The W rows of a few-row tile of mr rows of x, from as many streams: 4
+ * for one or two rows (4 or 8 accumulators), 2 for three or four (6 or
+ * 8), whose 12 and 16 accumulators with 4 streams would leave too few of
+ * AVX2's 16 registers for x and W. */
+#define NS(mr) ((mr) <= 2 ? 4 : 2)
 
-/* A full few-row tile, prefetching, W as stored: mr rows of x against
- * NR_PF(mr) W rows, 2 to 12 accumulators, enough chains of fused
- * multiply-adds in flight to read W at the memory's rate. */
-#define TILE_PF(mr)                                                     \
-	case mr:                                                        \
-		switch (kind) {                                         \
-		case WF32: tile(mr, NR_PF(mr), WF32, 1, a); break;      \
-		case WBF16: tile(mr, NR_PF(mr), WBF16, 1, a); break;    \
-		default: tile(mr, NR_PF(mr), WF16, 1, a); break;        \
-		}                                                       \
+/* A few-row tile that prefetches, W as stored: mr rows of x against NS(mr)
+ * W rows. */
+#define TILE_PF(mr)                                                 \
+	case mr:                                                    \
+		switch (kind) {                                     \
+		case WF32: tile(mr, NS(mr), WF32, 1, a); break;     \
+		case WBF16: tile(mr, NS(mr), WBF16, 1, a); break;   \
+		default: tile(mr, NS(mr), WF16, 1, a); break;       \
+		}                                                   \
 		break;
 
 __attribute__((target("avx2,fma,f16c"))) static void tile_avx2_pf(int mr, int kind, const struct tile_args *a)
@@ -407,53 +412,70 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2_pf(int mr, int ki
 	}
 }
 
-/* The columns of tile_avx2_pf's tile of mr rows: 2 for one or two rows
- * of x, though the registers hold 8 and 6. Fewer W rows read at once ran
- * faster on an AMD EPYC (Zen 3, 2 vCPUs): B = 1 decode steps of `small`
- * in bf16, two threads, at 1.19x their floor with 4 W rows and 1.14-1.16x
- * with 2 (one thread 1.26x and 1.25x; f32 and the real layer shape the
- * same either way), B = 2 steps in 16.0 ms and 15.2 ms; an earlier round
- * ran 8 rows at 1.31x against 4 at 1.23x. Two chains of fused
- * multiply-adds, a step each every 4 cycles, still take 8 bytes of bf16 a
- * cycle (16 of f32), above one core's share of the memory's rate. */
-static int nrs(int mr)
+/* The rows a range's first few-row tile of M rows of x reads (gemm_few):
+ * the first of each part of columns [n0, n1), or the first of a range too
+ * short to part. */
+static struct pf_block first_rows(const hi3_wmat *w, int M, int n0, int n1)
 {
-	return NR_PF(mr);
+	const size_t rb = (size_t)w->K * hi3_dtype_size(w->dtype);
+	const unsigned char *w0 = w->data;
+	const int S = NS(M), h = (n1 - n0) / S;
+	struct pf_block b = {{NULL}, rb, NULL};
+
+	for (int s = 0; s < (h ? S : 1); s++)
+		b.p[s] = w0 + (size_t)(n0 + s * h) * rb;
+	return b;
 }
 
-/* Columns [n0, n1) of y = x W^T for M <= BR rows, W as stored (F32, BF16
- * or F16): one pass over K (a few rows of x stay in L1), full tiles of
- * nrs(M) columns that prefetch the block after them (the last full one
- * the columns left, or else after: the range read next, learnt then),
- * then the last columns by plain tiles. */
+/*
+ * Columns [n0, n1) of y = x W^T for M <= BR rows, W as stored (F32, BF16
+ * or F16): one pass over K (a few rows of x stay in L1) for NS(M) W rows
+ * at a time, row i of each of NS(M) equal parts of the range (the last
+ * rows, fewer than NS(M), by a plain tile at the end). Each part is so
+ * read front to back, row after row, one stream in address order, and a
+ * core reads several at once, as the fastest plain read does (bench.c's
+ * HI3I_READ_PARTS). Tiles of adjacent rows, as before, left a B = 1 step's
+ * products at 1.17x the fastest read of their bytes, and the step 1.22x;
+ * read as four streams, 1.11x and 1.17x (docs/PERFORMANCE.md, "Decode at
+ * B = 1, tenth round"). A tile prefetches the next row of each part, the
+ * last tile the rows read after it: the last rows, or else the range read
+ * next (learnt then). An element's order over k is the tile's, so the
+ * bits are those of every other kernel.
+ */
 __attribute__((target("avx2,fma,f16c"))) static void gemm_few(float *y, const float *x, const hi3_wmat *w, int M,
                                                               int n0, int n1, struct pf_block *after)
 {
-	const int K = w->K, kind = wkind(w->dtype), nt = nrs(M);
-	const size_t rb = (size_t)K * hi3_dtype_size(w->dtype);
+	const int K = w->K, kind = wkind(w->dtype), S = NS(M), h = (n1 - n0) / S, t0 = n0 + S * h;
+	const size_t rb = (size_t)K * hi3_dtype_size(w->dtype), N = (size_t)w->N;
 	const unsigned char *w0 = w->data;
-	struct tile_args a = {.x = x, .ldx = (size_t)K, .ldw = (size_t)K, .k0 = 0, .k1 = K, .K = K,
-	                      .ldy = (size_t)w->N};
-	int j0 = n0;
+	float t[BR * STREAMS];
+	struct tile_args a = {.x = x, .ldx = (size_t)K, .ldw = (size_t)h * (size_t)K, .k0 = 0, .k1 = K, .K = K,
+	                      .y = t, .ldy = (size_t)S};
 
-	for (; j0 + nt <= n1; j0 += nt) {
-		a.w = w0 + (size_t)j0 * rb;
-		a.y = y + j0;
-		if (j0 + nt < n1) {
-			a.pf = w0 + (size_t)(j0 + nt) * rb;
-			a.pf_len = (size_t)HI3_MIN(nt, n1 - j0 - nt) * rb;
-		} else {
+	for (int i = 0; i < h; i++) {
+		a.w = w0 + (size_t)(n0 + i) * rb;
+		a.pf_len = rb;
+		for (int s = 0; s < S; s++)
+			a.pf[s] = i + 1 < h ? (const unsigned char *)a.w + (size_t)(s * h + 1) * rb
+			        : t0 < n1 && s == 0 ? w0 + (size_t)t0 * rb : NULL;
+		if (i + 1 == h && t0 == n1) {
 			if (after && after->learn)
 				after->learn(after);
-			a.pf = after ? after->p : NULL;
+			for (int s = 0; s < S; s++)
+				a.pf[s] = after ? after->p[s] : NULL;
 			a.pf_len = after ? after->n : 0;
 		}
 		tile_avx2_pf(M, kind, &a);
+		for (int m = 0; m < M; m++)
+			for (int s = 0; s < S; s++)
+				y[(size_t)m * N + (size_t)(n0 + s * h + i)] = t[m * S + s];
 	}
-	for (; j0 < n1; j0 += BN) {
-		a.w = w0 + (size_t)j0 * rb;
-		a.y = y + j0;
-		tile_avx2(M, HI3_MIN(BN, n1 - j0), kind, &a);
+	if (t0 < n1) {
+		a.w = w0 + (size_t)t0 * rb;
+		a.ldw = (size_t)K;
+		a.y = y + t0;
+		a.ldy = N;
+		tile_avx2(M, n1 - t0, kind, &a);
 	}
 }
 
@@ -889,15 +911,12 @@ static int takes_few(const hi3_wmat *w, int M)
  * when the few-row tiles read them; else none. */
 static struct pf_block first_tile(const hi3_wmat *w, int M, int64_t q0, int64_t q1)
 {
-	struct pf_block b = {NULL, 0, NULL};
+	struct pf_block b = {{NULL}, 0, NULL};
 #ifdef HAVE_X86
 	const int64_t n0 = q0 * SPLIT, n1 = HI3_MIN((int64_t)w->N, q1 * SPLIT);
 
-	if (n0 < n1 && takes_few(w, M)) {
-		const size_t rb = (size_t)w->K * hi3_dtype_size(w->dtype);
-		b.p = (const unsigned char *)w->data + (size_t)n0 * rb;
-		b.n = (size_t)HI3_MIN((int64_t)nrs(M), n1 - n0) * rb;
-	}
+	if (n0 < n1 && takes_few(w, M))
+		b = first_rows(w, M, (int)n0, (int)n1);
 #endif
 	return b;
 }
@@ -955,7 +974,8 @@ static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q
  * each about a 2nt-th of what is left (at least CLAIM_MIN units), so a
  * thread that starts late or runs slow takes less and the others do not
  * wait for it at the end. Ranges start on multiples of CLAIM_ALIGN units
- * (24 columns, whole few-row tiles for 1-4 rows of x). Who computes an
+ * (24 columns: every range but a matrix's last has an even number of
+ * columns, two equal halves for gemm_few). Who computes an
  * element changes; its order over k does not.
  */
 #define CLAIM_ALIGN 4
@@ -1072,7 +1092,7 @@ static void group_range(struct group_job *j, int64_t q0, int64_t q1, struct pf_b
 		}
 		if (at >= 0) {
 			const hi3_wmat *wa = j->w[at];
-			struct pf_block nx = {NULL, 0, NULL};
+			struct pf_block nx = {{NULL}, 0, NULL};
 			if (p0 < p1 && w->K)
 				nx = first_tile(w, j->M[i], p0, p1);
 			if (wa->K == 0) {
@@ -1101,10 +1121,10 @@ static struct pf_block group_first(const struct group_job *j, int64_t q0, int64_
 			continue;
 		const int64_t nq = n_tiles(w), p0 = HI3_MAX(q0 - base, 0), p1 = HI3_MIN(q1 - base, nq);
 		if (p0 < p1)
-			return w->K ? first_tile(w, j->M[i], p0, p1) : (struct pf_block){NULL, 0, NULL};
+			return w->K ? first_tile(w, j->M[i], p0, p1) : (struct pf_block){{NULL}, 0, NULL};
 		base += group_units(w, j->claims);
 	}
-	return (struct pf_block){NULL, 0, NULL};
+	return (struct pf_block){{NULL}, 0, NULL};
 }
 
 /* group_part's next range: taken from the counter when the last tile of
@@ -1123,7 +1143,7 @@ static void learn_next(struct pf_block *b)
 	r->b.learn = NULL;
 	if ((r->more = claim(&r->j->next, r->j->total, r->nt, &r->q0, &r->q1))) {
 		const struct pf_block f = group_first(r->j, r->q0, r->q1);
-		r->b.p = f.p;
+		memcpy(r->b.p, f.p, sizeof(f.p));
 		r->b.n = f.n;
 	}
 }
@@ -1143,7 +1163,7 @@ static void group_part(void *p, int id, int nt)
 	      * other threads wait for it (measured: 1.5-3% of a decode step's
 	      * products) */
 		for (int more = claim(&j->next, j->total, nt, &q0, &q1); more && !failed; q0 = r0, q1 = r1) {
-			struct next_range nx = {{NULL, 0, learn_next}, j, nt, 0, 0, 0};
+			struct next_range nx = {{{NULL}, 0, learn_next}, j, nt, 0, 0, 0};
 			group_range(j, q0, q1, &nx.b, &failed);
 			if (nx.b.learn)       /* no full tile asked for it */
 				learn_next(&nx.b);
