@@ -216,7 +216,9 @@ static void make_q(hi3_qweight *q, unsigned char *buf, int d, const float *w, in
  * a checkpoint's map holds them, beside reads of the same bytes on the
  * same team of threads (backend/pool.h), each pass in turn:
  *   xor read          hi3i_read_xor, the read `hi3 bench` divides a decode
- *                     step by (its floor);
+ *                     step by (its floor): a thread's share as 4 parts
+ *                     read side by side;
+ *   xor read 1, 2     the same as one part (one stream a thread), two;
  *   widen read        the loads of the products' few-row tile, 8 weights at
  *                     a time widened to floats (BF16: 16 bytes zero-extended
  *                     and shifted; F32: 32 bytes), XORed;
@@ -232,9 +234,9 @@ static void make_q(hi3_qweight *q, unsigned char *buf, int d, const float *w, in
  * what reading the bytes in address order with a near prefetch gives the
  * same work (the products read 2 to 4 rows at once and prefetch a whole
  * tile ahead). */
-enum { S_GEMM, S_XOR, S_WIDEN, S_FMA, S_FMA32, S_FMAPF, S_N };
-static const char *const sname[S_N] = {"products", "xor read", "widen read", "widen+fma read", "widen32+fma read",
-                                       "widen+fma+pf read"};
+enum { S_GEMM, S_XOR, S_XOR1, S_XOR2, S_WIDEN, S_FMA, S_FMA32, S_FMAPF, S_N };
+static const char *const sname[S_N] = {"products", "xor read", "xor read 1", "xor read 2", "widen read",
+                                       "widen+fma read", "widen32+fma read", "widen+fma+pf read"};
 /* widen+fma+pf's prefetch distance: about what one core needs in flight
  * to stream from memory (latency times rate: 100-150 ns at 10-20 GB/s) */
 #define PF_AHEAD 1536
@@ -345,6 +347,8 @@ static void stream_part(void *arg, int id, int nt)
 	const size_t blocks = r->n / 128, lo = blocks * (size_t)id / (size_t)nt * 128,
 	             hi = blocks * (size_t)(id + 1) / (size_t)nt * 128;
 	uint64_t x = r->kind == S_XOR ? hi3i_read_xor((const uint64_t *)(r->p + lo), (hi - lo) / 8)
+	             : r->kind == S_XOR1 || r->kind == S_XOR2
+	                     ? hi3i_read_xor_parts((const uint64_t *)(r->p + lo), (hi - lo) / 8, r->kind == S_XOR1 ? 1 : 2)
 	             : r->kind == S_WIDEN ? read_widen(r->p + lo, hi - lo, r->bf16)
 	             : r->kind == S_FMA32 ? read_fma32(r->p + lo, hi - lo, r->bf16)
 	                                  : read_fma(r->p + lo, hi - lo, r->bf16, r->kind == S_FMAPF ? PF_AHEAD : 0);

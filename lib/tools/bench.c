@@ -19,31 +19,57 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-/* XOR of every 32-byte word in [a, a + n): a pure streaming read. */
-__attribute__((target("avx2"))) uint64_t hi3i_read_xor(const uint64_t *a, size_t n)
+/* XOR of every word of parts equal parts of [a, a + n) read side by side,
+ * 32 bytes of each in turn, then of the words left. */
+__attribute__((target("avx2"), always_inline)) static inline uint64_t read_parts(const uint64_t *a, size_t n,
+                                                                                const int parts)
 {
-	__m256i x0 = _mm256_setzero_si256(), x1 = x0, x2 = x0, x3 = x0;
+	__m256i x[2 * HI3I_READ_PARTS];
+	const size_t h = n / (size_t)parts & ~(size_t)15;
 	size_t i = 0;
+	uint64_t r = 0;
 
-	for (; i + 16 <= n; i += 16) {
-		x0 = _mm256_xor_si256(x0, _mm256_load_si256((const __m256i *)(a + i)));
-		x1 = _mm256_xor_si256(x1, _mm256_load_si256((const __m256i *)(a + i + 4)));
-		x2 = _mm256_xor_si256(x2, _mm256_load_si256((const __m256i *)(a + i + 8)));
-		x3 = _mm256_xor_si256(x3, _mm256_load_si256((const __m256i *)(a + i + 12)));
+	for (int p = 0; p < 2 * parts; p++)
+		x[p] = _mm256_setzero_si256();
+	for (; i < h; i += 8)
+#pragma GCC unroll 8
+		for (int p = 0; p < parts; p++) {
+			x[2 * p] = _mm256_xor_si256(x[2 * p], _mm256_load_si256((const __m256i *)(a + (size_t)p * h + i)));
+			x[2 * p + 1] = _mm256_xor_si256(x[2 * p + 1],
+			                                _mm256_load_si256((const __m256i *)(a + (size_t)p * h + i + 4)));
+		}
+	for (int p = 1; p < 2 * parts; p++)
+		x[0] = _mm256_xor_si256(x[0], x[p]);
+	for (i = (size_t)parts * h; i < n; i++)
+		r ^= a[i];
+	return r ^ (uint64_t)_mm256_extract_epi64(x[0], 0) ^ (uint64_t)_mm256_extract_epi64(x[0], 1) ^
+	       (uint64_t)_mm256_extract_epi64(x[0], 2) ^ (uint64_t)_mm256_extract_epi64(x[0], 3);
+}
+
+__attribute__((target("avx2"))) uint64_t hi3i_read_xor_parts(const uint64_t *a, size_t n, int parts)
+{
+	switch (parts) {
+	case 1: return read_parts(a, n, 1);
+	case 2: return read_parts(a, n, 2);
+	default: return read_parts(a, n, HI3I_READ_PARTS);
 	}
-	x0 = _mm256_xor_si256(_mm256_xor_si256(x0, x1), _mm256_xor_si256(x2, x3));
-	return (uint64_t)_mm256_extract_epi64(x0, 0) ^ (uint64_t)_mm256_extract_epi64(x0, 3);
 }
 #else
-uint64_t hi3i_read_xor(const uint64_t *a, size_t n)
+uint64_t hi3i_read_xor_parts(const uint64_t *a, size_t n, int parts)
 {
 	uint64_t x = 0;
 
+	(void)parts;
 	for (size_t i = 0; i < n; i++)
 		x ^= a[i];
 	return x;
 }
 #endif
+
+uint64_t hi3i_read_xor(const uint64_t *a, size_t n)
+{
+	return hi3i_read_xor_parts(a, n, HI3I_READ_PARTS);
+}
 
 /* A buffer of n words to read, filled (so that it is mapped in); NULL
  * when out of memory. It asks for huge pages, as a checkpoint's map does

@@ -9,8 +9,19 @@
 #include "core/internal.h"
 #include "tools/hi3-tools.h"
 
-/* XOR of the n 64-bit words at a (32-byte aligned): the plain streaming
- * read that `hi3 bench` takes as a decode step's floor (bench.c). */
+/* XOR of the n 64-bit words at a (32-byte aligned), read as parts (1, 2
+ * or HI3I_READ_PARTS) equal parts side by side: the plain streaming read. */
+uint64_t hi3i_read_xor_parts(const uint64_t *a, size_t n, int parts);
+
+/* Parts a thread's read is split in: one stream of each at a time read
+ * faster than one stream alone, and more than 4 no faster (an AMD EPYC
+ * VM, 2 vCPUs, 248 MB, 15 rounds: two threads read 23.8 GB/s as 1 stream
+ * each, 28.8 as 2, 30.8 as 4, 30.4 as 8; one thread 14.6, 22.2, 25.2 and
+ * 25.1 GB/s; docs/PERFORMANCE.md, "Decode at B = 1, tenth round"). */
+#define HI3I_READ_PARTS 4
+
+/* hi3i_read_xor_parts(a, n, HI3I_READ_PARTS): the read that `hi3 bench`
+ * takes as a decode step's floor (bench.c). */
 uint64_t hi3i_read_xor(const uint64_t *a, size_t n);
 
 /* Natural name order: digit runs compare as numbers ("k.2" < "k.10"). */
