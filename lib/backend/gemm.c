@@ -27,14 +27,14 @@
  * those of the f32 weights it stands for.
  *
  * A product of at most BR rows of x (a decode step) with AVX2 and W as
- * stored takes the few-row tiles instead (gemm_few): one pass over K, two
- * W rows per tile, one from each half of the thread's range, so that each
- * half is read front to back as one stream, and the next row of each
- * prefetched during each tile. There W is read once and used for one to
- * four rows, so the product runs at the rate W arrives from memory:
- * without the prefetches a three-column tile read a B = 1 step's weights
- * at about a third of the machine's read bandwidth (docs/PERFORMANCE.md,
- * "Decode at B = 1 against its floor").
+ * stored takes the few-row tiles instead (gemm_few): one pass over K, 4 W
+ * rows per tile (2 for 3-4 rows of x), one from each of as many parts of
+ * the thread's range, so that each part is read front to back as one
+ * stream, and the next row of each prefetched during each tile. There W
+ * is read once and used for one to four rows, so the product runs at the
+ * rate W arrives from memory: without the prefetches a three-column tile
+ * read a B = 1 step's weights at about a third of the machine's read
+ * bandwidth (docs/PERFORMANCE.md, "Decode at B = 1 against its floor").
  *
  * With AVX-512 (checked at run time) a product of 8 rows or more takes the
  * kernel of the AVX-512 section below instead: x packed by pairs of rows,
@@ -179,10 +179,10 @@ struct tile_args {
 };
 
 /* The first bytes another range reads next, to prefetch (gemm_few): n
- * bytes at p and n at p2 (either may be NULL); or, with learn set, bytes
- * not known yet: learn(b) finds them (the range group_part takes next),
- * sets p, p2 and n and clears learn; called at the start of the last tile
- * that prefetches them. */
+ * bytes at each p[s] that is not NULL, a stream each; or, with learn set,
+ * bytes not known yet: learn(b) finds them (the range group_part takes
+ * next), sets p and n and clears learn; called at the start of the last
+ * tile that prefetches them. */
 struct pf_block {
 	const void *p[STREAMS];
 	size_t n;
@@ -253,11 +253,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void combi
 }
 
 /* The register tile, specialised for each (mr, nr, kind) by the switches
- * below; the same bits as tile_portable. With pf (a few rows of x, two
+ * below; the same bits as tile_portable. With pf (a few rows of x, nr
  * whole rows of W as stored: decode), the tile also prefetches the W bytes
- * read after it, pf_len at pf and at pf2 (the next row of each of its
- * rows' streams, or another range's first rows), a line of each for each
- * line a row advances, so that the next tile's rows are in cache when it
+ * read after it, pf_len at each pf[s] (the next row of each of its rows'
+ * streams, or another range's first rows), a line of each for each line
+ * a row advances, so that the next tile's rows are in cache when it
  * starts: a few rows of x do too little work per W line for the hardware
  * prefetcher alone to keep up (without these prefetches a B = 1 step's
  * products ran at 1.8x their floor).
@@ -393,6 +393,7 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
  * 8), whose 12 and 16 accumulators with 4 streams would leave too few of
  * AVX2's 16 registers for x and W. */
 #define NS(mr) ((mr) <= 2 ? 4 : 2)
+_Static_assert(STREAMS - 1 <= BN, "a range's last rows, fewer than a few-row tile's, fit one plain tile");
 
 /* A few-row tile that prefetches, W as stored: mr rows of x against NS(mr)
  * W rows. */
@@ -974,8 +975,8 @@ static void gemm_range(float *y, const float *x, const hi3_wmat *w, int M, int q
  * each about a 2nt-th of what is left (at least CLAIM_MIN units), so a
  * thread that starts late or runs slow takes less and the others do not
  * wait for it at the end. Ranges start on multiples of CLAIM_ALIGN units
- * (24 columns: every range but a matrix's last has an even number of
- * columns, two equal halves for gemm_few). Who computes an
+ * (24 columns: every range but a matrix's last splits into gemm_few's 4
+ * or 2 equal parts). Who computes an
  * element changes; its order over k does not.
  */
 #define CLAIM_ALIGN 4
