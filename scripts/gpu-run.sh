@@ -89,6 +89,7 @@ steps() {
 	step bench-small    150 gpu bench s_bench_small
 	step graphs-bench   150 gpu bench s_graphs_bench
 	step bench-wide     240 gpu bench s_bench_wide
+	step invariant-bench 120 gpu bench s_invariant_bench
 	step layouts-cuda   180 mpi bench s_layouts_cuda
 }
 
@@ -612,6 +613,18 @@ s_layouts_cuda() {
 			cat prefill.err decode.err
 			echo "$lay: did not run"
 			bad=$((bad + 1))
+			# whether the decode steps from CUDA graphs are what fails
+			if [ -f two.kv0 ] && cp two.kv0 two.kv && "$MPIRUN" -np 2 "$MPI" --backend cuda -m "$m" \
+				--parallel $lay --cuda-graphs off decode --greedy c.st two.kv -o two.seg 2>decode-off.err; then
+				if cmp -s one.seg two.seg; then
+					echo "$lay: decodes with --cuda-graphs off, bitwise one process"
+				else
+					echo "$lay: decodes with --cuda-graphs off, not bitwise one process"
+				fi
+			else
+				tail -n 5 decode-off.err 2>/dev/null
+				echo "$lay: fails with --cuda-graphs off too"
+			fi
 			continue
 		fi
 		line=$(grep 'hi3 decode: rank 0 of 2: ' decode.err)
@@ -730,12 +743,16 @@ s_graphs_bench() {
 # The real layer shape (hidden 4096, 32 query / 8 kv heads of 128, 64
 # experts top-8 of width 3072, a shared MLP), 2 layers, bf16: prefill 8 x
 # 512, decode at B = 1; then, with time left, one row of 4096 and 16 rows.
+wide_model() {
+	model wide small --dtype bf16 --set hidden_size=4096 --set num_hidden_layers=2 --set num_experts=64 \
+		--set moe_topk=8 --set moe_intermediate_size=3072 --set num_attention_heads=32 \
+		--set num_key_value_heads=8 --set attention_head_dim=128
+}
+
 s_bench_wide() {
 	local w n=0
 	[ "${HI3_RUN_QUICK:-0}" = 1 ] && skip "HI3_RUN_QUICK=1"
-	w=$(model wide small --dtype bf16 --set hidden_size=4096 --set num_hidden_layers=2 --set num_experts=64 \
-		--set moe_topk=8 --set moe_intermediate_size=3072 --set num_attention_heads=32 \
-		--set num_key_value_heads=8 --set attention_head_dim=128) || exit 1
+	w=$(wide_model) || exit 1
 	echo "the wide model: $(du -sh "$w" | cut -f1), made in the step's first $((STEP_LIMIT - $(time_left))) s"
 	bench wide-bf16 "$w" -B 8 -L 512 -D 1 -n 32 --reps 2 || n=$((n + 1))
 	if [ "$(time_left)" -gt 90 ]; then
@@ -746,6 +763,42 @@ s_bench_wide() {
 	fi
 	[ "$n" = 0 ] || exit 1
 	detail "$(grep -c '^RESULT label=wide' "$WORK/bench.txt") benchmarks"
+}
+
+# What --batch-invariant=on costs on cuda (every product the fixed-order
+# gemv kernel in passes of 8 rows, never cuBLAS; attention over the cache
+# unsplit): the same runs with it off and on, side by side, on `small` bf16
+# (prefill 8 x 512, decode 8 rows) and, with time left, the wide model
+# (prefill 8 x 512, decode 1 row).
+s_invariant_bench() {
+	local b w n=0 tag m off on
+	b=$(model small-bf16 small --dtype bf16) || exit 1
+	for m in off on; do
+		bench "small-bf16-invariant-$m" "$b" -B 8 -L 512 -D 8 -n 32 --reps 2 --batch-invariant $m || n=$((n + 1))
+	done
+	if [ "${HI3_RUN_QUICK:-0}" != 1 ] && [ "$(time_left)" -gt 60 ] && w=$(wide_model); then
+		for m in off on; do
+			bench "wide-bf16-invariant-$m" "$w" -B 8 -L 512 -D 1 -n 16 --reps 2 --batch-invariant $m || n=$((n + 1))
+		done
+	else
+		echo "no time for the wide model"
+	fi
+	for tag in small-bf16 wide-bf16; do
+		for m in prefill_tok_s decode_ms; do
+			off=$(grep "^RESULT label=$tag-invariant-off " "$WORK/bench.txt" | tail -n 1 | sed -n "s/.* $m=\([0-9.]*\).*/\1/p")
+			on=$(grep "^RESULT label=$tag-invariant-on " "$WORK/bench.txt" | tail -n 1 | sed -n "s/.* $m=\([0-9.]*\).*/\1/p")
+			[ -n "$off" ] && [ -n "$on" ] || continue
+			if [ $m = prefill_tok_s ]; then
+				figure "$tag prefill 8 x 512: invariant off / on" \
+					"$(awk -v a="$off" -v b="$on" 'BEGIN { printf "%.2f", a / b }')" "x" "$off and $on tokens/s"
+			else
+				figure "$tag decode step: invariant on / off" \
+					"$(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.2f", a / b }')" "x" "$on and $off ms"
+			fi
+		done
+	done
+	[ "$n" = 0 ] || exit 1
+	detail "prefill and decode with --batch-invariant off and on"
 }
 
 # ------------------------------------------------------------- the runner

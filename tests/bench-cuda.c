@@ -6,7 +6,7 @@
  *
  *   bench-cuda -m DIR [--backend cpu|cuda] [-B ROWS] [-L LEN] [-D ROWS]
  *              [-n STEPS] [--reps N] [--kv-dtype f32|bf16] [--label NAME]
- *              [--cuda-graphs on|off]
+ *              [--cuda-graphs on|off] [--batch-invariant on|off]
  *
  * -D decodes only the first ROWS rows of the prefill (default all B), so
  * one run can time a wide prefill and a B = 1 decode. --cuda-graphs as
@@ -27,6 +27,9 @@
  * which scripts/gpu-run.sh turns into its figures. Times are the best of
  * --reps prefills, and the mean over the timed decode steps (after two
  * untimed ones); every call ends with the logits copied to the host.
+ * --batch-invariant as hi3's (default: off on cuda, on elsewhere): on
+ * cuda every product runs the fixed-order gemv kernel in passes of 8
+ * rows, never cuBLAS, which is what a bitwise parity costs.
  */
 #include "hi3.h"
 #include "config.h"
@@ -117,9 +120,10 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, 'b'}, {"reps", required_argument, NULL, 'r'},
 		{"kv-dtype", required_argument, NULL, 'k'}, {"label", required_argument, NULL, 'l'},
-		{"cuda-graphs", required_argument, NULL, 'g'}, {NULL, 0, NULL, 0}};
+		{"cuda-graphs", required_argument, NULL, 'g'}, {"batch-invariant", required_argument, NULL, 'i'},
+		{NULL, 0, NULL, 0}};
 	const char *dir = NULL, *backend = "cuda", *label = "model";
-	int B = 1, Lp = 128, D = 0, steps = 32, reps = 3, c, rc = 1, graphs = 0;
+	int B = 1, Lp = 128, D = 0, steps = 32, reps = 3, c, rc = 1, graphs = 0, invariant = -1;
 	hi3_dtype kv_dt = HI3_BF16;
 	hi3_error err = {0};
 	hi3_model *m = NULL;
@@ -150,6 +154,13 @@ int main(int argc, char **argv)
 			}
 			graphs = !strcmp(optarg, "on") ? 1 : 2;
 			break;
+		case 'i':
+			if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+				fprintf(stderr, "bench-cuda: --batch-invariant: expected on or off, found '%s'\n", optarg);
+				return 2;
+			}
+			invariant = !strcmp(optarg, "on");
+			break;
 		case 'k':
 			if (!strcmp(optarg, "f32") || !strcmp(optarg, "bf16")) {
 				kv_dt = optarg[0] == 'f' ? HI3_F32 : HI3_BF16;
@@ -160,7 +171,8 @@ int main(int argc, char **argv)
 			break;
 		default:
 			fprintf(stderr, "usage: bench-cuda -m DIR [--backend cpu|cuda] [-B ROWS] [-L LEN] [-D ROWS] "
-			        "[-n STEPS] [--reps N] [--kv-dtype f32|bf16] [--label NAME] [--cuda-graphs on|off]\n");
+			        "[-n STEPS] [--reps N] [--kv-dtype f32|bf16] [--label NAME] [--cuda-graphs on|off] "
+			        "[--batch-invariant on|off]\n");
 			return 2;
 		}
 	}
@@ -175,7 +187,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	{
-		hi3_model_opts mo = {.backend = backend, .batch_invariant = strcmp(backend, "cuda") != 0, .cuda_graphs = graphs};
+		hi3_model_opts mo = {.backend = backend,
+		                     .batch_invariant = invariant >= 0 ? invariant : strcmp(backend, "cuda") != 0,
+		                     .cuda_graphs = graphs};
 		if (hi3_model_open(&m, dir, &mo, &err) != 0)
 			goto fail;
 	}
@@ -280,10 +294,11 @@ int main(int argc, char **argv)
 	printf("%s on %s: decode %d rows: %.3f ms/step (%.1f tokens/s), %.3f GB read per step, %.1f GB/s\n", label,
 	       hi3_model_backend(m), D, dec_s * 1e3, D / dec_s, dec_bytes / 1e9, dec_bytes / dec_s / 1e9);
 	printf("RESULT label=%s backend=%s B=%d L=%d D=%d prefill_s=%.6f prefill_tok_s=%.1f prefill_tflops=%.4f "
-	       "attn_tflop=%.6f decode_ms=%.4f decode_tok_s=%.2f decode_gb=%.6f decode_gbs=%.2f graphs=%s\n",
+	       "attn_tflop=%.6f decode_ms=%.4f decode_tok_s=%.2f decode_gb=%.6f decode_gbs=%.2f graphs=%s "
+	       "invariant=%s\n",
 	       label, hi3_model_backend(m), B, Lp, D, prefill_s, B * Lp / prefill_s, gemm_flop / prefill_s / 1e12,
 	       attn_flop / 1e12, dec_s * 1e3, D / dec_s, dec_bytes / 1e9, dec_bytes / dec_s / 1e9,
-	       graphs == 1 ? "on" : graphs == 2 ? "off" : "default");
+	       graphs == 1 ? "on" : graphs == 2 ? "off" : "default", hi3_model_batch_invariant(m) ? "on" : "off");
 	rc = 0;
 	goto out;
 oom:
