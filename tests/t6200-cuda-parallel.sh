@@ -97,6 +97,21 @@ test_expect_success 'cuda, wider MoE, tp=2,ep=2 on 4 ranks: bitwise one process'
 	layout tw 4 tp=2,ep=2
 '
 
+# (on a GPU, every layout's decode steps from CUDA graphs faulted inside
+# cudaGraphLaunch; op by op they gave one process's bits: docs/PERFORMANCE.md)
+test_expect_success 'cuda, tp=2 and ep=2: decode steps run op by op, never from CUDA graphs; --cuda-graphs on refused' '
+	for l in tp=2 ep=2; do
+		cp tm.kv0 g.kv &&
+		mpirun -np 2 "$MPI_EMU" -v -t 1 --backend cuda --parallel $l -m tm decode --greedy tm.cond g.kv -o g.seg \
+			2>g.err && cmp tm.seg-g g.seg &&
+		test $(grep -c "cuda: decode steps from graphs: off" g.err) = 2 && ! grep "stretches from graphs" g.err ||
+			return 1
+	done &&
+	cp tm.kv0 g.kv && test_must_fail 2 run 2 tp=2 --cuda-graphs on -m tm decode --greedy tm.cond g.kv -o on.seg 2>err &&
+	test_grep "cuda-graphs on: not with --parallel over 2 ranks" err && test ! -e on.seg && cmp tm.kv0 g.kv &&
+	one -m tm --cuda-graphs on decode --greedy tm.cond g.kv -o on.seg && cmp tm.seg-g on.seg
+'
+
 test_expect_success 'cuda, tp=2, one row of 150 tokens decoded alone: the attention cuts its keys as one process' '
 	# (few queries: the cache is read in slices, as many as one process cuts,
 	# though the rank has half the kv heads)

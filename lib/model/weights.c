@@ -250,6 +250,23 @@ int hi3i_backend_open(hi3_backend **out, const hi3_model_opts *opts, hi3_error *
 	return hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", name);
 }
 
+/* The decode steps of a model split over ranks run op by op, never from
+ * CUDA graphs: on the first GPU run (an H200, driver 580, two ranks on
+ * one GPU, the activations through host buffers) every layout's decode
+ * faulted inside cudaGraphLaunch on both ranks, and gave one process's
+ * bits with the graphs off (docs/PERFORMANCE.md, "The first GPU run").
+ * --cuda-graphs on is refused there rather than left to fault. */
+static int shard_graphs(hi3_model *m, const hi3_model_opts *opts, hi3_error *err)
+{
+	if (m->sh.size < 2 || !m->be->ops->set_graphs)
+		return 0;
+	if (opts->cuda_graphs == 1)
+		return hi3_error_set(err, HI3_ERR_USAGE, "--cuda-graphs on: not with --parallel over %d ranks: their "
+		                     "decode steps from CUDA graphs faulted on a GPU; they run op by op (hi3-parallel(7))",
+		                     m->sh.size);
+	return m->be->ops->set_graphs(m->be, 2, err);
+}
+
 int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts, hi3_error *err)
 {
 	hi3_model *m = hi3i_calloc(1, sizeof(*m), err);
@@ -289,7 +306,7 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 		goto out;
 	m->be->first_use = on_first_use;
 	m->be->first_use_ctx = m;
-	if (hi3i_shard_init(m, opts->par, err) != 0 || check_fits(m, err) != 0)
+	if (hi3i_shard_init(m, opts->par, err) != 0 || check_fits(m, err) != 0 || shard_graphs(m, opts, err) != 0)
 		goto out;
 	m->dims.H = m->cfg.hidden_size;
 	/* a rank's heads: its kv heads and their query heads */
