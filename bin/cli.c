@@ -58,7 +58,7 @@ const struct cli_option cli_global_options[] = {
 	           "cuBLAS and split attention (cuda, its default)"),
 	OPT_CHOICE(0, "cuda-graphs", &cli.cuda_graphs, graphs_on_off,
 	           "cuda: decode steps replayed from CUDA graphs (the same bits; default on where the driver has "
-	           "them); off: every kernel launched one by one"),
+	           "them, off under --parallel over several ranks); off: every kernel launched one by one"),
 	OPT_INT('t', "threads", &cli.threads, 0, 4096, "N", "worker threads (default: all cores)"),
 	OPT_STRING(0, "parallel", &cli.parallel, "tp=T,ep=E",
 	           "run as one of T*E ranks: tensor parallel T, expert parallel E; add ,dispatch=alltoall to send "
