@@ -229,18 +229,33 @@ int hi3i_backend_open(hi3_backend **out, const hi3_model_opts *opts, hi3_error *
 {
 	const char *name = opts && opts->backend ? opts->backend : "cpu";
 	const int threads = opts ? opts->threads : 0, inv = opts ? opts->batch_invariant : 1;
+	const int ranks = opts && opts->par && opts->par->comm ? opts->par->comm->size : 1;
+	int graphs = opts ? opts->cuda_graphs : 0;
 
 	*out = NULL;
-	if (!strcmp(name, "cpu") && opts && opts->cuda_graphs == 1)
+	if (!strcmp(name, "cpu") && graphs == 1)
 		return hi3_error_set(err, HI3_ERR_USAGE, "--cuda-graphs on: the cpu backend has no CUDA graphs (use "
 		                     "--backend cuda)");
+	/* The decode steps of a model split over ranks run op by op, never
+	 * from CUDA graphs: on the first GPU run (an H200, driver 580, two
+	 * ranks on one GPU, the activations through host buffers) every
+	 * layout's decode faulted inside cudaGraphLaunch on both ranks, and
+	 * gave one process's bits with the graphs off (docs/PERFORMANCE.md,
+	 * "The first GPU run"). --cuda-graphs on is refused there rather than
+	 * left to fault. */
+	if (ranks > 1) {
+		if (graphs == 1)
+			return hi3_error_set(err, HI3_ERR_USAGE, "--cuda-graphs on: not with --parallel over %d ranks: "
+			                     "their decode steps from CUDA graphs faulted on a GPU; they run op by op "
+			                     "(hi3-parallel(7))", ranks);
+		graphs = 2;
+	}
 	if (!strcmp(name, "cpu"))
 		return hi3i_backend_cpu(out, threads, inv, err);
 	if (!strcmp(name, "cuda")) {
 		if (hi3i_backend_cuda(out, threads, inv, err) != 0)
 			return -1;
-		if ((*out)->ops->set_graphs &&
-		    (*out)->ops->set_graphs(*out, opts ? opts->cuda_graphs : 0, err) != 0) {
+		if ((*out)->ops->set_graphs && (*out)->ops->set_graphs(*out, graphs, err) != 0) {
 			(*out)->ops->destroy(*out);
 			*out = NULL;
 			return -1;
@@ -248,23 +263,6 @@ int hi3i_backend_open(hi3_backend **out, const hi3_model_opts *opts, hi3_error *
 		return 0;
 	}
 	return hi3_error_set(err, HI3_ERR_USAGE, "unknown backend '%s' (expected cpu or cuda)", name);
-}
-
-/* The decode steps of a model split over ranks run op by op, never from
- * CUDA graphs: on the first GPU run (an H200, driver 580, two ranks on
- * one GPU, the activations through host buffers) every layout's decode
- * faulted inside cudaGraphLaunch on both ranks, and gave one process's
- * bits with the graphs off (docs/PERFORMANCE.md, "The first GPU run").
- * --cuda-graphs on is refused there rather than left to fault. */
-static int shard_graphs(hi3_model *m, const hi3_model_opts *opts, hi3_error *err)
-{
-	if (m->sh.size < 2 || !m->be->ops->set_graphs)
-		return 0;
-	if (opts->cuda_graphs == 1)
-		return hi3_error_set(err, HI3_ERR_USAGE, "--cuda-graphs on: not with --parallel over %d ranks: their "
-		                     "decode steps from CUDA graphs faulted on a GPU; they run op by op (hi3-parallel(7))",
-		                     m->sh.size);
-	return m->be->ops->set_graphs(m->be, 2, err);
 }
 
 int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts, hi3_error *err)
@@ -306,7 +304,7 @@ int hi3_model_open(hi3_model **out, const char *dir, const hi3_model_opts *opts,
 		goto out;
 	m->be->first_use = on_first_use;
 	m->be->first_use_ctx = m;
-	if (hi3i_shard_init(m, opts->par, err) != 0 || check_fits(m, err) != 0 || shard_graphs(m, opts, err) != 0)
+	if (hi3i_shard_init(m, opts->par, err) != 0 || check_fits(m, err) != 0)
 		goto out;
 	m->dims.H = m->cfg.hidden_size;
 	/* a rank's heads: its kv heads and their query heads */
