@@ -700,6 +700,12 @@ bench() {
 	return 0
 }
 
+# result LABEL KEY: KEY's value in the last RESULT line of bench.txt whose
+# label (a grep pattern, from the label on) matches
+result() {
+	grep "^RESULT label=$1" "$WORK/bench.txt" | tail -n 1 | sed -n "s/.* $2=\([0-9.]*\).*/\1/p"
+}
+
 # `small` in bf16 and f32: prefill 8 x 512 tokens, decode 64 steps at B = 1
 # and 8; and the weights' upload rate through hi3 -v.
 s_bench_small() {
@@ -729,10 +735,8 @@ s_graphs_bench() {
 		for g in on off; do
 			bench "small-bf16-graphs-$g" "$b" -B 8 -L 256 -D $D -n 64 --reps 1 --cuda-graphs $g || n=$((n + 1))
 		done
-		on=$(grep "^RESULT label=small-bf16-graphs-on .* D=$D " "$WORK/bench.txt" | tail -n 1 |
-			sed -n 's/.* decode_ms=\([0-9.]*\).*/\1/p')
-		off=$(grep "^RESULT label=small-bf16-graphs-off .* D=$D " "$WORK/bench.txt" | tail -n 1 |
-			sed -n 's/.* decode_ms=\([0-9.]*\).*/\1/p')
+		on=$(result "small-bf16-graphs-on .* D=$D " decode_ms)
+		off=$(result "small-bf16-graphs-off .* D=$D " decode_ms)
 		[ -n "$on" ] && [ -n "$off" ] && figure "small bf16 decode step at B = $D: eager / graphs" \
 			"$(awk -v a="$off" -v b="$on" 'BEGIN { printf "%.2f", a / b }')" "x" "$off ms eager, $on ms from graphs"
 	done
@@ -785,8 +789,8 @@ s_invariant_bench() {
 	fi
 	for tag in small-bf16 wide-bf16; do
 		for m in prefill_tok_s decode_ms; do
-			off=$(grep "^RESULT label=$tag-invariant-off " "$WORK/bench.txt" | tail -n 1 | sed -n "s/.* $m=\([0-9.]*\).*/\1/p")
-			on=$(grep "^RESULT label=$tag-invariant-on " "$WORK/bench.txt" | tail -n 1 | sed -n "s/.* $m=\([0-9.]*\).*/\1/p")
+			off=$(result "$tag-invariant-off " $m)
+			on=$(result "$tag-invariant-on " $m)
 			[ -n "$off" ] && [ -n "$on" ] || continue
 			if [ $m = prefill_tok_s ]; then
 				figure "$tag prefill 8 x 512: invariant off / on" \
