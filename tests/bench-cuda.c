@@ -115,6 +115,15 @@ static int cost_init(struct cost *c, const char *dir, const hi3_config *cfg, hi3
 	return 0;
 }
 
+/* 1 for "on", 0 for "off"; else -1, said on stderr. */
+static int on_off(const char *opt, const char *arg)
+{
+	if (!strcmp(arg, "on") || !strcmp(arg, "off"))
+		return !strcmp(arg, "on");
+	fprintf(stderr, "bench-cuda: %s: expected on or off, found '%s'\n", opt, arg);
+	return -1;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -148,18 +157,13 @@ int main(int argc, char **argv)
 		case 'n': if (int_arg("-n", optarg, 1, 1 << 20, &steps)) return 2; break;
 		case 'r': if (int_arg("--reps", optarg, 1, 1000, &reps)) return 2; break;
 		case 'g':
-			if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
-				fprintf(stderr, "bench-cuda: --cuda-graphs: expected on or off, found '%s'\n", optarg);
+			if ((graphs = on_off("--cuda-graphs", optarg)) < 0)
 				return 2;
-			}
-			graphs = !strcmp(optarg, "on") ? 1 : 2;
+			graphs = graphs ? 1 : 2;
 			break;
 		case 'i':
-			if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
-				fprintf(stderr, "bench-cuda: --batch-invariant: expected on or off, found '%s'\n", optarg);
+			if ((invariant = on_off("--batch-invariant", optarg)) < 0)
 				return 2;
-			}
-			invariant = !strcmp(optarg, "on");
 			break;
 		case 'k':
 			if (!strcmp(optarg, "f32") || !strcmp(optarg, "bf16")) {

@@ -314,10 +314,11 @@ int main(void)
 	/* (N, K, M): with AVX-512, M >= 8 takes the packed kernel: rows past a
 	 * tile of 8, N past a tile of 6, K % 8, and K = 4700 (several k slices,
 	 * lanes carried) are its edges; N = 72, M = 300: threads split rows;
-	 * M <= 4 takes the prefetching few-row tiles (two W rows a tile, one
-	 * from each half of a thread's range, the last row of an odd range
-	 * alone; K past one slice in one pass; split by threads; N = 25 and 2
-	 * leave ranges of one and two columns) */
+	 * M <= 4 takes the prefetching few-row tiles (four W rows a tile for
+	 * M <= 2, two for 3-4, one from each equal part of a thread's range,
+	 * the last rows, fewer than a tile's, by one plain tile; K past one
+	 * slice in one pass; split by threads; N = 25 and 2 leave ranges of
+	 * one and two columns) */
 	static const int shapes[][3] = {{16, 8, 1}, {17, 33, 7}, {128, 128, 13}, {200, 300, 100},
 	                                {384, 256, 6}, {5, 1, 3}, {96, 520, 97}, {40, 2100, 9}, {7, 2051, 4}, {50, 2100, 40},
 	                                {6, 8, 8}, {37, 589, 19}, {13, 4700, 9}, {3, 5, 16}, {72, 100, 300},
