@@ -174,8 +174,6 @@ struct tile_args {
 	const hi3_qweight *q;     /* a kind above WQ: the matrix, */
 	int n0;                   /* the W row of the tile's row 0, */
 	int bf;                   /* and whether its values are rounded to BF16 */
-	const unsigned char *pf[STREAMS]; /* prefetching tiles: the W bytes read next, a stream each (or NULL), */
-	size_t pf_len;            /* pf_len bytes of each (0: none) */
 };
 
 /* The first bytes another range reads next, to prefetch (gemm_few): n
@@ -252,30 +250,95 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void combi
 	}
 }
 
+/* One step of 8 k of a register tile: acc[i][j] += x row i . W row j over
+ * k .. k + 7 (W's at kw, its index in the row as stored or widened). AVX2
+ * has 16 vector registers: the accumulators and whichever of the k slices
+ * of x or W is smaller are held, the other read a row at a time, so no
+ * accumulator is spilled (the M = 1 tile of 8 W rows held both and spilled
+ * one: its chain of multiply-adds then ran through memory). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+step8(const int mr, const int nr, const int kind, __m256 acc[BR][NRS], hi3i_qrow *qr, const float *x, size_t ldx,
+      int k, const void *w, size_t ldw, size_t kw, int bf)
+{
+	if (mr <= nr) {
+		/* x's rows held: mr + mr nr + 1 registers */
+		__m256 xv[BR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++)
+			xv[i] = _mm256_loadu_ps(x + (size_t)i * ldx + k);
+#pragma GCC unroll 8
+		for (int j = 0; j < nr; j++) {
+			const __m256 wj = kind > WQ ? hi3i_qrow_load8(&qr[j], kind - WQ, k, bf)
+			                            : load_w8(w, kind, (size_t)j * ldw + kw);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				acc[i][j] = _mm256_fmadd_ps(xv[i], wj, acc[i][j]);
+		}
+	} else {
+		/* W's rows held: nr + mr nr + 1 */
+		__m256 wv[NRS];
+#pragma GCC unroll 8
+		for (int j = 0; j < nr; j++)
+			wv[j] = kind > WQ ? hi3i_qrow_load8(&qr[j], kind - WQ, k, bf) : load_w8(w, kind, (size_t)j * ldw + kw);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			const __m256 xi = _mm256_loadu_ps(x + (size_t)i * ldx + k);
+#pragma GCC unroll 8
+			for (int j = 0; j < nr; j++)
+				acc[i][j] = _mm256_fmadd_ps(xi, wv[j], acc[i][j]);
+		}
+	}
+}
+
+/* A register tile's outputs, after its last step: y[i ldy + j ldc] = the
+ * lanes of acc[i][j] joined in gemm.h's tree, the k in [K & ~7, K) first
+ * added into lane 0 (W row j as in step8, from wk0; a quantized kind's
+ * values read from q, its rows from q_n0). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+tile_out(const int mr, const int nr, const int kind, __m256 acc[BR][NRS], const float *x, size_t ldx, int K,
+         const void *w, size_t ldw, int wk0, const hi3_qweight *q, int q_n0, float *y, size_t ldy, size_t ldc)
+{
+	const int K8 = K & ~7;
+
+	if (K8 < K) {
+		/* the tail into lane 0, then the tree, element by element */
+		for (int i = 0; i < mr; i++)
+			for (int j = 0; j < nr; j++) {
+				float l[8];
+				_mm256_storeu_ps(l, acc[i][j]);
+				for (int k = K8; k < K; k++)
+					l[0] = fmaf(x[(size_t)i * ldx + k],
+					            kind > WQ ? hi3i_qweight_at(q, q_n0 + j, k)
+					                      : w_elem(w, kind, (size_t)j * ldw + (size_t)(k - wk0)),
+					            l[0]);
+				y[(size_t)i * ldy + (size_t)j * ldc] = combine(l);
+			}
+		return;
+	}
+	__m256 v[BR * NRS];
+	float r[BR * NRS];
+	int n = 0;
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+		for (int j = 0; j < nr; j++)
+			v[n++] = acc[i][j];
+	combine_n(v, mr * nr, r);
+	n = 0;
+	for (int i = 0; i < mr; i++)
+		for (int j = 0; j < nr; j++)
+			y[(size_t)i * ldy + (size_t)j * ldc] = r[n++];
+}
+
 /* The register tile, specialised for each (mr, nr, kind) by the switches
- * below; the same bits as tile_portable. With pf (a few rows of x, nr
- * whole rows of W as stored: decode), the tile also prefetches the W bytes
- * read after it, pf_len at each pf[s] (the next row of each of its rows'
- * streams, or another range's first rows), a line of each for each line
- * a row advances, so that the next tile's rows are in cache when it
- * starts: a few rows of x do too little work per W line for the hardware
- * prefetcher alone to keep up (without these prefetches a B = 1 step's
- * products ran at 1.8x their floor).
- * The lines go to L2 (T1), not L1: a prefetch into L1 holds one of the
- * core's few L1 fill buffers until its line comes, which capped a core's
- * stream on a Xeon (measured: one decode step's products at 1.13x the read
- * of their bytes with T0, 1.10x with T1; f32 1.10x and 1.02x), and the
- * tile's loads find L2 near enough. */
+ * below; the same bits as tile_portable. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(const int mr, const int nr,
-                                                                               const int kind, const int pf,
+                                                                               const int kind,
                                                                                const struct tile_args *a)
 {
 	__m256 acc[BR][NRS];
 	hi3i_qrow qr[NRS];
-	const float *x = a->x;
-	const void *w = a->w;
-	const size_t ldx = a->ldx, ldw = a->ldw;
-	const int K = a->K, K8 = K & ~7, k1 = HI3_MIN(a->k1, K8);
+	const int K8 = a->K & ~7, k1 = HI3_MIN(a->k1, K8);
 
 	if (kind > WQ)
 		for (int j = 0; j < nr; j++)
@@ -285,96 +348,27 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile(
 #pragma GCC unroll 8
 		for (int j = 0; j < nr; j++)
 			acc[i][j] = a->k0 ? _mm256_loadu_ps(a->part + (size_t)(i * nr + j) * 8) : _mm256_setzero_ps();
-	for (int k = a->k0; k < k1; k += 8) {
-		const size_t kw = (size_t)(k - a->wk0);
-		if (pf && (kw * ES(kind)) % 64 == 0 && kw * ES(kind) < a->pf_len)
-#pragma GCC unroll 4
-			for (int s = 0; s < nr; s++)
-				if (a->pf[s])
-					_mm_prefetch((const char *)a->pf[s] + kw * ES(kind), _MM_HINT_T1);
-		/* AVX2 has 16 vector registers: the accumulators and whichever
-		 * of the k slices of x or W is smaller are held, the other read
-		 * a row at a time, so no accumulator is spilled (the M = 1 tile
-		 * of 8 W rows held both and spilled one: its chain of
-		 * multiply-adds then ran through memory) */
-		if (mr <= nr) {
-			/* x's rows held: mr + mr nr + 1 registers */
-			__m256 xv[BR];
-#pragma GCC unroll 4
-			for (int i = 0; i < mr; i++)
-				xv[i] = _mm256_loadu_ps(x + (size_t)i * ldx + k);
-#pragma GCC unroll 8
-			for (int j = 0; j < nr; j++) {
-				const __m256 wj = kind > WQ ? hi3i_qrow_load8(&qr[j], kind - WQ, k, a->bf)
-				                            : load_w8(w, kind, (size_t)j * ldw + kw);
-#pragma GCC unroll 4
-				for (int i = 0; i < mr; i++)
-					acc[i][j] = _mm256_fmadd_ps(xv[i], wj, acc[i][j]);
-			}
-		} else {
-			/* W's rows held: nr + mr nr + 1 */
-			__m256 wv[NRS];
-#pragma GCC unroll 8
-			for (int j = 0; j < nr; j++)
-				wv[j] = kind > WQ ? hi3i_qrow_load8(&qr[j], kind - WQ, k, a->bf)
-				                  : load_w8(w, kind, (size_t)j * ldw + kw);
-#pragma GCC unroll 4
-			for (int i = 0; i < mr; i++) {
-				const __m256 xi = _mm256_loadu_ps(x + (size_t)i * ldx + k);
-#pragma GCC unroll 8
-				for (int j = 0; j < nr; j++)
-					acc[i][j] = _mm256_fmadd_ps(xi, wv[j], acc[i][j]);
-			}
-		}
-	}
-	if (a->k1 < K) {
+	for (int k = a->k0; k < k1; k += 8)
+		step8(mr, nr, kind, acc, qr, a->x, a->ldx, k, a->w, a->ldw, (size_t)(k - a->wk0), a->bf);
+	if (a->k1 < a->K) {
 		for (int i = 0; i < mr; i++)
 			for (int j = 0; j < nr; j++)
 				_mm256_storeu_ps(a->part + (size_t)(i * nr + j) * 8, acc[i][j]);
 		return;
 	}
-	if (K8 < K) {
-		/* the tail into lane 0, then the tree, element by element */
-		for (int i = 0; i < mr; i++)
-			for (int j = 0; j < nr; j++) {
-				float l[8];
-				_mm256_storeu_ps(l, acc[i][j]);
-				for (int k = K8; k < K; k++)
-					l[0] = fmaf(x[(size_t)i * ldx + k],
-					            kind > WQ ? hi3i_qweight_at(a->q, a->n0 + j, k)
-					                      : w_elem(w, kind, (size_t)j * ldw + (size_t)(k - a->wk0)),
-					            l[0]);
-				a->y[(size_t)i * a->ldy + j] = combine(l);
-			}
-		return;
-	}
-	{
-		__m256 v[BR * NRS];
-		float r[BR * NRS];
-		int n = 0;
-#pragma GCC unroll 4
-		for (int i = 0; i < mr; i++)
-#pragma GCC unroll 8
-			for (int j = 0; j < nr; j++)
-				v[n++] = acc[i][j];
-		combine_n(v, mr * nr, r);
-		n = 0;
-		for (int i = 0; i < mr; i++)
-			for (int j = 0; j < nr; j++)
-				a->y[(size_t)i * a->ldy + j] = r[n++];
-	}
+	tile_out(mr, nr, kind, acc, a->x, a->ldx, a->K, a->w, a->ldw, a->wk0, a->q, a->n0, a->y, a->ldy, 1);
 }
 
 #define TILE_KINDS(mr, nr)                                         \
 	case (mr) * 4 + (nr):                                      \
 		switch (kind) {                                    \
-		case WF32: tile(mr, nr, WF32, 0, a); break;        \
-		case WBF16: tile(mr, nr, WBF16, 0, a); break;      \
-		case WF16: tile(mr, nr, WF16, 0, a); break;        \
-		case WQ + HI3I_QR_INT8: tile(mr, nr, WQ + HI3I_QR_INT8, 0, a); break; \
-		case WQ + HI3I_QR_FP8: tile(mr, nr, WQ + HI3I_QR_FP8, 0, a); break; \
-		case WQ + HI3I_QR_NF4: tile(mr, nr, WQ + HI3I_QR_NF4, 0, a); break; \
-		default: tile(mr, nr, WQ + HI3I_QR_NVFP4, 0, a); break; \
+		case WF32: tile(mr, nr, WF32, a); break;           \
+		case WBF16: tile(mr, nr, WBF16, a); break;         \
+		case WF16: tile(mr, nr, WF16, a); break;           \
+		case WQ + HI3I_QR_INT8: tile(mr, nr, WQ + HI3I_QR_INT8, a); break; \
+		case WQ + HI3I_QR_FP8: tile(mr, nr, WQ + HI3I_QR_FP8, a); break; \
+		case WQ + HI3I_QR_NF4: tile(mr, nr, WQ + HI3I_QR_NF4, a); break; \
+		default: tile(mr, nr, WQ + HI3I_QR_NVFP4, a); break; \
 		}                                                  \
 		break;
 
@@ -395,21 +389,91 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
 #define NS(mr) ((mr) <= 2 ? 4 : 2)
 _Static_assert(STREAMS - 1 <= BN, "a range's last rows, fewer than a few-row tile's, fit one plain tile");
 
-/* A few-row tile that prefetches, W as stored: mr rows of x against NS(mr)
- * W rows. */
-#define TILE_PF(mr)                                                 \
-	case mr:                                                    \
-		switch (kind) {                                     \
-		case WF32: tile(mr, NS(mr), WF32, 1, a); break;     \
-		case WBF16: tile(mr, NS(mr), WBF16, 1, a); break;   \
-		default: tile(mr, NS(mr), WF16, 1, a); break;       \
-		}                                                   \
+/*
+ * Rows [0, h) of each of NS(mr) parts of columns [n0, n0 + NS(mr) h) of y
+ * = x W^T, W as stored, mr rows of x: row i of every part at once, in one
+ * loop over the rows (gemm_few). As a row's steps pass each 64-byte line
+ * of it they prefetch the same line of the next row of each part, or, in
+ * the last row, of the rows read after these: tail (one row), else what
+ * after names (learnt then). A few rows of x do too little work per W
+ * line for the hardware prefetcher alone to keep up (without these
+ * prefetches a B = 1 step's products ran at 1.8x their floor).
+ * The lines go to L2 (T1), not L1: a prefetch into L1 holds one of the
+ * core's few L1 fill buffers until its line comes, which capped a core's
+ * stream on a Xeon (measured: one decode step's products at 1.13x the read
+ * of their bytes with T0, 1.10x with T1; f32 1.10x and 1.02x), and the
+ * loads find L2 near enough. The rows run in one loop, not a call of the
+ * register tile each: measured, a B = 1 step of `small` 0.7% (bf16) and
+ * 2.3% (f32) the faster (docs/PERFORMANCE.md, "Decode at B = 1, twelfth
+ * round").
+ */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat *w, int n0, int h,
+         const unsigned char *tail, struct pf_block *after)
+{
+	const int K = w->K, K8 = K & ~7, S = NS(mr), L = (int)(64 / (8 * ES(kind))); /* steps of 8 k a line */
+	const size_t rb = (size_t)K * ES(kind), ldw = (size_t)h * (size_t)K, N = (size_t)w->N;
+
+	for (int i = 0; i < h; i++) {
+		const unsigned char *r = (const unsigned char *)w->data + (size_t)(n0 + i) * rb, *pf[STREAMS] = {NULL};
+		size_t pf_len = rb;
+		__m256 acc[BR][NRS];
+		int k = 0;
+
+		if (i + 1 < h) {
+			for (int s = 0; s < S; s++)
+				pf[s] = r + (size_t)(s * h + 1) * rb;
+		} else if (tail) {
+			pf[0] = tail;
+		} else {
+			if (after && after->learn)
+				after->learn(after);
+			for (int s = 0; s < S; s++)
+				pf[s] = after ? after->p[s] : NULL;
+			pf_len = after ? after->n : 0;
+		}
+#pragma GCC unroll 4
+		for (int m = 0; m < mr; m++)
+#pragma GCC unroll 4
+			for (int j = 0; j < S; j++)
+				acc[m][j] = _mm256_setzero_ps();
+		for (; k <= K8 - 8 * L; k += 8 * L) {
+			if ((size_t)k * ES(kind) < pf_len)
+#pragma GCC unroll 4
+				for (int s = 0; s < S; s++)
+					if (pf[s])
+						_mm_prefetch((const char *)pf[s] + (size_t)k * ES(kind), _MM_HINT_T1);
+#pragma GCC unroll 4
+			for (int u = 0; u < L; u++)
+				step8(mr, S, kind, acc, NULL, x, (size_t)K, k + 8 * u, r, ldw, (size_t)(k + 8 * u), 0);
+		}
+		for (; k < K8; k += 8) { /* a last part of a line */
+			if ((size_t)k * ES(kind) % 64 == 0 && (size_t)k * ES(kind) < pf_len)
+				for (int s = 0; s < S; s++)
+					if (pf[s])
+						_mm_prefetch((const char *)pf[s] + (size_t)k * ES(kind), _MM_HINT_T1);
+			step8(mr, S, kind, acc, NULL, x, (size_t)K, k, r, ldw, (size_t)k, 0);
+		}
+		tile_out(mr, S, kind, acc, x, (size_t)K, K, r, ldw, 0, NULL, 0, y + n0 + i, N, (size_t)h);
+	}
+}
+
+#define FEW_ROWS(mr)                                                                     \
+	case mr:                                                                         \
+		switch (kind) {                                                          \
+		case WF32: few_rows(mr, WF32, y, x, w, n0, h, tail, after); break;       \
+		case WBF16: few_rows(mr, WBF16, y, x, w, n0, h, tail, after); break;     \
+		default: few_rows(mr, WF16, y, x, w, n0, h, tail, after); break;         \
+		}                                                                        \
 		break;
 
-__attribute__((target("avx2,fma,f16c"))) static void tile_avx2_pf(int mr, int kind, const struct tile_args *a)
+__attribute__((target("avx2,fma,f16c"))) static void few_rows_avx2(int mr, int kind, float *y, const float *x,
+                                                                   const hi3_wmat *w, int n0, int h,
+                                                                   const unsigned char *tail,
+                                                                   struct pf_block *after)
 {
 	switch (mr) {
-		TILE_PF(1) TILE_PF(2) TILE_PF(3) TILE_PF(4)
+		FEW_ROWS(1) FEW_ROWS(2) FEW_ROWS(3) FEW_ROWS(4)
 	}
 }
 
@@ -447,35 +511,13 @@ __attribute__((target("avx2,fma,f16c"))) static void gemm_few(float *y, const fl
                                                               int n0, int n1, struct pf_block *after)
 {
 	const int K = w->K, kind = wkind(w->dtype), S = NS(M), h = (n1 - n0) / S, t0 = n0 + S * h;
-	const size_t rb = (size_t)K * hi3_dtype_size(w->dtype), N = (size_t)w->N;
-	const unsigned char *w0 = w->data;
-	float t[BR * STREAMS];
-	struct tile_args a = {.x = x, .ldx = (size_t)K, .ldw = (size_t)h * (size_t)K, .k0 = 0, .k1 = K, .K = K,
-	                      .y = t, .ldy = (size_t)S};
+	const unsigned char *tr = (const unsigned char *)w->data + (size_t)t0 * (size_t)K * hi3_dtype_size(w->dtype);
 
-	for (int i = 0; i < h; i++) {
-		a.w = w0 + (size_t)(n0 + i) * rb;
-		a.pf_len = rb;
-		for (int s = 0; s < S; s++)
-			a.pf[s] = i + 1 < h ? (const unsigned char *)a.w + (size_t)(s * h + 1) * rb
-			        : t0 < n1 && s == 0 ? w0 + (size_t)t0 * rb : NULL;
-		if (i + 1 == h && t0 == n1) {
-			if (after && after->learn)
-				after->learn(after);
-			for (int s = 0; s < S; s++)
-				a.pf[s] = after ? after->p[s] : NULL;
-			a.pf_len = after ? after->n : 0;
-		}
-		tile_avx2_pf(M, kind, &a);
-		for (int m = 0; m < M; m++)
-			for (int s = 0; s < S; s++)
-				y[(size_t)m * N + (size_t)(n0 + s * h + i)] = t[m * S + s];
-	}
+	if (h > 0)
+		few_rows_avx2(M, kind, y, x, w, n0, h, t0 < n1 ? tr : NULL, after);
 	if (t0 < n1) {
-		a.w = w0 + (size_t)t0 * rb;
-		a.ldw = (size_t)K;
-		a.y = y + t0;
-		a.ldy = N;
+		struct tile_args a = {.x = x, .ldx = (size_t)K, .w = tr, .ldw = (size_t)K, .k0 = 0, .k1 = K, .K = K,
+		                      .y = y + t0, .ldy = (size_t)w->N};
 		tile_avx2(M, n1 - t0, kind, &a);
 	}
 }
