@@ -28,6 +28,7 @@
 #include <omp.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
 #include "core/internal.h"
 #include "backend/gemm.h"
 #include "backend/pool.h"
@@ -227,16 +228,24 @@ static void make_q(hi3_qweight *q, unsigned char *buf, int d, const float *w, in
  *                     unpacks: the same floats in the same lanes, half the
  *                     loads;
  *   widen+fma+pf read widen+fma with a prefetch PF_AHEAD bytes ahead of
- *                     each 64-byte line it starts.
+ *                     each 64-byte line it starts;
+ *   xor read cold     the XOR read of as many bytes of another buffer, one
+ *                     the last-level cache cannot hold (the bytes and twice
+ *                     that cache), a window further on each round: bytes
+ *                     last read long ago. Every other pass reads bytes the
+ *                     pass before it read: where the last-level cache holds
+ *                     a good part of them (a host's 480 MiB L3 against
+ *                     `small`'s 234 MB, say), those reads partly hit it.
  * A read differs from the products only by their few rows at once, their
  * prefetches and their jobs, so the lines say how far a loop's own work
  * keeps a core from the read's rate on this machine, and the last one
  * what reading the bytes in address order with a near prefetch gives the
  * same work (the products read 2 to 4 rows at once and prefetch a whole
  * tile ahead). */
-enum { S_GEMM, S_XOR, S_XOR1, S_XOR2, S_WIDEN, S_FMA, S_FMA32, S_FMAPF, S_N };
-static const char *const sname[S_N] = {"products", "xor read", "xor read 1", "xor read 2", "widen read",
-                                       "widen+fma read", "widen32+fma read", "widen+fma+pf read"};
+enum { S_GEMM, S_XOR, S_XOR1, S_XOR2, S_WIDEN, S_FMA, S_FMA32, S_FMAPF, S_COLD, S_N };
+static const char *const sname[S_N] = {"products",       "xor read",          "xor read 1",
+                                       "xor read 2",     "widen read",        "widen+fma read",
+                                       "widen32+fma read", "widen+fma+pf read", "xor read cold"};
 /* widen+fma+pf's prefetch distance: about what one core needs in flight
  * to stream from memory (latency times rate: 100-150 ns at 10-20 GB/s) */
 #define PF_AHEAD 1536
@@ -346,7 +355,7 @@ static void stream_part(void *arg, int id, int nt)
 	struct stream_read *r = arg;
 	const size_t blocks = r->n / 128, lo = blocks * (size_t)id / (size_t)nt * 128,
 	             hi = blocks * (size_t)(id + 1) / (size_t)nt * 128;
-	uint64_t x = r->kind == S_XOR ? hi3i_read_xor((const uint64_t *)(r->p + lo), (hi - lo) / 8)
+	uint64_t x = r->kind == S_XOR || r->kind == S_COLD ? hi3i_read_xor((const uint64_t *)(r->p + lo), (hi - lo) / 8)
 	             : r->kind == S_XOR1 || r->kind == S_XOR2
 	                     ? hi3i_read_xor_parts((const uint64_t *)(r->p + lo), (hi - lo) / 8, r->kind == S_XOR1 ? 1 : 2)
 	             : r->kind == S_WIDEN ? read_widen(r->p + lo, hi - lo, r->bf16)
@@ -361,6 +370,17 @@ static int cmp_double(const void *a, const void *b)
 	const double x = *(const double *)a, y = *(const double *)b;
 
 	return x < y ? -1 : x > y;
+}
+
+/* Bytes of the last-level cache (sysconf; 64 MiB where it does not say). */
+static size_t last_level_cache(void)
+{
+	long n = -1;
+
+#ifdef _SC_LEVEL3_CACHE_SIZE
+	n = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+	return n > 0 ? (size_t)n : (size_t)64 << 20;
 }
 
 static int stream_set(int reps)
@@ -407,6 +427,14 @@ static int stream_set(int reps)
 			hi3i_wmat_init(&w[m], buf + at, d ? HI3_BF16 : HI3_F32, N, K, &err);
 			at += (size_t)N * (size_t)K * es;
 		}
+		/* the cold read's buffer: the bytes and twice the last-level cache */
+		const size_t cs = bytes + 2 * last_level_cache();
+		unsigned char *cold = hi3i_huge_alloc(cs, NULL);
+		if (!cold) {
+			fprintf(stderr, "bench-gemm: out of memory for %zu MB to read cold\n", cs >> 20);
+			return 1;
+		}
+		memset(cold, 0x5a, cs);
 		for (int r = 0; r < reps; r++) {
 			double tx = 0.0, ts[S_N];
 			for (int s = 0; s < S_N; s++) {
@@ -439,6 +467,8 @@ static int stream_set(int reps)
 					}
 				} else {
 					struct stream_read rd = {buf, bytes, s, d, 0};
+					if (s == S_COLD)   /* a window on from the last round's */
+						rd.p = cold + ((size_t)r * bytes % (cs - bytes) & ~(size_t)4095);
 					hi3i_pool_run(stream_part, &rd, omp_get_max_threads());
 					y[0] += (float)(atomic_load(&rd.x) & 1);
 				}
@@ -464,6 +494,7 @@ static int stream_set(int reps)
 			fflush(stdout);
 		}
 		free(buf);
+		free(cold);
 	}
 	free(x);
 	free(y);
