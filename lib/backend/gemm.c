@@ -403,9 +403,9 @@ _Static_assert(STREAMS - 1 <= BN, "a range's last rows, fewer than a few-row til
  * stream on a Xeon (measured: one decode step's products at 1.13x the read
  * of their bytes with T0, 1.10x with T1; f32 1.10x and 1.02x), and the
  * loads find L2 near enough. The rows run in one loop, not a call of the
- * register tile each: measured, a B = 1 step of `small` 0.7% (bf16) and
- * 2.3% (f32) the faster (docs/PERFORMANCE.md, "Decode at B = 1, twelfth
- * round").
+ * register tile each: measured, a B = 1 step of `small` f32 2.2-2.3% the
+ * faster, bf16 0.4-0.7% (within the noise; docs/PERFORMANCE.md, "Decode
+ * at B = 1, twelfth round").
  */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat *w, int n0, int h,
