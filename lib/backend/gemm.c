@@ -30,11 +30,12 @@
  * stored takes the few-row tiles instead (gemm_few): one pass over K, 4 W
  * rows per tile (2 for 3-4 rows of x), one from each of as many parts of
  * the thread's range, so that each part is read front to back as one
- * stream, and the next row of each prefetched during each tile. There W
- * is read once and used for one to four rows, so the product runs at the
- * rate W arrives from memory: without the prefetches a three-column tile
- * read a B = 1 step's weights at about a third of the machine's read
- * bandwidth (docs/PERFORMANCE.md, "Decode at B = 1 against its floor").
+ * stream, each stream prefetched ahead as it goes (a row ahead, or 2 KiB
+ * on Intel's cores: few_rows). There W is read once and used for one to
+ * four rows, so the product runs at the rate W arrives from memory:
+ * without the prefetches a three-column tile read a B = 1 step's weights
+ * at about a third of the machine's read bandwidth (docs/PERFORMANCE.md,
+ * "Decode at B = 1 against its floor").
  *
  * With AVX-512 (checked at run time) a product of 8 rows or more takes the
  * kernel of the AVX-512 section below instead: x packed by pairs of rows,
