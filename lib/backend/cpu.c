@@ -820,6 +820,7 @@ void hi3i_cpu_expf_n(float *p, int n)
 #define ATT_TB 4
 #define ATT_KT 64
 #define ATT_QMAX (ATT_TB * 16)
+#define ATT_POOL_ROWS 16          /* calls of at most this many queries run on the pool (pool.h) */
 
 struct att_query {
 	const float *q;
@@ -977,28 +978,32 @@ static void att_part(void *p, int id, int nt)
 static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const hi3_kv_src *ks,
                           const hi3_kv_src *vs, const hi3_attn_q *q, const struct hi3_dims *dm, int M)
 {
-	const int d = dm->d, g = dm->n_h / dm->n_kv;
-	const size_t par = (size_t)omp_get_max_threads() * 4;
+	const int d = dm->d, g = dm->n_h / dm->n_kv, nt = omp_get_max_threads();
+	const size_t par = (size_t)nt * 4;
 	size_t keys = 0;
 	int serial, hb, tb, n_tb;
 	struct att_call c = {be, out, qkv, ks, vs, q, M, d, g, (dm->n_h + 2 * dm->n_kv) * d, 0, 0, 0,
 	                     exp_vector_ok(), 1.0f / sqrtf((float)d), 0}; /* the exp probe before the threads */
 
-	/* a few queries over a short context (a decode step) take less time
-	 * than waking OpenMP's threads: all g heads of a kv head per item, so
-	 * that its keys are read once, the items on the pool's team, whose
-	 * workers are awake from the step's products (pool.h) */
+	/* a decode step's queries (a few rows) run on the pool's team, whose
+	 * workers are awake from the step's products (pool.h): waking
+	 * OpenMP's would cost more than a short context's attention */
 	for (int m = 0; m < M; m++)
 		keys += (size_t)HI3_MAX(HI3_MAX(q[m].hi + 1, q[m].blk_hi), 0);
 	serial = !HI3_PAR_WORTH(keys * (size_t)dm->n_h * (size_t)d / 8);
-	/* heads per item (all g of a kv head, or one) and queries per item */
-	hb = (g <= 16 && (serial || (size_t)M * dm->n_kv >= par)) ? g : 1;
-	tb = (hb > 1 && (size_t)M * dm->n_kv >= par * ATT_TB) ? ATT_TB : 1;
+	/* heads per item: all g of a kv head, so that its keys and values are
+	 * read from memory once, not g times, unless that leaves a thread
+	 * without an item (a B = 1 step on more threads than kv heads): then
+	 * halved until each has one. Queries per item: ATT_TB for many. */
+	hb = g <= 16 ? g : 1;
+	while (!serial && hb > 1 && (size_t)M * (size_t)(dm->n_h / hb) < (size_t)nt)
+		hb = hb % 2 ? 1 : hb / 2;
+	tb = (hb > 1 && (size_t)M * (size_t)(dm->n_h / hb) >= par * ATT_TB) ? ATT_TB : 1;
 	c.hb = hb;
 	c.tb = tb;
 	c.n_hg = dm->n_h / hb;
 	n_tb = (M + tb - 1) / tb;
-	if (serial) {
+	if (serial || M <= ATT_POOL_ROWS) {
 		hi3i_pool_share(att_part, &c, HI3_MIN(omp_get_max_threads(), n_tb * c.n_hg));
 		return;
 	}
