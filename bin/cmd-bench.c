@@ -10,7 +10,7 @@
 #define MEMBW_PASSES 10
 
 static const struct cli_help help = {
-	.usage = {"hi3 bench -m MODEL [--batch B] [--prompt-len P] [--new N] [--reps R] [--json]"},
+	.usage = {"hi3 bench -m MODEL [--batch B] [--prompt-len P] [--new N] [--reps R] [--kv-dtype f32|bf16] [--json]"},
 	.description =
 	"Measure, in one run: the memory read bandwidth (the best pass of at least 10,\n"
 	"before and again after the model); OpenBLAS sgemm against hi3's in-place GEMM\n"
@@ -35,13 +35,14 @@ int cmd_bench(int argc, char **argv)
 	hi3_bench_model_result r;
 	double bw, gflops, tb, th, bytes, floor_s, step_s;
 	const hi3_config *c;
-	hi3_dtype wdt;
+	hi3_dtype wdt, kvdt = HI3_F32;
 	struct cli_option options[] = {
 		OPT_GLOBALS(),
 		OPT_INT('b', "batch", &B, 1, 4096, "B", "rows (default 1)"),
 		OPT_INT('p', "prompt-len", &P, 1, 1 << 20, "P", "prompt tokens per row (default 512)"),
 		OPT_INT('n', "new", &N, 0, 1 << 20, "N", "decode steps (default 64)"),
 		OPT_INT(0, "reps", &reps, 1, 1000, "R", "micro benchmark repetitions, the best kept (default 3)"),
+		OPT_KV_DTYPE(&kvdt),
 		OPT_JSON(&json, "one JSON object on standard output instead of the table"),
 		OPT_END(),
 	};
@@ -63,8 +64,8 @@ int cmd_bench(int argc, char **argv)
 		return cli_fail(&err);
 	}
 	cli_info("prefill %lld x %lld, decode %lld steps", (long long)B, (long long)P, (long long)N);
-	bytes = hi3_bench_step_bytes(c, wdt, HI3_F32, (int)(P + N / 2));
-	if (hi3_bench_model(m, (int)B, (int)P, (int)N, B == 1 ? bytes : 0.0, &r, &err) != 0) {
+	bytes = hi3_bench_step_bytes(c, wdt, kvdt, (int)(P + N / 2));
+	if (hi3_bench_model(m, (int)B, (int)P, (int)N, kvdt, B == 1 ? bytes : 0.0, &r, &err) != 0) {
 		cli_close_model(m);
 		return cli_fail(&err);
 	}
@@ -89,6 +90,7 @@ int cmd_bench(int argc, char **argv)
 		json_object_set_new(o, "impl", json_string("hi3"));
 		json_object_set_new(o, "model", json_string(cli.model_dir));
 		json_object_set_new(o, "weights", json_string(hi3_dtype_name(wdt)));
+		json_object_set_new(o, "kv_dtype", json_string(hi3_dtype_name(kvdt)));
 		json_object_set_new(o, "batch", json_integer(B));
 		json_object_set_new(o, "prompt_len", json_integer(P));
 		json_object_set_new(o, "new", json_integer(N));
@@ -104,8 +106,8 @@ int cmd_bench(int argc, char **argv)
 		fputc('\n', stdout);
 		json_decref(o);
 	} else {
-		printf("model %s (%s weights), B = %lld, prompt %lld, %lld new, batch-invariant %s\n", cli.model_dir,
-		       hi3_dtype_name(wdt), (long long)B, (long long)P, (long long)N, cli_batch_invariant() ? "on" : "off");
+		printf("model %s (%s weights, %s cache), B = %lld, prompt %lld, %lld new, batch-invariant %s\n",
+		       cli.model_dir, hi3_dtype_name(wdt), hi3_dtype_name(kvdt), (long long)B, (long long)P, (long long)N, cli_batch_invariant() ? "on" : "off");
 		printf("  memory read bandwidth         %8.2f GB/s\n", bw / 1e9);
 		printf("  one layer's prefill GEMMs     OpenBLAS sgemm %8.2f GFLOP/s   hi3 in place %8.2f GFLOP/s\n",
 		       gflops / tb / 1e9, gflops / th / 1e9);

@@ -50,6 +50,17 @@ test_expect_success 'the table has the split line; no decode steps, no split' '
 	! grep decode_products j0
 '
 
+test_expect_success 'a bf16 cache: named in the JSON, its bytes in the floor' '
+	hi3 -q -t 2 -m m bench --prompt-len 16 --new 2 --reps 1 --json >j32 &&
+	hi3 -q -t 2 -m m bench --prompt-len 16 --new 2 --reps 1 --kv-dtype bf16 --json >j16 &&
+	test "$("$TT" json kv_dtype <j32)" = F32 &&
+	test "$("$TT" json kv_dtype <j16)" = BF16 &&
+	b32=$("$TT" json step_bytes_mb <j32) && b16=$("$TT" json step_bytes_mb <j16) &&
+	le "$b16" "$b32" && ! le "$b32" "$b16" &&
+	test_must_fail 2 hi3 -m m bench --kv-dtype f16 --new 1 2>err &&
+	test_grep "kv-dtype" err
+'
+
 test_expect_success 'a missing model: exit 3, the file named' '
 	test_must_fail 3 hi3 -m nowhere bench --new 1 2>err &&
 	test_grep "nowhere/config.json" err

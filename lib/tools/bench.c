@@ -314,8 +314,8 @@ static void op_clock_stop(hi3_backend *be)
 	op_clock.own = NULL;
 }
 
-int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_bench_model_result *r,
-                    hi3_error *err)
+int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, double floor_bytes,
+                    hi3_bench_model_result *r, hi3_error *err)
 {
 	const hi3_config *c = hi3_model_config(m);
 	const int V = c->vocab_size, C = P + N, nl = c->num_hidden_layers;
@@ -330,7 +330,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_b
 	double t0;
 
 	memset(r, 0, sizeof(*r));
-	kv = hi3_kvcache_for_model(m, B, C, HI3_F32, err);
+	kv = hi3_kvcache_for_model(m, B, C, kv_dtype, err);
 	ids = hi3i_malloc(sizeof(int64_t) * (size_t)B * P, err);
 	slot = hi3i_malloc(sizeof(int64_t) * (size_t)B * P, err);
 	rope = hi3i_malloc(sizeof(int32_t) * 2 * (size_t)B * P, err);

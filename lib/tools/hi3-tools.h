@@ -116,15 +116,16 @@ int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *
                    double *t_hi3);
 /* Bytes one B = 1 decode step reads at ctx cached slots. */
 double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, int ctx);
-/* In-memory prefill of B x P tokens, then N greedy decode steps; with
+/* In-memory prefill of B x P tokens into a cache of kv_dtype (F32 or
+ * BF16), then N greedy decode steps; with
  * floor_bytes > 0, each step is followed by a read of that many bytes
  * (a buffer of at most 1 GiB, read over as often as it takes), so that
  * the floor is measured beside the steps, in the same moments of a
  * machine whose bandwidth moves. On the CPU backend the decode steps are
  * also split by op (r->op_times); not reentrant: one call at a time in a
  * process. */
-int hi3_bench_model(hi3_model *m, int B, int P, int N, double floor_bytes, hi3_bench_model_result *r,
-                    hi3_error *err);
+int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, double floor_bytes,
+                    hi3_bench_model_result *r, hi3_error *err);
 
 /* ------------------------------------------------------- inspect and diff */
 
