@@ -527,21 +527,34 @@ static void scores_portable(const float *q, const hi3_kv_src *ks, int64_t base, 
 }
 
 #if defined(__x86_64__)
+/* Eight elements of a cache at element off, as f32 (bf16 widened, exactly). */
+__attribute__((target("avx2"))) static inline __m256 kv_load8(const void *base, int bf, int64_t off)
+{
+	if (bf)
+		return _mm256_castsi256_ps(
+			_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off))),
+			                  16));
+	return _mm256_loadu_ps((const float *)base + off);
+}
+
 /* Eight keys at a time: eight lane accumulators, then an 8 x 8 transpose so
- * that the canonical reduction runs across keys in vector lanes. */
+ * that the canonical reduction runs across keys in vector lanes. F32 or
+ * BF16 keys (widened as they load: the same bits as key_at's). */
 __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, const hi3_kv_src *ks, int64_t base,
                                                             int j0, int j1, int d, float scale, float *sc,
                                                             float *kbuf, int pf)
 {
-	const float *kb = (const float *)ks->base;
+	const int bf = ks->dtype == HI3_BF16;
+	const size_t es = bf ? 2 : 4;
 	const int64_t st = ks->slot_stride;
 	int j = j0;
 
-	if (ks->dtype == HI3_F32 && d % 8 == 0) {
+	if (d % 8 == 0) {
 		const __m256 vs = _mm256_set1_ps(scale);
 		for (; j + 8 <= j1; j += 8) {
 			__m256 a[8];
-			const float *k0 = kb + base + j * st;
+			const int64_t k0 = base + j * st;
+			const char *kp = (const char *)ks->base + (size_t)k0 * es;
 			/* the keys two blocks on, a line at a time: rows a slot
 			 * stride apart are short strided streams, and a decode
 			 * step's cache comes cold (its layer was read a step ago);
@@ -549,15 +562,15 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, cons
 			 * (Zen 3) the others' prefetches, of lines already in L1,
 			 * cost a sixth of a decode step's attention */
 			for (int r = 16; pf && r < 24 && j + r < j1; r++)
-				for (int i = 0; i < d; i += 16)
-					_mm_prefetch((const char *)(k0 + r * st + i), _MM_HINT_T0);
+				for (size_t i = 0; i < (size_t)d * es; i += 64)
+					_mm_prefetch(kp + (size_t)(r * st) * es + i, _MM_HINT_T0);
 			for (int r = 0; r < 8; r++)
 				a[r] = _mm256_setzero_ps();
 			for (int i = 0; i < d; i += 8) {
 				__m256 qv = _mm256_loadu_ps(q + i);
 #pragma GCC unroll 8
 				for (int r = 0; r < 8; r++)
-					a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + r * st + i), a[r]);
+					a[r] = _mm256_fmadd_ps(qv, kv_load8(ks->base, bf, k0 + r * st + i), a[r]);
 			}
 			__m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
 			__m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
@@ -616,16 +629,17 @@ static void pv_portable(float *acc, const float *p, const hi3_kv_src *vs, int64_
 #if defined(__x86_64__)
 /* The same, 64 elements at a time with their eight accumulators in
  * registers (each element's sum over the keys is independent of the
- * others, so the split changes no bit). */
+ * others, so the split changes no bit); F32 or BF16 values, as scores. */
 __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float *p, const hi3_kv_src *vs,
                                                         int64_t base, int j0, int j1, int d, float *vbuf,
                                                         int pf)
 {
-	const float *vb = (const float *)vs->base + base;
+	const int bf = vs->dtype == HI3_BF16;
+	const size_t es = bf ? 2 : 4;
 	const int64_t st = vs->slot_stride;
 	int c = 0;
 
-	if (d % 8 || vs->dtype != HI3_F32) {
+	if (d % 8) {
 		pv_portable(acc, p, vs, base, j0, j1, d, vbuf, pf);
 		return;
 	}
@@ -635,22 +649,22 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
 		__m256 a4 = _mm256_loadu_ps(acc + c + 32), a5 = _mm256_loadu_ps(acc + c + 40);
 		__m256 a6 = _mm256_loadu_ps(acc + c + 48), a7 = _mm256_loadu_ps(acc + c + 56);
 		for (int j = j0; j < j1; j++) {
-			const float *v = vb + j * st + c;
+			const int64_t v = base + j * st + c;
 			__m256 pj;
 			if (pf && j + 8 < j1)   /* as scores_avx2: the row 8 on */
-				for (int i = 0; i < 64; i += 16)
-					_mm_prefetch((const char *)(v + 8 * st + i), _MM_HINT_T0);
+				for (size_t i = 0; i < 64 * es; i += 64)
+					_mm_prefetch((const char *)vs->base + (size_t)(v + 8 * st) * es + i, _MM_HINT_T0);
 			if (p[j] == 0.0f)
 				continue;
 			pj = _mm256_set1_ps(p[j]);
-			a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), a0);
-			a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), a1);
-			a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 16), a2);
-			a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 24), a3);
-			a4 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 32), a4);
-			a5 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 40), a5);
-			a6 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 48), a6);
-			a7 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 56), a7);
+			a0 = _mm256_fmadd_ps(pj, kv_load8(vs->base, bf, v), a0);
+			a1 = _mm256_fmadd_ps(pj, kv_load8(vs->base, bf, v + 8), a1);
+			a2 = _mm256_fmadd_ps(pj, kv_load8(vs->base, bf, v + 16), a2);
+			a3 = _mm256_fmadd_ps(pj, kv_load8(vs->base, bf, v + 24), a3);
+			a4 = _mm256_fmadd_ps(pj, kv_load8(vs->base, bf, v + 32), a4);
+			a5 = _mm256_fmadd_ps(pj, kv_load8(vs->base, bf, v + 40), a5);
+			a6 = _mm256_fmadd_ps(pj, kv_load8(vs->base, bf, v + 48), a6);
+			a7 = _mm256_fmadd_ps(pj, kv_load8(vs->base, bf, v + 56), a7);
 		}
 		_mm256_storeu_ps(acc + c, a0);
 		_mm256_storeu_ps(acc + c + 8, a1);
@@ -665,7 +679,7 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
 		__m256 a = _mm256_loadu_ps(acc + c);
 		for (int j = j0; j < j1; j++)
 			if (p[j] != 0.0f)
-				a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vb + j * st + c), a);
+				a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv_load8(vs->base, bf, base + j * st + c), a);
 		_mm256_storeu_ps(acc + c, a);
 	}
 }
