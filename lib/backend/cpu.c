@@ -824,8 +824,8 @@ void hi3i_cpu_expf_n(float *p, int n)
 
 
 /* Attention, one work item at a time: up to ATT_TB consecutive queries of
- * one kv head, each with the query heads that share it (or one query head,
- * when there are too few items for the threads). The item walks the keys
+ * one kv head, each with the query heads that share it (or half of them,
+ * or fewer, when there are too few items for the threads). The item walks the keys
  * in tiles of ATT_KT, every query of the item on one tile before the next,
  * so that a tile of K (then of V) is read from memory once per item, not
  * once per query head. Each query's arithmetic is unchanged by the tiling:

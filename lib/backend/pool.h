@@ -1,8 +1,8 @@
 /*
  * pool.h -- the CPU backend's team for short parallel work: the products
  * of a decode step, a few rows of x against each weight matrix, dozens of
- * them per step, each 20-500 us (gemm.c), and the step's attention over
- * a short context (cpu.c).
+ * them per step, each 20-500 us (gemm.c), and the step's attention
+ * (cpu.c).
  *
  * OpenMP's workers in hi3 sleep between regions (bin/hi3.c chooses
  * OMP_WAIT_POLICY=passive, as spinning workers starve other work on
