@@ -107,7 +107,8 @@ int cmd_bench(int argc, char **argv)
 		json_decref(o);
 	} else {
 		printf("model %s (%s weights, %s cache), B = %lld, prompt %lld, %lld new, batch-invariant %s\n",
-		       cli.model_dir, hi3_dtype_name(wdt), hi3_dtype_name(kvdt), (long long)B, (long long)P, (long long)N, cli_batch_invariant() ? "on" : "off");
+		       cli.model_dir, hi3_dtype_name(wdt), hi3_dtype_name(kvdt), (long long)B, (long long)P, (long long)N,
+		       cli_batch_invariant() ? "on" : "off");
 		printf("  memory read bandwidth         %8.2f GB/s\n", bw / 1e9);
 		printf("  one layer's prefill GEMMs     OpenBLAS sgemm %8.2f GFLOP/s   hi3 in place %8.2f GFLOP/s\n",
 		       gflops / tb / 1e9, gflops / th / 1e9);

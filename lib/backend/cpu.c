@@ -834,7 +834,6 @@ void hi3i_cpu_expf_n(float *p, int n)
 #define ATT_TB 4
 #define ATT_KT 64
 #define ATT_QMAX (ATT_TB * 16)
-#define ATT_POOL_ROWS 16          /* calls of at most this many queries run on the pool (pool.h) */
 
 struct att_query {
 	const float *q;
@@ -1017,8 +1016,8 @@ static void cpu_attention(hi3_backend *be, float *out, const float *qkv, const h
 	c.tb = tb;
 	c.n_hg = dm->n_h / hb;
 	n_tb = (M + tb - 1) / tb;
-	if (serial || M <= ATT_POOL_ROWS) {
-		hi3i_pool_share(att_part, &c, HI3_MIN(omp_get_max_threads(), n_tb * c.n_hg));
+	if (serial || M <= HI3I_POOL_ROWS) {
+		hi3i_pool_share(att_part, &c, HI3_MIN(nt, n_tb * c.n_hg));
 		return;
 	}
 #pragma omp parallel

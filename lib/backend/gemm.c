@@ -65,7 +65,6 @@
 #define WIDEN_ROWS (4 * BR)       /* narrow W: widened into a buffer for more rows than this, else in registers */
 #define NRS 8                     /* W rows a tile's registers hold, at most */
 #define STREAMS 4                 /* W rows a few-row tile reads at most: one from each part of a range (NS) */
-#define POOL_ROWS WIDEN_ROWS      /* products of at most this many rows of x run on the pool (pool.h) */
 
 /* How a W row is read: as stored, or (WQ + hi3i_qrow_kind) a quantized
  * row dequantized in registers by quant-x86.h's decoders. */
@@ -1278,7 +1277,7 @@ void hi3i_gemm_prefetch(int n, const hi3_wmat *const *w, const int *M)
 	for (int i = 0; i < n; i++) {
 		if (M[i] <= 0 || w[i]->N <= 0)
 			continue;
-		if (M[i] <= POOL_ROWS && w[i]->K > 0 && !w[i]->q && w[i]->data)
+		if (M[i] <= HI3I_POOL_ROWS && w[i]->K > 0 && !w[i]->q && w[i]->data)
 			hi3i_pool_prefetch(w[i]->data, HI3_MIN(PREFETCH_BYTES, (size_t)w[i]->N * (size_t)w[i]->K *
 			                                                          hi3_dtype_size(w[i]->dtype)));
 		return;
@@ -1291,7 +1290,7 @@ int hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_wma
 
 	for (int i = 0; i < n; i++)
 		if (M[i] > 0 && w[i]->N > 0)
-			j.claims &= M[i] <= POOL_ROWS;
+			j.claims &= M[i] <= HI3I_POOL_ROWS;
 	for (int i = 0; i < n; i++)
 		if (M[i] > 0 && w[i]->N > 0)
 			j.total += group_units(w[i], j.claims);
@@ -1313,7 +1312,7 @@ int hi3i_gemm(float *y, const float *x, const hi3_wmat *w, int M)
 		memset(y, 0, sizeof(float) * (size_t)M * (size_t)N);
 		return 0;
 	}
-	if (M <= POOL_ROWS) {
+	if (M <= HI3I_POOL_ROWS) {
 		/* a group of one, its ranges claimed on the pool's team */
 		struct group_job g = {1, &y, &x, &w, &M, group_units(w, 1), 1, 0, 0};
 		run_parts(group_part, &g, 1, parallel);

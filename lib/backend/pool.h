@@ -26,6 +26,11 @@
 
 #include <stddef.h>
 
+/* Rows of activations (a decode step's: a few) at most, for which the
+ * backend's products (gemm.c) and attention (cpu.c) run on the pool
+ * rather than on OpenMP's threads. */
+#define HI3I_POOL_ROWS 16
+
 /* How long an idle worker keeps polling for the next job before it
  * sleeps, in microseconds. */
 #define HI3I_POOL_SPIN_US 2000
