@@ -8,6 +8,9 @@
 
 /* Passes of the bandwidth read (1 GiB each), at least, before and after the model. */
 #define MEMBW_PASSES 10
+/* Bytes of a checkpoint in memory from which a warning says when they are
+ * mapped in small pages (a few MB fit the TLB's reach either way). */
+#define HUGE_WORTH 64e6
 
 static const struct cli_help help = {
 	.usage = {"hi3 bench -m MODEL [--batch B] [--prompt-len P] [--new N] [--reps R] [--kv-dtype f32|bf16] [--json]"},
@@ -20,7 +23,9 @@ static const struct cli_help help = {
 	"bandwidth, and the same bytes read after every step (the median read beside\n"
 	"the median step, as the machine's bandwidth moves). On the CPU, each decode\n"
 	"step is also split by op: the median time in the matrix products, in attention,\n"
-	"and in everything else. No files are written.\n"
+	"and in everything else. Last, how much of the checkpoint in memory is mapped\n"
+	"in 2 MiB pages (a warning when under 90%: its page cache holds small pages,\n"
+	"and the steps read it slower). No files are written.\n"
 	"Use --batch-invariant=off to time the OpenBLAS path of the model instead of\n"
 	"the batch-invariant one.\n",
 	.operands = "no arguments",
@@ -102,6 +107,10 @@ int cmd_bench(int argc, char **argv)
 			json_object_set_new(o, "decode_attention_median_ms", json_real(r.attention_median_s * 1e3));
 			json_object_set_new(o, "decode_other_median_ms", json_real(r.other_median_s * 1e3));
 		}
+		if (r.weights_known) {
+			json_object_set_new(o, "weights_resident_mb", json_real(r.weights_resident / 1e6));
+			json_object_set_new(o, "weights_huge_mapped", json_real(r.weights_huge / r.weights_resident));
+		}
 		json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		fputc('\n', stdout);
 		json_decref(o);
@@ -128,7 +137,18 @@ int cmd_bench(int argc, char **argv)
 			printf("  a decode step by op (medians) products %.2f ms, attention %.2f ms, other %.2f ms"
 			       " (step %.2f ms)\n", r.products_median_s * 1e3, r.attention_median_s * 1e3,
 			       r.other_median_s * 1e3, r.step_median_s * 1e3);
+		if (r.weights_known)
+			printf("  checkpoint in memory          %8.1f MB, %.0f%% of it mapped in 2 MiB pages\n",
+			       r.weights_resident / 1e6, 100.0 * r.weights_huge / r.weights_resident);
 	}
+	/* a checkpoint cached in small pages reads slower, whatever hi3 does
+	 * with it: say so, and how to have it read anew (hi3-bench(1)) */
+	if (r.weights_known && r.weights_resident >= HUGE_WORTH && r.weights_huge < 0.9 * r.weights_resident &&
+	    strcmp(hi3_model_backend(m), "cpu") == 0)
+		cli_warn("only %.0f%% of the checkpoint's %.0f MB in memory is mapped in 2 MiB pages (its page cache "
+		         "holds small ones): the steps read it slower than they can; drop its cached pages "
+		         "(dd if=FILE iflag=nocache count=0, for each of its files) and the next run reads it in anew",
+		         100.0 * r.weights_huge / r.weights_resident, r.weights_resident / 1e6);
 	cli_close_model(m);
 	return 0;
 }

@@ -61,6 +61,22 @@ test_expect_success 'a bf16 cache: named in the JSON, its bytes in the floor' '
 	test_grep "kv-dtype" err
 '
 
+# The checkpoint's resident bytes in its maps, and the share of them in
+# 2 MiB pages: at most the files' size, a share in [0, 1]; a model this
+# small draws no warning (under 64 MB).
+test_expect_success 'the checkpoint in memory, and its share in 2 MiB pages' '
+	hi3 -q -t 2 -m m bench --prompt-len 8 --new 2 --reps 1 --json >j 2>err &&
+	mb=$("$TT" json weights_resident_mb <j) &&
+	hm=$("$TT" json weights_huge_mapped <j) &&
+	files=$(cat m/*.safetensors | wc -c) &&
+	le 1e-6 "$mb" && le "$mb" "$(awk -v b="$files" "BEGIN { print b / 1e6 }")" &&
+	le 0 "$hm" && le "$hm" 1 &&
+	! grep "2 MiB pages" err &&
+	hi3 -q -t 2 -m m bench --prompt-len 8 --new 2 --reps 1 >t 2>err &&
+	test_grep "^  checkpoint in memory  *[0-9.]* MB, [0-9]*% of it mapped in 2 MiB pages" t &&
+	! grep "2 MiB pages" err
+'
+
 test_expect_success 'a missing model: exit 3, the file named' '
 	test_must_fail 3 hi3 -m nowhere bench --new 1 2>err &&
 	test_grep "nowhere/config.json" err

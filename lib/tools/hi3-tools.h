@@ -106,6 +106,11 @@ typedef struct hi3_bench_model_result {
 	 * (step - products - attention) */
 	int op_times;
 	double products_median_s, attention_median_s, other_median_s;
+	/* after the steps, where /proc says (weights_known; else 0): the
+	 * bytes of the model's checkpoint in memory, and of those the ones
+	 * mapped by 2 MiB entries */
+	int weights_known;
+	double weights_resident, weights_huge;
 } hi3_bench_model_result;
 
 /* Best-of-reps read bandwidth over a buffer of bytes, in bytes/s. */
