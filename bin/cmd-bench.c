@@ -142,13 +142,22 @@ int cmd_bench(int argc, char **argv)
 			       r.weights_resident / 1e6, 100.0 * r.weights_huge / r.weights_resident);
 	}
 	/* a checkpoint cached in small pages reads slower, whatever hi3 does
-	 * with it: say so, and how to have it read anew (hi3-bench(1)) */
+	 * with it: say so, and how to have it read anew (hi3-bench(1)); with
+	 * none of it in huge pages the system may give none to files at all */
 	if (r.weights_known && r.weights_resident >= HUGE_WORTH && r.weights_huge < 0.9 * r.weights_resident &&
-	    strcmp(hi3_model_backend(m), "cpu") == 0)
-		cli_warn("only %.0f%% of the checkpoint's %.0f MB in memory is mapped in 2 MiB pages (its page cache "
-		         "holds small ones): the steps read it slower than they can; drop its cached pages "
-		         "(dd if=FILE iflag=nocache count=0, for each of its files) and the next run reads it in anew",
-		         100.0 * r.weights_huge / r.weights_resident, r.weights_resident / 1e6);
+	    strcmp(hi3_model_backend(m), "cpu") == 0) {
+		if (r.weights_huge > 0)
+			cli_warn("only %.0f%% of the checkpoint's %.0f MB in memory is mapped in 2 MiB pages: its page "
+			         "cache holds small pages, and the steps read it slower than they can; dropping its "
+			         "cached pages (dd if=FILE iflag=nocache count=0, for each of its files) has the next run "
+			         "read it in anew", 100.0 * r.weights_huge / r.weights_resident, r.weights_resident / 1e6);
+		else
+			cli_warn("none of the checkpoint's %.0f MB in memory is mapped in 2 MiB pages, and the steps read "
+			         "it slower than they can: its page cache holds small pages (dropping them, dd if=FILE "
+			         "iflag=nocache count=0 for each of its files, has the next run read it in anew), or this "
+			         "system maps no file in huge pages (transparent huge pages off, or a file system without "
+			         "large folios)", r.weights_resident / 1e6);
+	}
 	cli_close_model(m);
 	return 0;
 }
