@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include "hi3.h"
 #include "core/internal.h"
+#include "format/format.h"
 #include "tap.h"
 #include "testdir.h"
 
@@ -113,10 +114,11 @@ static void huge_map_advice(void)
 }
 
 /* The writer sends its bytes in 2 MiB blocks, whole blocks straight from
- * a tensor and the rest through a buffer (t4960-write-blocks.sh checks the
+ * a tensor and the rest through a buffer (t0300-write-blocks.sh checks the
  * writes): tensors that start and end inside blocks, span several, fill
  * one exactly, and zeros (holes in a file) among them, read back byte for
- * byte, in a file and on standard output. */
+ * byte, in a file and on standard output; and a page a write for a file
+ * updated in place (hi3i_stw_in_place), the same bytes. */
 static void block_round_trip(void)
 {
 	const size_t MiB = 1u << 20;
@@ -171,6 +173,21 @@ static void block_round_trip(void)
 			free(b);
 		}
 		ok(rc == 0 && same, "the same bytes written on standard output: %s", err.msg);
+	}
+	{
+		/* a page a write, for a file updated in place: the same bytes */
+		char *a = NULL, *b = NULL;
+		size_t na = 0, nb = 0;
+		int same;
+		hi3i_stw_in_place(w);
+		ok(hi3_stw_write(w, path_of("blocks-pages.safetensors"), &err) == 0, "written a page a write: %s",
+		   err.msg);
+		same = hi3i_read_file(path_of("blocks.safetensors"), &a, &na, &err) == 0 &&
+		       hi3i_read_file(path_of("blocks-pages.safetensors"), &b, &nb, &err) == 0 && na == nb &&
+		       memcmp(a, b, na) == 0;
+		free(a);
+		free(b);
+		ok(same, "the same bytes as in 2 MiB blocks");
 	}
 	hi3_stw_free(w);
 	for (int i = 0; i < NT; i++)

@@ -281,6 +281,8 @@ hi3_st_writer *hi3i_codec_writer(const struct hi3i_format *f, const void *obj, c
 		}
 	if (!(w = hi3i_stw_format(f->name, meta, n_meta)))
 		goto oom;
+	if (f->in_place)
+		hi3i_stw_in_place(w);
 	for (const struct hi3i_ftensor *t = f->t; t->name; t++) {
 		const struct hi3i_ftensor *run = t;
 		const int layers = letter_index(f, "layers", 6);

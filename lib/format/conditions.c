@@ -61,7 +61,7 @@ static const struct hi3i_fmeta meta[] = {
 const struct hi3i_format hi3i_format_conditions = {
 	HI3_FORMAT_CONDITIONS, "CONDITIONS",
 	(const char *const[]){"B", "L", "S", "NS", "K", "NF", "NG", "NI", "VP", "VD", "NV", "VE", "NZ", NULL},
-	tensors, meta, 1,
+	tensors, meta, 1, 0,
 };
 
 static const char *const templates[] = {"pretrain", "instruct", "none", NULL};

@@ -60,6 +60,9 @@ struct hi3i_format {
 	const struct hi3i_fmeta *m;    /* NULL key last; format and format_version are every format's */
 	int open_meta;            /* 1: keys beyond the table (a file of another tool) are kept and
 	                           * written back; hi3's own are the table's */
+	int in_place;             /* 1: hi3 updates the file in place, a few bytes a step, each step
+	                           * committed (the KV file, the diffusion checkpoint): written so
+	                           * that its page cache is in pages, not huge folios (safetensors.c) */
 };
 
 /* The tables, one per format (a replay file of a trajectory, and the
@@ -112,6 +115,10 @@ int hi3i_st_lock(hi3_st *st, hi3_error *err);
  * the n (key, value) pairs of meta whose value is not NULL; NULL when out
  * of memory. */
 hi3_st_writer *hi3i_stw_format(const char *format, const char *const (*meta)[2], size_t n);
+/* The file w writes will be updated in place (hi3i_format.in_place): its
+ * bytes go out a page a write and its zeros stay holes, so that the kernel
+ * caches it in pages (see hi3_stw_write). */
+void hi3i_stw_in_place(hi3_st_writer *w);
 
 /* ---------------------------------------------------------- segment.c */
 

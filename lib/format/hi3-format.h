@@ -37,7 +37,8 @@ typedef struct hi3_st hi3_st;
 
 enum hi3_st_flags {
 	HI3_ST_READ = 0,
-	HI3_ST_RDWR = 1,      /* map shared and writable: in-place updates */
+	HI3_ST_RDWR = 1,      /* map shared and writable: in-place updates (the map is kept in
+	                       * pages, and the file's data read ahead at open) */
 };
 
 /* Open and validate a safetensors file ("-" reads standard input). */

@@ -34,7 +34,7 @@ static const struct hi3i_fmeta meta[] = {
 };
 const struct hi3i_format hi3i_format_kv = {
 	HI3_FORMAT_KV, "KV", (const char *const[]){"B", "L", "C", "G", "V", "n_kv", "d", "n_moe", "k", "layers", NULL},
-	tensors, meta, 0,
+	tensors, meta, 0, 1,
 };
 
 int hi3i_kv_create(const char *path, const struct hi3i_model_facts *m, const hi3_cond *c, const char *cond_path,

@@ -38,7 +38,7 @@ static const struct hi3i_fmeta meta[] = {
 };
 #undef F
 const struct hi3i_format hi3i_format_replay = {
-	HI3_FORMAT_REPLAY, "REPLAY", (const char *const[]){"T", "n_moe", "k", "P", "B", NULL}, tensors, meta, 0,
+	HI3_FORMAT_REPLAY, "REPLAY", (const char *const[]){"T", "n_moe", "k", "P", "B", NULL}, tensors, meta, 0, 0,
 };
 
 /* A replay of a trajectory: the log-prob of each SDE step of each request. */
@@ -59,7 +59,7 @@ static const struct hi3i_fmeta sde_meta[] = {
 	{0},
 };
 const struct hi3i_format hi3i_format_replay_sde = {
-	HI3_FORMAT_REPLAY, "REPLAY", (const char *const[]){"B", "K", NULL}, sde_tensors, sde_meta, 0,
+	HI3_FORMAT_REPLAY, "REPLAY", (const char *const[]){"B", "K", NULL}, sde_tensors, sde_meta, 0, 0,
 };
 
 int hi3_replay_file_open(hi3_replay_file **out, const char *path, hi3_error *err)

@@ -69,6 +69,30 @@ static int read_stdin(hi3_st *st, hi3_error *err)
 	return 0;
 }
 
+/* A map of a file hi3 updates in place (opened read-write: the KV file,
+ * the diffusion checkpoint), kept in pages as its writer made it
+ * (hi3_stw_write): no read-around on a fault, which would cache the pages
+ * about it, the holes a decode has yet to fill among them, in folios up to
+ * 2 MiB, each then written back whole when a step commits a few bytes of
+ * it (measured: 3.7 GB for 100 steps of 3 rows on `small`, where 123 MB
+ * do). What the file holds already (its data, not its holes) is read
+ * ahead at once instead, in pages: faulted in a page at a time, a cold
+ * KV file made the same 100 steps 0.4 s slower. Advice only. */
+static void advise_in_place(hi3_st *st)
+{
+	const off_t size = (off_t)st->size, chunk = (off_t)HI3_HUGE_PAGE;
+	off_t d, h = 0;
+
+	(void)madvise(st->map, st->size, MADV_RANDOM);
+	while (h < size && (d = lseek(st->fd, h, SEEK_DATA)) >= 0 && d < size) {
+		if ((h = lseek(st->fd, d, SEEK_HOLE)) < 0 || h > size)
+			h = size;
+		/* a read ahead is cut to the device's window: ask a chunk at a time */
+		for (off_t o = d; o < h; o += chunk)
+			(void)posix_fadvise(st->fd, o, HI3_MIN(chunk, h - o), POSIX_FADV_WILLNEED);
+	}
+}
+
 static int map_file(hi3_st *st, int flags, hi3_error *err)
 {
 	struct stat sb;
@@ -105,6 +129,8 @@ static int map_file(hi3_st *st, int flags, hi3_error *err)
 	if (!wr && st->size >= HI3_HUGE_PAGE)
 		(void)madvise(st->map, st->size, MADV_HUGEPAGE);
 #endif
+	if (wr)
+		advise_in_place(st);
 	return 0;
 }
 
@@ -501,6 +527,7 @@ struct hi3_st_writer {
 	json_t *meta;
 	struct wtensor *t;
 	int n, cap;
+	int in_place;             /* hi3i_stw_in_place */
 };
 
 hi3_st_writer *hi3_stw_new(void)
@@ -527,6 +554,11 @@ hi3_st_writer *hi3i_stw_format(const char *format, const char *const (*meta)[2],
 fail:
 	hi3_stw_free(w);
 	return NULL;
+}
+
+void hi3i_stw_in_place(hi3_st_writer *w)
+{
+	w->in_place = 1;
 }
 
 void hi3_stw_free(hi3_st_writer *w)
@@ -629,18 +661,31 @@ static int write_zeros(int fd, size_t len)
 }
 
 /*
- * The writer's bytes go out in whole blocks of HI3_HUGE_PAGE at offsets
- * that are multiples of it (the last block may be short): the kernel then
- * caches the file in huge folios, and a map of it (a checkpoint's, a KV
- * cache's) maps each with one entry. Written a tensor at a time, at any
- * offset, the folios came mixed: a `small` checkpoint just written by
- * init-model was mapped 24% in huge pages, and a B = 1 decode step over it
- * ran 2% slower than over the same bytes written in aligned blocks
- * (docs/PERFORMANCE.md, "Decode at B = 1, tenth round").
+ * The writer's bytes go out in whole blocks at offsets that are multiples
+ * of the block (the last block may be short), and whole blocks of zeros
+ * are left as holes in a regular file. The kernel sizes a cached folio by
+ * the write that makes it, so:
+ *
+ * - A block is HI3_HUGE_PAGE, sent in writes of whole blocks: the file is
+ *   cached in huge folios, and a read-only map of it (a checkpoint's) maps
+ *   each with one entry. Written a tensor at a time, at any offset, the
+ *   folios came mixed: a `small` checkpoint just written by init-model
+ *   was mapped 24% in huge pages, and a B = 1 decode step over it ran 2%
+ *   slower than over the same bytes written in aligned blocks
+ *   (docs/PERFORMANCE.md, "Decode at B = 1, tenth round").
+ * - A file hi3 updates in place (hi3i_stw_in_place) takes a page a block
+ *   and a page a write: it is cached in pages. Each step of a decode
+ *   commits a few bytes of every layer's cache (msync), and the kernel
+ *   writes a dirty folio back whole: with the KV file in huge folios, 100
+ *   steps of 3 rows on `small` wrote 3.7 GB and took 3.35 s; in pages,
+ *   123 MB and 2.21 s (docs/PERFORMANCE.md, "Decode at B = 1, fourteenth
+ *   round"). Its maps are advised to match (map_file).
  */
 struct out {
 	int fd;
 	int sparse;               /* zeros may be left as holes (a regular file) */
+	size_t block;             /* HI3_HUGE_PAGE, or a page for a file updated in place */
+	int by_page;              /* data a block a write (a file updated in place) */
 	unsigned char *buf;       /* the block being filled, */
 	size_t fill;              /* its first fill bytes */
 };
@@ -660,20 +705,21 @@ static int out_put(struct out *o, const void *p, size_t n)
 
 	while (n) {
 		size_t k;
-		if (o->fill == 0 && n >= HI3_HUGE_PAGE) {
-			/* whole blocks straight from the caller's bytes */
-			k = n / HI3_HUGE_PAGE * HI3_HUGE_PAGE;
+		if (o->fill == 0 && n >= o->block) {
+			/* whole blocks straight from the caller's bytes (one
+			 * at a time for a file updated in place), or holes */
+			k = s && o->by_page ? o->block : n / o->block * o->block;
 			if (s ? write_all(o->fd, s, k)
 			      : o->sparse ? (lseek(o->fd, (off_t)k, SEEK_CUR) < 0 ? -1 : 0) : write_zeros(o->fd, k))
 				return -1;
 		} else {
-			k = HI3_MIN(n, HI3_HUGE_PAGE - o->fill);
+			k = HI3_MIN(n, o->block - o->fill);
 			if (s)
 				memcpy(o->buf + o->fill, s, k);
 			else
 				memset(o->buf + o->fill, 0, k);
 			o->fill += k;
-			if (o->fill == HI3_HUGE_PAGE && out_flush(o) != 0)
+			if (o->fill == o->block && out_flush(o) != 0)
 				return -1;
 		}
 		n -= k;
@@ -728,17 +774,18 @@ int hi3_stw_write(hi3_st_writer *w, const char *path, hi3_error *err)
 	int to_stdout = !strcmp(path, "-"), fd;
 	char *hdr = NULL, *tmp = NULL;
 	size_t hlen = 0, total;
-	struct out o = {.sparse = !to_stdout};
+	const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	struct out o = {.sparse = !to_stdout, .block = w->in_place ? page : HI3_HUGE_PAGE, .by_page = w->in_place};
 
 	if (w->n > 1)
 		qsort(w->t, (size_t)w->n, sizeof(*w->t), layout_cmp);
 	hdr = build_header(w, &hlen);
-	o.buf = malloc(HI3_HUGE_PAGE);
+	o.buf = malloc(o.block);
 	if (!hdr || !o.buf) {
 		free(hdr);
 		free(o.buf);
-		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory for the header and a %zu MiB write buffer",
-		                     path, HI3_HUGE_PAGE >> 20);
+		return hi3_error_set(err, HI3_ERR_RUNTIME, "%s: out of memory for the header and a %zu KiB write buffer",
+		                     path, o.block >> 10);
 	}
 	total = 8 + hlen;
 	for (int i = 0; i < w->n; i++)

@@ -34,7 +34,7 @@ static const struct hi3i_fmeta meta[] = {
 };
 #undef F
 const struct hi3i_format hi3i_format_segment = {
-	HI3_FORMAT_SEGMENT, "SEGMENT", (const char *const[]){"T", "B", "n_moe", "k", NULL}, tensors, meta, 0,
+	HI3_FORMAT_SEGMENT, "SEGMENT", (const char *const[]){"T", "B", "n_moe", "k", NULL}, tensors, meta, 0, 0,
 };
 
 /* The checks a segment passes before it is used or written. */

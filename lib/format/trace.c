@@ -64,7 +64,7 @@ static const struct hi3i_fmeta meta[] = {
 	{0},
 };
 const struct hi3i_format hi3i_format_trace = {
-	HI3_FORMAT_TRACE, "TRACE", (const char *const[]){"n", "H", "Q", "D", "E", "k", "K", NULL}, tensors, meta, 1,
+	HI3_FORMAT_TRACE, "TRACE", (const char *const[]){"n", "H", "Q", "D", "E", "k", "K", NULL}, tensors, meta, 1, 0,
 };
 
 static const struct {

@@ -76,9 +76,9 @@ static const struct hi3i_fmeta meta[] = {
 	{0},
 };
 #undef F
-const struct hi3i_format hi3i_format_trajectory = {HI3_FORMAT_TRAJECTORY, "TRAJECTORY", letters, tensors, meta, 0};
+const struct hi3i_format hi3i_format_trajectory = {HI3_FORMAT_TRAJECTORY, "TRAJECTORY", letters, tensors, meta, 0, 0};
 const struct hi3i_format hi3i_format_diffusion_checkpoint = {HI3_FORMAT_DIFFUSION_CHECKPOINT, "DIFFUSION CHECKPOINT",
-                                                             letters, ckpt_tensors, meta, 0};
+                                                             letters, ckpt_tensors, meta, 0, 1};
 
 /* The --noise file: any safetensors file with these (a trajectory is one). */
 static const struct hi3i_ftensor noise_tensors[] = {
@@ -86,7 +86,7 @@ static const struct hi3i_ftensor noise_tensors[] = {
 	{"sde_noise", "F32", "B,K,C,h,w", HI3I_FT_LATER, -1, -1},
 	{0},
 };
-const struct hi3i_format hi3i_format_noise = {NULL, "TRAJECTORY", letters, noise_tensors, (const struct hi3i_fmeta[]){{0}}, 0};
+const struct hi3i_format hi3i_format_noise = {NULL, "TRAJECTORY", letters, noise_tensors, (const struct hi3i_fmeta[]){{0}}, 0, 0};
 
 static const char *latent_dtype_name(hi3_dtype dt)
 {
