@@ -44,10 +44,10 @@ static void expect_bad(const char *name, const char *hdr, size_t data_len, const
 	hi3_st_close(st);
 }
 
-/* Whether this process's map of path asks for huge pages: 1 when its
- * VmFlags in /proc/self/smaps name "hg" (MADV_HUGEPAGE), 0 when not, -1
- * when the map is not found there (or /proc cannot say). */
-static int map_advised(const char *path)
+/* Whether this process's map of path carries a flag: 1 when its VmFlags
+ * in /proc/self/smaps name it (" hg": MADV_HUGEPAGE; " rr": MADV_RANDOM),
+ * 0 when not, -1 when the map is not found there (or /proc cannot say). */
+static int map_flag(const char *path, const char *flag)
 {
 	char real[PATH_MAX], line[PATH_MAX + 128];
 	FILE *f;
@@ -63,7 +63,7 @@ static int map_advised(const char *path)
 			line[--n] = 0;
 		if (strncmp(line, "VmFlags:", 8) == 0) {
 			if (in)
-				found = strstr(line, " hg") != NULL;
+				found = strstr(line, flag) != NULL;
 			in = 0;
 		} else if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
 			in = p && strcmp(p, real) == 0;   /* a map's first line: "lo-hi perms ... path" */
@@ -90,7 +90,7 @@ static void huge_map_advice(void)
 	can = 0;
 #endif
 	free(probe);
-	if (!can || map_advised("/proc/self/exe") < 0) {
+	if (!can || map_flag("/proc/self/exe", " hg") < 0) {
 		diag("skipped: huge-page advice (no MADV_HUGEPAGE or no /proc/self/smaps here)");
 		return;
 	}
@@ -105,11 +105,40 @@ static void huge_map_advice(void)
 		hi3_stw_add(w, "x", HI3_F32, 1, shape, NULL);
 		ok(hi3_stw_write(w, path_of(name), &err) == 0 && hi3_st_open(&st, path_of(name), HI3_ST_READ, &err) == 0,
 		   "%s written and mapped: %s", name, err.msg);
-		got = map_advised(path_of(name));
+		got = map_flag(path_of(name), " hg");
 		ok(got == large, "a read-only map of %s %s huge pages (smaps: %d)", large ? "2 MiB and more" : "4 KiB",
 		   large ? "asks for" : "does not ask for", got);
 		hi3_st_close(st);
 		hi3_stw_free(w);
+	}
+}
+
+/* A read-write map (a file hi3 updates in place: the KV file) is advised
+ * MADV_RANDOM, so that a fault does not cache the pages about it in large
+ * folios that each step's commit would write back whole; a read-only map
+ * is not (safetensors.c, map_file). */
+static void in_place_map_advice(void)
+{
+	int64_t shape[1] = {3 << 20};
+	hi3_st_writer *w = hi3_stw_new();
+	hi3_error err = {0};
+
+	hi3i_stw_in_place(w);
+	hi3_stw_add(w, "x", HI3_U8, 1, shape, NULL);
+	ok(hi3_stw_write(w, path_of("in-place.safetensors"), &err) == 0, "a file updated in place written: %s", err.msg);
+	hi3_stw_free(w);
+	for (int wr = 0; wr < 2; wr++) {
+		hi3_st *st = NULL;
+		int got;
+		ok(hi3_st_open(&st, path_of("in-place.safetensors"), wr ? HI3_ST_RDWR : HI3_ST_READ, &err) == 0,
+		   "opened %s: %s", wr ? "read-write" : "read-only", err.msg);
+		got = map_flag(path_of("in-place.safetensors"), " rr");
+		if (got < 0)
+			diag("skipped: the map's advice (no /proc/self/smaps here)");
+		else
+			ok(got == wr, "a %s map %s MADV_RANDOM (smaps: %d)", wr ? "read-write" : "read-only",
+			   wr ? "is advised" : "is not advised", got);
+		hi3_st_close(st);
 	}
 }
 
@@ -342,6 +371,7 @@ int main(void)
 		   "in a row and in a tensor of 2^20 and more");
 	}
 	huge_map_advice();
+	in_place_map_advice();
 	/* Nothing writes over an existing file on failure: writing into a
 	 * missing directory fails and leaves no temporary behind. */
 	w = hi3_stw_new();
