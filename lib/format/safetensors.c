@@ -677,9 +677,9 @@ static int write_zeros(int fd, size_t len)
  *   and a page a write: it is cached in pages. Each step of a decode
  *   commits a few bytes of every layer's cache (msync), and the kernel
  *   writes a dirty folio back whole: with the KV file in huge folios, 100
- *   steps of 3 rows on `small` wrote 3.7 GB and took 3.35 s; in pages,
- *   123 MB and 2.21 s (docs/PERFORMANCE.md, "Decode at B = 1, fourteenth
- *   round"). Its maps are advised to match (map_file).
+ *   steps of 3 rows on `small` wrote 3.65-3.76 GB and took 3.30-3.43 s;
+ *   in pages, 123-125 MB and 2.33 s (docs/PERFORMANCE.md, "Decode at
+ *   B = 1, fourteenth round"). Its maps are advised to match (map_file).
  */
 struct out {
 	int fd;
