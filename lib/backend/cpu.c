@@ -684,6 +684,153 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
 	}
 }
 
+/*
+ * Two queries that read the same keys (query heads of one kv head, one
+ * token) in one pass, with AVX-512: a zmm holds the eight lanes of both,
+ * [query a | query b], and each key's eight elements are loaded once into
+ * both halves. Every lane runs the multiply-adds of the AVX2 loops above
+ * in their order, so each score and each value sum has the same bits; a
+ * multiply-add does twice the work, and a key's elements are loaded once
+ * for the two queries.
+ */
+#define T512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#define PAIR_DMAX 256             /* head dims the pair loops take (packed queries on the stack) */
+
+/* pshufb control: float s of a zmm takes BF16 number s % 8 of a 128-bit lane */
+static const uint8_t kv_bf16_ctl[64] __attribute__((aligned(64))) = {
+#define BF(i) 0x80, 0x80, 2 * (i), 2 * (i) + 1
+	BF(0), BF(1), BF(2), BF(3), BF(4), BF(5), BF(6), BF(7),
+	BF(0), BF(1), BF(2), BF(3), BF(4), BF(5), BF(6), BF(7),
+#undef BF
+};
+
+/* kv_load8 into both halves of a zmm. */
+T512 static inline __m512 kv_load8x2(const void *base, int bf, int64_t off, __m512i ctl)
+{
+	if (bf)
+		return _mm512_castsi512_ps(_mm512_shuffle_epi8(
+			_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off))), ctl));
+	return _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)base + off));
+}
+
+static int cpu_has_avx512(void)
+{
+	return hi3i_gemm_level() >= 2;
+}
+
+/* scores() of queries qa and qb over the same keys [j0, j1), into sca and
+ * scb; d % 8 == 0, d <= PAIR_DMAX. */
+T512 static void scores_pair(const float *qa, const float *qb, const hi3_kv_src *ks, int64_t base, int j0, int j1,
+                             int d, float scale, float *sca, float *scb, float *kbuf, int pf)
+{
+	const int bf = ks->dtype == HI3_BF16;
+	const size_t es = bf ? 2 : 4;
+	const int64_t st = ks->slot_stride;
+	const __m512i ctl = _mm512_load_si512((const void *)kv_bf16_ctl);
+	const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+	const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+	const __m512 vs = _mm512_set1_ps(scale);
+	__m512 qp[PAIR_DMAX / 8];
+	int j = j0;
+
+	for (int i = 0; i < d; i += 8)
+		qp[i / 8] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(qa + i)), _mm256_loadu_ps(qb + i), 1);
+	for (; j + 8 <= j1; j += 8) {
+		__m512 a[8];
+		const int64_t k0 = base + j * st;
+		const char *kp = (const char *)ks->base + (size_t)k0 * es;
+
+		for (int r = 16; pf && r < 24 && j + r < j1; r++)   /* as scores_avx2 */
+			for (size_t i = 0; i < (size_t)d * es; i += 64)
+				_mm_prefetch(kp + (size_t)(r * st) * es + i, _MM_HINT_T0);
+		for (int r = 0; r < 8; r++)
+			a[r] = _mm512_setzero_ps();
+		for (int i = 0; i < d; i += 8)
+#pragma GCC unroll 8
+			for (int r = 0; r < 8; r++)
+				a[r] = _mm512_fmadd_ps(qp[i / 8], kv_load8x2(ks->base, bf, k0 + r * st + i, ctl), a[r]);
+		/* scores_avx2's transpose in each half: L[i] holds lane i of the
+		 * eight keys, query a's in the low half, b's in the high */
+		__m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
+		__m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
+		__m512 t4 = _mm512_unpacklo_ps(a[4], a[5]), t5 = _mm512_unpackhi_ps(a[4], a[5]);
+		__m512 t6 = _mm512_unpacklo_ps(a[6], a[7]), t7 = _mm512_unpackhi_ps(a[6], a[7]);
+		__m512 u0 = _mm512_shuffle_ps(t0, t2, 0x44), u1 = _mm512_shuffle_ps(t0, t2, 0xEE);
+		__m512 u2 = _mm512_shuffle_ps(t1, t3, 0x44), u3 = _mm512_shuffle_ps(t1, t3, 0xEE);
+		__m512 u4 = _mm512_shuffle_ps(t4, t6, 0x44), u5 = _mm512_shuffle_ps(t4, t6, 0xEE);
+		__m512 u6 = _mm512_shuffle_ps(t5, t7, 0x44), u7 = _mm512_shuffle_ps(t5, t7, 0xEE);
+		__m512 L0 = _mm512_permutex2var_ps(u0, lo, u4), L4 = _mm512_permutex2var_ps(u0, hi, u4);
+		__m512 L1 = _mm512_permutex2var_ps(u1, lo, u5), L5 = _mm512_permutex2var_ps(u1, hi, u5);
+		__m512 L2 = _mm512_permutex2var_ps(u2, lo, u6), L6 = _mm512_permutex2var_ps(u2, hi, u6);
+		__m512 L3 = _mm512_permutex2var_ps(u3, lo, u7), L7 = _mm512_permutex2var_ps(u3, hi, u7);
+		__m512 r = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(L0, L4), _mm512_add_ps(L2, L6)),
+		                                       _mm512_add_ps(_mm512_add_ps(L1, L5), _mm512_add_ps(L3, L7))),
+		                         vs);
+		_mm256_storeu_ps(sca + j, _mm512_castps512_ps256(r));
+		_mm256_storeu_ps(scb + j, _mm512_extractf32x8_ps(r, 1));
+	}
+	if (j < j1) {
+		scores_avx2(qa, ks, base, j, j1, d, scale, sca, kbuf, 0);
+		scores_avx2(qb, ks, base, j, j1, d, scale, scb, kbuf, 0);
+	}
+}
+
+/* pv() of queries a and b (weights pa, pb) over the same values: acca
+ * and accb; d % 8 == 0. A key with a zero weight leaves that query's
+ * sum alone (masked), as pv skips it. */
+T512 static void pv_pair(float *acca, float *accb, const float *pa, const float *pb, const hi3_kv_src *vs,
+                         int64_t base, int j0, int j1, int d, int pf)
+{
+	const int bf = vs->dtype == HI3_BF16;
+	const size_t es = bf ? 2 : 4;
+	const int64_t st = vs->slot_stride;
+	const __m512i ctl = _mm512_load_si512((const void *)kv_bf16_ctl);
+	const __m512 zero = _mm512_setzero_ps();
+	int c = 0;
+
+#define PAIR_LOAD(t) _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(acca + c + 8 * (t))), \
+                                        _mm256_loadu_ps(accb + c + 8 * (t)), 1)
+#define PAIR_STORE(t, v)                                                              \
+	do {                                                                          \
+		_mm256_storeu_ps(acca + c + 8 * (t), _mm512_castps512_ps256(v));     \
+		_mm256_storeu_ps(accb + c + 8 * (t), _mm512_extractf32x8_ps(v, 1));  \
+	} while (0)
+	for (; c + 64 <= d; c += 64) {
+		__m512 a[8];
+#pragma GCC unroll 8
+		for (int t = 0; t < 8; t++)
+			a[t] = PAIR_LOAD(t);
+		for (int j = j0; j < j1; j++) {
+			const int64_t v = base + j * st + c;
+			if (pf && j + 8 < j1)   /* as pv_avx2 */
+				for (size_t i = 0; i < 64 * es; i += 64)
+					_mm_prefetch((const char *)vs->base + (size_t)(v + 8 * st) * es + i, _MM_HINT_T0);
+			const __m512 pj = _mm512_insertf32x8(_mm512_set1_ps(pa[j]), _mm256_set1_ps(pb[j]), 1);
+			const __mmask16 m = _mm512_cmp_ps_mask(pj, zero, _CMP_NEQ_UQ);   /* p != 0, as pv's test */
+			if (!m)
+				continue;
+#pragma GCC unroll 8
+			for (int t = 0; t < 8; t++)
+				a[t] = _mm512_mask3_fmadd_ps(pj, kv_load8x2(vs->base, bf, v + 8 * t, ctl), a[t], m);
+		}
+#pragma GCC unroll 8
+		for (int t = 0; t < 8; t++)
+			PAIR_STORE(t, a[t]);
+	}
+	for (; c < d; c += 8) {
+		__m512 a = PAIR_LOAD(0);
+		for (int j = j0; j < j1; j++) {
+			const __m512 pj = _mm512_insertf32x8(_mm512_set1_ps(pa[j]), _mm256_set1_ps(pb[j]), 1);
+			const __mmask16 m = _mm512_cmp_ps_mask(pj, zero, _CMP_NEQ_UQ);
+			if (m)
+				a = _mm512_mask3_fmadd_ps(pj, kv_load8x2(vs->base, bf, base + j * st + c, ctl), a, m);
+		}
+		PAIR_STORE(0, a);
+	}
+#undef PAIR_LOAD
+#undef PAIR_STORE
+}
+
 /* The largest of sc[0..n) above -inf, as the scalar loop "if (sc[j] > mx)
  * mx = sc[j]" finds it (a NaN never wins). */
 __attribute__((target("avx2"))) static float max_avx2(const float *sc, int n)
@@ -882,6 +1029,46 @@ static void att_scratch_release(struct att_scratch *s)
 	free(s->acc);
 }
 
+/* Whether queries x and y read the same keys (values, with v) over the
+ * same range: the pair loops take them in one pass. */
+static int pairs(const struct att_query *x, const struct att_query *y, int d, int v)
+{
+#if defined(__x86_64__)
+	return cpu_has_avx512() && d % 8 == 0 && d <= PAIR_DMAX && x->end == y->end &&
+	       (v ? x->base_v == y->base_v : x->base_k == y->base_k && x->a1 == y->a1 && x->b0 == y->b0);
+#else
+	(void)x, (void)y, (void)d, (void)v;
+	return 0;
+#endif
+}
+
+/* Keys [j0, j1) of query x, and of x + 1 with it when two. */
+static void scores_two(int two, struct att_query *x, const hi3_kv_src *ks, int j0, int j1, int d, float scale,
+                       float *kbuf)
+{
+#if defined(__x86_64__)
+	if (two) {
+		scores_pair(x->q, x[1].q, ks, x->base_k, j0, j1, d, scale, x->sc, x[1].sc, kbuf, x->pf);
+		return;
+	}
+#endif
+	(void)two;
+	scores(x->q, ks, x->base_k, j0, j1, d, scale, x->sc, kbuf, x->pf);
+}
+
+/* Values [j0, j1) into query x's sum, and x + 1's with it when two. */
+static void pv_two(int two, struct att_query *x, const hi3_kv_src *vs, int j0, int j1, int d, float *kbuf)
+{
+#if defined(__x86_64__)
+	if (two) {
+		pv_pair(x->acc, x[1].acc, x->sc, x[1].sc, vs, x->base_v, j0, j1, d, x->pf);
+		return;
+	}
+#endif
+	(void)two;
+	pv(x->acc, x->sc, vs, x->base_v, j0, j1, d, kbuf, x->pf);
+}
+
 /* Work item (ti, hg): queries [ti tb, ti tb + tb) of heads [hg hb, hg hb + hb). */
 static void att_item(const struct att_call *c, int ti, int hg, struct att_scratch *s)
 {
@@ -928,15 +1115,22 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 	for (int j0 = 0; j0 < end_max; j0 += ATT_KT) {
 		for (int i = 0; i < nq; i++) {
 			struct att_query *x = &aq[i];
+			const int two = i + 1 < nq && pairs(x, x + 1, d, 0);
 			int j1 = HI3_MIN(j0 + ATT_KT, x->end), lo, hi;
-			if (j0 >= j1)
+			if (j0 >= j1) {
+				i += two;
 				continue;
+			}
 			if ((hi = HI3_MIN(x->a1, j1)) > j0)
-				scores(x->q, ks, x->base_k, j0, hi, d, scale, x->sc, kbuf, x->pf);
-			for (int j = HI3_MAX(HI3_MAX(x->a1, 0), j0); j < HI3_MIN(x->b0, j1); j++)
+				scores_two(two, x, ks, j0, hi, d, scale, kbuf);
+			for (int j = HI3_MAX(HI3_MAX(x->a1, 0), j0); j < HI3_MIN(x->b0, j1); j++) {
 				x->sc[j] = -INFINITY;
+				if (two)
+					x[1].sc[j] = -INFINITY;
+			}
 			if ((lo = HI3_MAX(x->b0, j0)) < j1)
-				scores(x->q, ks, x->base_k, lo, j1, d, scale, x->sc, kbuf, x->pf);
+				scores_two(two, x, ks, lo, j1, d, scale, kbuf);
+			i += two;
 		}
 	}
 	/* weights in place of the scores (0 for keys not admitted) */
@@ -957,10 +1151,13 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 	for (int i = 0; i < nq; i++)
 		memset(aq[i].acc, 0, sizeof(float) * (size_t)d);
 	for (int j0 = 0; j0 < end_max; j0 += ATT_KT)
-		for (int i = 0; i < nq; i++)
-			if (j0 < aq[i].end)
-				pv(aq[i].acc, aq[i].sc, vs, aq[i].base_v, j0, HI3_MIN(j0 + ATT_KT, aq[i].end), d, kbuf,
-				   aq[i].pf);
+		for (int i = 0; i < nq; i++) {
+			struct att_query *x = &aq[i];
+			const int two = i + 1 < nq && pairs(x, x + 1, d, 1);
+			if (j0 < x->end)
+				pv_two(two, x, vs, j0, HI3_MIN(j0 + ATT_KT, x->end), d, kbuf);
+			i += two;
+		}
 	for (int i = 0; i < nq; i++) {
 		struct att_query *x = &aq[i];
 		if (x->end == 0) {
