@@ -537,6 +537,26 @@ __attribute__((target("avx2"))) static inline __m256 kv_load8(const void *base, 
 	return _mm256_loadu_ps((const float *)base + off);
 }
 
+/* The first two rounds of the 8 x 8 transpose below, within each 128-bit
+ * lane of vectors of W bits (256 or 512): u0 takes element 0 of the lane
+ * of a[0] .. a[3], u1 element 1, u2 element 2, u3 element 3; u4 .. u7 the
+ * same of a[4] .. a[7]. */
+#define LANES_4X4(W, a, u0, u1, u2, u3, u4, u5, u6, u7)                                     \
+	do {                                                                               \
+		const __m##W t0 = _mm##W##_unpacklo_ps(a[0], a[1]), t1 = _mm##W##_unpackhi_ps(a[0], a[1]); \
+		const __m##W t2 = _mm##W##_unpacklo_ps(a[2], a[3]), t3 = _mm##W##_unpackhi_ps(a[2], a[3]); \
+		const __m##W t4 = _mm##W##_unpacklo_ps(a[4], a[5]), t5 = _mm##W##_unpackhi_ps(a[4], a[5]); \
+		const __m##W t6 = _mm##W##_unpacklo_ps(a[6], a[7]), t7 = _mm##W##_unpackhi_ps(a[6], a[7]); \
+		u0 = _mm##W##_shuffle_ps(t0, t2, 0x44);                                     \
+		u1 = _mm##W##_shuffle_ps(t0, t2, 0xEE);                                     \
+		u2 = _mm##W##_shuffle_ps(t1, t3, 0x44);                                     \
+		u3 = _mm##W##_shuffle_ps(t1, t3, 0xEE);                                     \
+		u4 = _mm##W##_shuffle_ps(t4, t6, 0x44);                                     \
+		u5 = _mm##W##_shuffle_ps(t4, t6, 0xEE);                                     \
+		u6 = _mm##W##_shuffle_ps(t5, t7, 0x44);                                     \
+		u7 = _mm##W##_shuffle_ps(t5, t7, 0xEE);                                     \
+	} while (0)
+
 /* Eight keys at a time: eight lane accumulators, then an 8 x 8 transpose so
  * that the canonical reduction runs across keys in vector lanes. F32 or
  * BF16 keys (widened as they load: the same bits as key_at's). */
@@ -572,14 +592,8 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, cons
 				for (int r = 0; r < 8; r++)
 					a[r] = _mm256_fmadd_ps(qv, kv_load8(ks->base, bf, k0 + r * st + i), a[r]);
 			}
-			__m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
-			__m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
-			__m256 t4 = _mm256_unpacklo_ps(a[4], a[5]), t5 = _mm256_unpackhi_ps(a[4], a[5]);
-			__m256 t6 = _mm256_unpacklo_ps(a[6], a[7]), t7 = _mm256_unpackhi_ps(a[6], a[7]);
-			__m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-			__m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-			__m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-			__m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+			__m256 u0, u1, u2, u3, u4, u5, u6, u7;
+			LANES_4X4(256, a, u0, u1, u2, u3, u4, u5, u6, u7);
 			/* L[i] holds lane i of the eight keys */
 			__m256 L0 = _mm256_permute2f128_ps(u0, u4, 0x20), L4 = _mm256_permute2f128_ps(u0, u4, 0x31);
 			__m256 L1 = _mm256_permute2f128_ps(u1, u5, 0x20), L5 = _mm256_permute2f128_ps(u1, u5, 0x31);
@@ -751,14 +765,8 @@ T512 static void scores_pair(const float *qa, const float *qb, const hi3_kv_src 
 				a[r] = _mm512_fmadd_ps(qp[i / 8], kv_load8x2(ks->base, bf, k0 + r * st + i, ctl), a[r]);
 		/* scores_avx2's transpose in each half: L[i] holds lane i of the
 		 * eight keys, query a's in the low half, b's in the high */
-		__m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
-		__m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
-		__m512 t4 = _mm512_unpacklo_ps(a[4], a[5]), t5 = _mm512_unpackhi_ps(a[4], a[5]);
-		__m512 t6 = _mm512_unpacklo_ps(a[6], a[7]), t7 = _mm512_unpackhi_ps(a[6], a[7]);
-		__m512 u0 = _mm512_shuffle_ps(t0, t2, 0x44), u1 = _mm512_shuffle_ps(t0, t2, 0xEE);
-		__m512 u2 = _mm512_shuffle_ps(t1, t3, 0x44), u3 = _mm512_shuffle_ps(t1, t3, 0xEE);
-		__m512 u4 = _mm512_shuffle_ps(t4, t6, 0x44), u5 = _mm512_shuffle_ps(t4, t6, 0xEE);
-		__m512 u6 = _mm512_shuffle_ps(t5, t7, 0x44), u7 = _mm512_shuffle_ps(t5, t7, 0xEE);
+		__m512 u0, u1, u2, u3, u4, u5, u6, u7;
+		LANES_4X4(512, a, u0, u1, u2, u3, u4, u5, u6, u7);
 		__m512 L0 = _mm512_permutex2var_ps(u0, lo, u4), L4 = _mm512_permutex2var_ps(u0, hi, u4);
 		__m512 L1 = _mm512_permutex2var_ps(u1, lo, u5), L5 = _mm512_permutex2var_ps(u1, hi, u5);
 		__m512 L2 = _mm512_permutex2var_ps(u2, lo, u6), L6 = _mm512_permutex2var_ps(u2, hi, u6);
