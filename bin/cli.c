@@ -437,6 +437,33 @@ void cli_close_model(hi3_model *m)
 		hi3_model_close(m);
 }
 
+/* Bytes of a checkpoint in memory from which cli_warn_pages speaks (a few
+ * MB fit the TLB's reach either way). */
+#define PAGES_WORTH 64e6
+
+void cli_warn_pages(const hi3_model *m, int none_too)
+{
+	double resident, huge;
+
+	if (strcmp(hi3_model_backend(m), "cpu") != 0 || !hi3_model_pages(m, &resident, &huge) ||
+	    resident < PAGES_WORTH || huge >= 0.9 * resident || (huge == 0 && !none_too))
+		return;
+	/* a checkpoint cached in small pages reads slower, whatever hi3 does
+	 * with it: say so, and how to have it read anew; with none of it in
+	 * huge pages the system may give none to files at all */
+	if (huge > 0)
+		cli_warn("only %.0f%% of the checkpoint's %.0f MB in memory is mapped in 2 MiB pages: its page cache "
+		         "holds small pages, and decode steps read it slower than they can; dropping its cached pages "
+		         "(dd if=FILE iflag=nocache count=0, for each of its files) has the next run read it in anew",
+		         100.0 * huge / resident, resident / 1e6);
+	else
+		cli_warn("none of the checkpoint's %.0f MB in memory is mapped in 2 MiB pages, and decode steps read "
+		         "it slower than they can: its page cache holds small pages (dropping them, dd if=FILE "
+		         "iflag=nocache count=0 for each of its files, has the next run read it in anew), or this "
+		         "system maps no file in huge pages (transparent huge pages off, or a file system without "
+		         "large folios)", resident / 1e6);
+}
+
 void cli_release_model(void)
 {
 	hi3_model_close(kept.m);

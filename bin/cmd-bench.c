@@ -8,9 +8,6 @@
 
 /* Passes of the bandwidth read (1 GiB each), at least, before and after the model. */
 #define MEMBW_PASSES 10
-/* Bytes of a checkpoint in memory from which a warning says when they are
- * mapped in small pages (a few MB fit the TLB's reach either way). */
-#define HUGE_WORTH 64e6
 
 static const struct cli_help help = {
 	.usage = {"hi3 bench -m MODEL [--batch B] [--prompt-len P] [--new N] [--reps R] [--kv-dtype f32|bf16] [--json]"},
@@ -141,23 +138,7 @@ int cmd_bench(int argc, char **argv)
 			printf("  checkpoint in memory          %8.1f MB, %.0f%% of it mapped in 2 MiB pages\n",
 			       r.weights_resident / 1e6, 100.0 * r.weights_huge / r.weights_resident);
 	}
-	/* a checkpoint cached in small pages reads slower, whatever hi3 does
-	 * with it: say so, and how to have it read anew (hi3-bench(1)); with
-	 * none of it in huge pages the system may give none to files at all */
-	if (r.weights_known && r.weights_resident >= HUGE_WORTH && r.weights_huge < 0.9 * r.weights_resident &&
-	    strcmp(hi3_model_backend(m), "cpu") == 0) {
-		if (r.weights_huge > 0)
-			cli_warn("only %.0f%% of the checkpoint's %.0f MB in memory is mapped in 2 MiB pages: its page "
-			         "cache holds small pages, and the steps read it slower than they can; dropping its "
-			         "cached pages (dd if=FILE iflag=nocache count=0, for each of its files) has the next run "
-			         "read it in anew", 100.0 * r.weights_huge / r.weights_resident, r.weights_resident / 1e6);
-		else
-			cli_warn("none of the checkpoint's %.0f MB in memory is mapped in 2 MiB pages, and the steps read "
-			         "it slower than they can: its page cache holds small pages (dropping them, dd if=FILE "
-			         "iflag=nocache count=0 for each of its files, has the next run read it in anew), or this "
-			         "system maps no file in huge pages (transparent huge pages off, or a file system without "
-			         "large folios)", r.weights_resident / 1e6);
-	}
+	cli_warn_pages(m, 1);
 	cli_close_model(m);
 	return 0;
 }

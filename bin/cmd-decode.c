@@ -95,6 +95,8 @@ int cmd_decode(int argc, char **argv)
 			       (long long)st.resumed_from, st.seconds,
 			       (double)st.tokens / (st.seconds > 0 ? st.seconds : 1e-9));
 	}
+	if (rc == 0 && st.steps > 0)
+		cli_warn_pages(m, 0);
 	hi3_trace_free(o.trace);
 	cli_close_model(m);
 	hi3_cond_close(c);

@@ -262,6 +262,13 @@ const hi3_gen_defaults *hi3_model_gen_defaults(const hi3_model *m);
 const char *hi3_model_fingerprint(const hi3_model *m);
 const char *hi3_model_dir(const hi3_model *m);
 const char *hi3_model_backend(const hi3_model *m);
+/* The checkpoint as this process maps it now (/proc/self/smaps: the maps
+ * of files in the model's folder): *resident its bytes in memory, *huge
+ * those mapped by 2 MiB entries. 1, or 0 where /proc cannot say (both 0).
+ * A file whose page cache holds small pages is mapped by 4 KiB entries
+ * whatever the map's advice, and a decode step reads it slower (hi3(1),
+ * FILES IN USE). */
+int hi3_model_pages(const hi3_model *m, double *resident, double *huge);
 int hi3_model_n_moe_layers(const hi3_model *m);
 int hi3_model_max_topk(const hi3_model *m);
 /* The dtype of the layers' weights (of layer 0's qkv_proj). */

@@ -13,7 +13,9 @@
  * weights_done waits for those uploads (and -v says how fast they went).
  */
 #include "config.h"
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -400,6 +402,39 @@ const hi3_gen_defaults *hi3_model_gen_defaults(const hi3_model *m) { return &m->
 const char *hi3_model_fingerprint(const hi3_model *m) { return m->fingerprint; }
 const char *hi3_model_dir(const hi3_model *m) { return m->dir; }
 const char *hi3_model_backend(const hi3_model *m) { return m->be->name; }
+
+int hi3_model_pages(const hi3_model *m, double *resident, double *huge)
+{
+	char real[PATH_MAX], line[PATH_MAX + 256];
+	size_t n;
+	int in = 0, found = 0;
+	FILE *f;
+
+	*resident = *huge = 0.0;
+	if (!realpath(m->dir, real) || !(f = fopen("/proc/self/smaps", "r")))
+		return 0;
+	n = strlen(real);
+	while (fgets(line, sizeof line, f)) {
+		unsigned long a, b;
+		double kb;
+		int at = -1;
+		if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &a, &b, &at) == 2 && at > 0) {
+			/* a map's first line: addresses, perms, offset, device, inode, path */
+			const char *path = line + at;
+			in = strncmp(path, real, n) == 0 && path[n] == '/';
+			found |= in;
+		} else if (in && sscanf(line, "Rss: %lf kB", &kb) == 1) {
+			*resident += kb * 1024.0;
+		} else if (in && sscanf(line, "FilePmdMapped: %lf kB", &kb) == 1) {
+			*huge += kb * 1024.0;   /* mapped by 2 MiB entries */
+		}
+	}
+	fclose(f);
+	if (found && *resident > 0.0)
+		return 1;
+	*resident = *huge = 0.0;
+	return 0;
+}
 int hi3_model_n_moe_layers(const hi3_model *m) { return m->n_moe; }
 int hi3_model_max_topk(const hi3_model *m) { return m->max_k; }
 const struct hi3i_model_facts *hi3i_model_facts(const hi3_model *m) { return &m->facts; }

@@ -317,43 +317,6 @@ static void op_clock_stop(hi3_backend *be)
 	op_clock.own = NULL;
 }
 
-/* The model's checkpoint as this process maps it now (/proc/self/smaps:
- * the mappings of files in the model's folder): *resident its bytes in
- * memory, *huge those mapped by 2 MiB entries (FilePmdMapped). 0 where
- * /proc cannot say. A file whose page cache holds small folios (cached
- * before hi3 mapped it, or split since) is mapped by 4 KiB entries
- * whatever the map's advice, and a decode step reads it slower
- * (docs/PERFORMANCE.md, "Decode at B = 1, fourteenth round"). */
-static int weights_mapped(const char *dir, double *resident, double *huge)
-{
-	char real[PATH_MAX], line[PATH_MAX + 256];
-	size_t n;
-	int in = 0, found = 0;
-	FILE *f;
-
-	*resident = *huge = 0.0;
-	if (!realpath(dir, real) || !(f = fopen("/proc/self/smaps", "r")))
-		return 0;
-	n = strlen(real);
-	while (fgets(line, sizeof line, f)) {
-		unsigned long a, b;
-		double kb;
-		int at = -1;
-		if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &a, &b, &at) == 2 && at > 0) {
-			/* a mapping's first line: addresses, perms, offset, device, inode, path */
-			const char *path = line + at;
-			in = strncmp(path, real, n) == 0 && path[n] == '/';
-			found |= in;
-		} else if (in && sscanf(line, "Rss: %lf kB", &kb) == 1) {
-			*resident += kb * 1024.0;
-		} else if (in && sscanf(line, "FilePmdMapped: %lf kB", &kb) == 1) {
-			*huge += kb * 1024.0;
-		}
-	}
-	fclose(f);
-	return found && *resident > 0.0;
-}
-
 int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, double floor_bytes,
                     hi3_bench_model_result *r, hi3_error *err)
 {
@@ -489,7 +452,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 		r->prefill_flops = (double)B * P * per_tok + nl * 2.0 * nh * d * (double)P * P * B +
 		                   2.0 * B * V * H;
 	}
-	r->weights_known = weights_mapped(hi3_model_dir(m), &r->weights_resident, &r->weights_huge);
+	r->weights_known = hi3_model_pages(m, &r->weights_resident, &r->weights_huge);
 	rc = 0;
 out:
 	if (timing)
