@@ -710,15 +710,7 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
 #define T512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 #define PAIR_DMAX 256             /* head dims the pair loops take (packed queries on the stack) */
 
-/* pshufb control: float s of a zmm takes BF16 number s % 8 of a 128-bit lane */
-static const uint8_t kv_bf16_ctl[64] __attribute__((aligned(64))) = {
-#define BF(i) 0x80, 0x80, 2 * (i), 2 * (i) + 1
-	BF(0), BF(1), BF(2), BF(3), BF(4), BF(5), BF(6), BF(7),
-	BF(0), BF(1), BF(2), BF(3), BF(4), BF(5), BF(6), BF(7),
-#undef BF
-};
-
-/* kv_load8 into both halves of a zmm. */
+/* kv_load8 into both halves of a zmm (ctl: hi3i_bf16_ctl). */
 T512 static inline __m512 kv_load8x2(const void *base, int bf, int64_t off, __m512i ctl)
 {
 	if (bf)
@@ -740,7 +732,7 @@ T512 static void scores_pair(const float *qa, const float *qb, const hi3_kv_src 
 	const int bf = ks->dtype == HI3_BF16;
 	const size_t es = bf ? 2 : 4;
 	const int64_t st = ks->slot_stride;
-	const __m512i ctl = _mm512_load_si512((const void *)kv_bf16_ctl);
+	const __m512i ctl = _mm512_load_si512((const void *)hi3i_bf16_ctl);
 	const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
 	const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
 	const __m512 vs = _mm512_set1_ps(scale);
@@ -792,7 +784,7 @@ T512 static void pv_pair(float *acca, float *accb, const float *pa, const float 
 	const int bf = vs->dtype == HI3_BF16;
 	const size_t es = bf ? 2 : 4;
 	const int64_t st = vs->slot_stride;
-	const __m512i ctl = _mm512_load_si512((const void *)kv_bf16_ctl);
+	const __m512i ctl = _mm512_load_si512((const void *)hi3i_bf16_ctl);
 	const __m512 zero = _mm512_setzero_ps();
 	int c = 0;
 

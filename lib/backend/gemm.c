@@ -638,8 +638,7 @@ static void pack512(float *xp, const float *x, size_t ldx, int mc, int K)
 	}
 }
 
-/* pshufb control: float s of a zmm takes BF16 number s % 8 of a 128-bit lane */
-static const uint8_t bf16_ctl[64] __attribute__((aligned(64))) = {
+const uint8_t hi3i_bf16_ctl[64] __attribute__((aligned(64))) = {
 #define BF(i) 0x80, 0x80, 2 * (i), 2 * (i) + 1
 	BF(0), BF(1), BF(2), BF(3), BF(4), BF(5), BF(6), BF(7),
 	BF(0), BF(1), BF(2), BF(3), BF(4), BF(5), BF(6), BF(7),
@@ -678,7 +677,7 @@ struct tile512_args {
 T512 __attribute__((always_inline)) static inline void tile512(const int P, const int kind,
                                                                  const struct tile512_args *a)
 {
-	const __m512i ctl = _mm512_load_si512((const void *)bf16_ctl);
+	const __m512i ctl = _mm512_load_si512((const void *)hi3i_bf16_ctl);
 	const unsigned char *wr[NR5];
 	const float *xp = a->xp;
 	__m512 acc[P5][NR5];
