@@ -23,6 +23,7 @@
 #include <sys/mman.h>
 #include "backend/cpu.h"
 #include "backend/pool.h"
+#include "backend/quant-x86.h"
 
 /* OpenBLAS with BF16/F16 weights: rows widened per block, about this many bytes of f32. */
 #define SGEMM_BLOCK_BYTES ((size_t)1 << 20)
@@ -707,17 +708,11 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
  * multiply-add does twice the work, and a key's elements are loaded once
  * for the two queries.
  */
-#define T512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#define T512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c"))) /* as hi3i_gemm_level 2 */
 #define PAIR_DMAX 256             /* head dims the pair loops take (packed queries on the stack) */
 
-/* kv_load8 into both halves of a zmm (ctl: hi3i_bf16_ctl). */
-T512 static inline __m512 kv_load8x2(const void *base, int bf, int64_t off, __m512i ctl)
-{
-	if (bf)
-		return _mm512_castsi512_ps(_mm512_shuffle_epi8(
-			_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off))), ctl));
-	return _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)base + off));
-}
+/* kv_load8 into both halves of a zmm (quant-x86.h). */
+#define kv_load8x2(base, bf, off, ctl) hi3i_load8x2((const char *)(base) + (size_t)(off) * ((bf) ? 2 : 4), bf, ctl)
 
 static int cpu_has_avx512(void)
 {

@@ -648,12 +648,9 @@ const uint8_t hi3i_bf16_ctl[64] __attribute__((aligned(64))) = {
 /* Weights i .. i + 7 of w (of kind) as f32, in both halves of a zmm. */
 T512 __attribute__((always_inline)) static inline __m512 wload512(const void *w, int kind, size_t i, __m512i ctl)
 {
-	if (kind == WBF16)
-		return _mm512_castsi512_ps(
-			_mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i))), ctl));
 	if (kind == WF16)
 		return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i))));
-	return _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)w + i));
+	return hi3i_load8x2((const unsigned char *)w + ES(kind) * i, kind == WBF16, ctl);
 }
 
 /* One register tile over the steps [kb0, kb0 + nkb) of a k slice. */

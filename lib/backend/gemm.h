@@ -50,10 +50,6 @@ int hi3i_gemm_group(int n, float *const *y, const float *const *x, const hi3_wma
  * first bytes those products read into cache meanwhile (hi3i_pool_prefetch);
  * else nothing. Returns at once. */
 void hi3i_gemm_prefetch(int n, const hi3_wmat *const *w, const int *M);
-/* vpshufb control that widens eight BF16 numbers, broadcast to every
- * 128-bit lane of a zmm, to f32 in both of its halves: float s takes
- * number s % 8 of its lane (exact; gemm.c's weights, cpu.c's caches). */
-extern const uint8_t hi3i_bf16_ctl[64];
 /* For tests and benchmarks: use no kernel above max (0 the portable one,
  * 1 AVX2, 2 AVX-512; -1: the best the CPU has); returns the level now in
  * use. Every level gives the same bits. */

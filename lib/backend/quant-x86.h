@@ -208,6 +208,22 @@ HI3I_TQ static inline __m256 hi3i_qrow_load8(hi3i_qrow *r, const int kind, int k
 
 #define HI3I_TQ512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c"), always_inline))
 
+/* vpshufb control that widens eight BF16 numbers, broadcast to every
+ * 128-bit lane of a zmm, to f32 in both of its halves: float s takes
+ * number s % 8 of its lane (gemm.c). */
+extern const uint8_t hi3i_bf16_ctl[64];
+
+/* Eight values at p, BF16 (bf) or F32, widened exactly, in both halves of
+ * a zmm (ctl: hi3i_bf16_ctl): a W row's eight k for the AVX-512 GEMM
+ * (gemm.c), a cache row's eight elements for attention's pair loops
+ * (cpu.c). */
+HI3I_TQ512 static inline __m512 hi3i_load8x2(const void *p, int bf, __m512i ctl)
+{
+	if (bf)
+		return _mm512_castsi512_ps(_mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), ctl));
+	return _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)p));
+}
+
 /* hi3i_round_bf16_8q of 16 lanes */
 HI3I_TQ512 static inline __m512 hi3i_round_bf16_16q(__m512 v)
 {
