@@ -441,12 +441,10 @@ void cli_close_model(hi3_model *m)
  * MB fit the TLB's reach either way). */
 #define PAGES_WORTH 64e6
 
-void cli_warn_pages(const hi3_model *m, int none_too)
+void cli_warn_pages(const hi3_model *m, double resident, double huge, int none_too)
 {
-	double resident, huge;
-
-	if (strcmp(hi3_model_backend(m), "cpu") != 0 || !hi3_model_pages(m, &resident, &huge) ||
-	    resident < PAGES_WORTH || huge >= 0.9 * resident || (huge == 0 && !none_too))
+	if (strcmp(hi3_model_backend(m), "cpu") != 0 || resident < PAGES_WORTH || huge >= 0.9 * resident ||
+	    (huge == 0 && !none_too))
 		return;
 	/* a checkpoint cached in small pages reads slower, whatever hi3 does
 	 * with it: say so, and how to have it read anew; with none of it in

@@ -181,12 +181,13 @@ int cli_open_model(hi3_model **m, hi3_error *err);
 /* Close what cli_open_model opened (a kept model stays open). */
 void cli_close_model(hi3_model *m);
 /* Warn when the CPU reads m's checkpoint, 64 MB or more of it in memory,
- * over a tenth of it through 4 KiB pages: decode steps then run slower
- * (hi3(1), FILES IN USE), and the warning says why and what to do. When
- * none of it is in 2 MiB pages, only with none_too: the system may map
- * no file in huge pages, which no run can change (a warning each run
+ * over a tenth of it through 4 KiB pages (resident and huge as
+ * hi3_model_pages gives them, 0 where unknown): decode steps then run
+ * slower (hi3(1), FILES IN USE), and the warning says why and what to do.
+ * When none of it is in 2 MiB pages, only with none_too: the system may
+ * map no file in huge pages, which no run can change (a warning each run
  * would say nothing new). */
-void cli_warn_pages(const hi3_model *m, int none_too);
+void cli_warn_pages(const hi3_model *m, double resident, double huge, int none_too);
 /* Close the kept model, if any. */
 void cli_release_model(void);
 /* Open a conditions file, then the model; on failure nothing stays open. */

@@ -138,7 +138,7 @@ int cmd_bench(int argc, char **argv)
 			printf("  checkpoint in memory          %8.1f MB, %.0f%% of it mapped in 2 MiB pages\n",
 			       r.weights_resident / 1e6, 100.0 * r.weights_huge / r.weights_resident);
 	}
-	cli_warn_pages(m, 1);
+	cli_warn_pages(m, r.weights_resident, r.weights_huge, 1);   /* as measured after the steps */
 	cli_close_model(m);
 	return 0;
 }

@@ -95,8 +95,11 @@ int cmd_decode(int argc, char **argv)
 			       (long long)st.resumed_from, st.seconds,
 			       (double)st.tokens / (st.seconds > 0 ? st.seconds : 1e-9));
 	}
-	if (rc == 0 && st.steps > 0)
-		cli_warn_pages(m, 0);
+	if (rc == 0 && st.steps > 0) {
+		double resident, huge;
+		hi3_model_pages(m, &resident, &huge);   /* both 0 where /proc cannot say */
+		cli_warn_pages(m, resident, huge, 0);
+	}
 	hi3_trace_free(o.trace);
 	cli_close_model(m);
 	hi3_cond_close(c);
