@@ -94,6 +94,7 @@ typedef struct hi3_kvcache {
 	hi3_dtype dtype;
 	void **k;                 /* [n_layers] -> (B, n_kv, C, d) */
 	void **v;                 /* [n_layers] -> (B, n_kv, C, d) */
+	void *mem;                /* hi3_kvcache_alloc's: the one block k and v point into */
 } hi3_kvcache;
 
 /* A cache in host memory it owns, every layer zeroed; NULL and err set
