@@ -97,7 +97,8 @@ typedef struct hi3_kvcache {
 	void *mem;                /* hi3_kvcache_alloc's: the one block k and v point into */
 } hi3_kvcache;
 
-/* A cache in host memory it owns, every layer zeroed; NULL and err set
+/* A cache in host memory it owns, every layer zeroed, all of them in one
+ * block of 2 MiB pages where the system gives them; NULL and err set
  * when out of memory. (A KV file's cache points into the file's mapping
  * instead, and is the file's to release.) */
 hi3_kvcache *hi3_kvcache_alloc(int n_layers, int B, int n_kv, int C, int d, hi3_dtype dtype, hi3_error *err);
