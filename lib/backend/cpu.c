@@ -1121,7 +1121,8 @@ static void pv_two(int two, struct att_query *x, const hi3_kv_src *vs, int j0, i
  * time from +0 (the zeros of the keys not admitted leave it as it is, +0
  * or above). An add waits for the one before it, so four queries' sums
  * run side by side, each still in its own order: the same bits (measured:
- * a decode step's attention after 4096 tokens 4-7% the faster). */
+ * a decode step's attention after 4096 tokens about 5% the faster,
+ * docs/PERFORMANCE.md, "Decode at B = 1, sixteenth round"). */
 static void weight_sums(struct att_query *aq, int nq)
 {
 	int i = 0;
