@@ -708,7 +708,7 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
  * multiply-add does twice the work, and a key's elements are loaded once
  * for the two queries.
  */
-#define T512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c"))) /* as hi3i_gemm_level 2 */
+#define T512 HI3I_T512
 #define PAIR_DMAX 256             /* head dims the pair loops take (packed queries on the stack) */
 
 /* kv_load8 into both halves of a zmm (quant-x86.h). */
@@ -865,6 +865,14 @@ static const uint64_t exp_tab[32] = {
 	0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
 };
 
+/* The algorithm's constants: 32/ln2, the shift that rounds to an integer
+ * in the low bits, and the cubic's coefficients (exp_avx2, exp8_512). */
+#define EXP_INV 0x1.71547652b82fep+5
+#define EXP_SHIFT 0x1.8p+52
+#define EXP_C0 0x1.c6af84b912394p-20
+#define EXP_C1 0x1.ebfce50fac4f3p-13
+#define EXP_C2 0x1.62e42ff0c52d6p-6
+
 static void exp_portable(float *p, int n, float mx)
 {
 	for (int j = 0; j < n; j++)
@@ -873,9 +881,9 @@ static void exp_portable(float *p, int n, float mx)
 
 __attribute__((target("avx2,fma"))) static __m128 exp4_avx2(__m128 x)
 {
-	const __m256d inv = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
-	const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-20), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-13);
-	const __m256d c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-6), one = _mm256_set1_pd(1.0);
+	const __m256d inv = _mm256_set1_pd(EXP_INV), shift = _mm256_set1_pd(EXP_SHIFT);
+	const __m256d c0 = _mm256_set1_pd(EXP_C0), c1 = _mm256_set1_pd(EXP_C1);
+	const __m256d c2 = _mm256_set1_pd(EXP_C2), one = _mm256_set1_pd(1.0);
 	__m256d xd = _mm256_cvtps_pd(x), kd = _mm256_fmadd_pd(inv, xd, shift), r, z, y;
 	__m256i ki = _mm256_castpd_si256(kd), t;
 
@@ -914,9 +922,9 @@ __attribute__((target("avx2,fma"))) static void exp_avx2(float *p, int n, float 
  * halves and a blend instead of a gather (the same entries). */
 T512 static __m256 exp8_512(__m256 x)
 {
-	const __m512d inv = _mm512_set1_pd(0x1.71547652b82fep+5), shift = _mm512_set1_pd(0x1.8p+52);
-	const __m512d c0 = _mm512_set1_pd(0x1.c6af84b912394p-20), c1 = _mm512_set1_pd(0x1.ebfce50fac4f3p-13);
-	const __m512d c2 = _mm512_set1_pd(0x1.62e42ff0c52d6p-6), one = _mm512_set1_pd(1.0);
+	const __m512d inv = _mm512_set1_pd(EXP_INV), shift = _mm512_set1_pd(EXP_SHIFT);
+	const __m512d c0 = _mm512_set1_pd(EXP_C0), c1 = _mm512_set1_pd(EXP_C1);
+	const __m512d c2 = _mm512_set1_pd(EXP_C2), one = _mm512_set1_pd(1.0);
 	const __m512i t0 = _mm512_loadu_si512(exp_tab), t1 = _mm512_loadu_si512(exp_tab + 8);
 	const __m512i t2 = _mm512_loadu_si512(exp_tab + 16), t3 = _mm512_loadu_si512(exp_tab + 24);
 	__m512d xd = _mm512_cvtps_pd(x), kd = _mm512_fmadd_pd(inv, xd, shift), r, z, y;

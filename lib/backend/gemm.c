@@ -602,7 +602,7 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_avx2(float *dst, cons
 #define KP5 288                   /* the same, when a slice is dequantized into a panel */
 #define NC5 (NR5 * 8)             /* columns per chunk */
 #define ACC5 (P5 * NR5 * 16)      /* floats of a tile's carried lanes */
-#define T512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+#define T512 HI3I_T512
 
 /* Packed x of a block of mc rows, K wide: per row tile of MR5 rows, K8 / 8
  * steps of P5 pairs of 16 floats (the pair's eight k, row 2i then 2i + 1),

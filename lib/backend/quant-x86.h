@@ -206,7 +206,10 @@ HI3I_TQ static inline __m256 hi3i_qrow_load8(hi3i_qrow *r, const int kind, int k
 	}
 }
 
-#define HI3I_TQ512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c"), always_inline))
+/* The target of the backend's AVX-512 code (hi3i_gemm_level 2), and its
+ * inlined helpers here. */
+#define HI3I_T512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+#define HI3I_TQ512 HI3I_T512 __attribute__((always_inline))
 
 /* vpshufb control that widens eight BF16 numbers, broadcast to every
  * 128-bit lane of a zmm, to f32 in both of its halves: float s takes
