@@ -339,9 +339,10 @@ int main(void)
 	{
 		/* NaN and Inf counted in each float format, in a row (no
 		 * threads) and in a tensor of 2^20 and more (chunks of 2^16 on
-		 * OpenMP's threads), with bad values at the chunks' edges */
+		 * OpenMP's threads), with bad values at the edges of the blocks
+		 * of 128 and of the chunks, then in every element */
 		const size_t ns[2] = {1000, ((size_t)1 << 20) + 12345};
-		const size_t at[5] = {0, 999, 65535, 65536, ((size_t)1 << 20) + 12344};
+		const size_t at[7] = {0, 127, 128, 999, 65535, 65536, ((size_t)1 << 20) + 12344};
 		const hi3_dtype dts[5] = {HI3_F32, HI3_BF16, HI3_F16, HI3_F8_E4M3, HI3_F8_E5M2};
 		/* a NaN, an Inf (none in e4m3: its NaN again), a 1 and a max finite value of each */
 		const uint32_t nan[5] = {0x7fc00000u, 0x7fc0, 0x7e00, 0x7f, 0x7e};
@@ -359,16 +360,20 @@ int main(void)
 					const uint32_t v = i % 3 ? one[k] : big[k];
 					memcpy(buf + i * es, &v, es);  /* little-endian: the low bytes */
 				}
-				for (int j = 0; j < 5; j++)
+				for (int j = 0; j < 7; j++)
 					if (at[j] < n) {
 						memcpy(buf + at[j] * es, j % 2 ? &inf[k] : &nan[k], es);
 						want++;
 					}
 				all &= hi3i_count_nonfinite(buf, dts[k], n) == want;
+				/* every element bad: no count of a block wraps */
+				for (size_t i = 0; i < n; i++)
+					memcpy(buf + i * es, i % 2 ? &inf[k] : &nan[k], es);
+				all &= hi3i_count_nonfinite(buf, dts[k], n) == (int64_t)n;
 			}
 		free(buf);
-		ok(all, "hi3i_count_nonfinite: NaN and Inf of f32, bf16, f16 and both f8 found at chunk edges, "
-		   "in a row and in a tensor of 2^20 and more");
+		ok(all, "hi3i_count_nonfinite: NaN and Inf of f32, bf16, f16 and both f8 found at block and chunk "
+		   "edges and everywhere, in a row and in a tensor of 2^20 and more");
 	}
 	huge_map_advice();
 	in_place_map_advice();
