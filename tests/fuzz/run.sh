@@ -58,10 +58,10 @@ corp=$(echo "$last" | sed -n 's/.*corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p')
 for p in "$work"/slow-unit-*; do
 	[ -e "$p" ] || continue
 	f=${p##*/}
-	ms=$(HI3_FUZZ_TARGET=$target "$FUZZ" -timeout=30 "$work/$f" 2>&1 | sed -n 's/^Executed .* in \([0-9]*\) ms$/\1/p')
+	ms=$(HI3_FUZZ_TARGET=$target "$FUZZ" -timeout=30 "$p" 2>&1 | sed -n 's/^Executed .* in \([0-9]*\) ms$/\1/p')
 	if [ -n "$ms" ] && [ "$ms" -lt $((SLOW * 1000)) ]; then
 		echo "fuzz: $target: $f took over $SLOW s once, $ms ms again: not a finding (kept as $work/once-$f)" >&2
-		mv "$work/$f" "$work/once-$f"
+		mv "$p" "$work/once-$f"
 	else
 		echo "fuzz: $target: $f: slow again (${ms:-no time} ms)" >&2
 	fi
