@@ -260,14 +260,10 @@ static inline void acc_d(struct acc *a, double v)
  * element by element. */
 static void acc_floats(struct acc *a, const float *x, int n)
 {
-	const uint32_t *u = (const uint32_t *)(const void *)x;
 	float mn = x[0], mx = x[0];
 	double sum = 0;
-	int bad = 0;
 
-	for (int i = 0; i < n; i++)
-		bad += (u[i] & 0x7f800000u) == 0x7f800000u;
-	if (bad) {
+	if (hi3i_count_nonfinite(x, HI3_F32, (size_t)n)) {
 		for (int i = 0; i < n; i++)
 			acc_d(a, x[i]);
 		return;
