@@ -103,6 +103,10 @@ int cmd_bench(int argc, char **argv)
 			json_object_set_new(o, "decode_products_median_ms", json_real(r.products_median_s * 1e3));
 			json_object_set_new(o, "decode_attention_median_ms", json_real(r.attention_median_s * 1e3));
 			json_object_set_new(o, "decode_other_median_ms", json_real(r.other_median_s * 1e3));
+			if (r.replay_median_s > 0) {
+				json_object_set_new(o, "decode_weights_mb", json_real(r.replay_bytes / 1e6));
+				json_object_set_new(o, "decode_weights_again_median_ms", json_real(r.replay_median_s * 1e3));
+			}
 		}
 		if (r.weights_known) {
 			json_object_set_new(o, "weights_resident_mb", json_real(r.weights_resident / 1e6));
@@ -134,6 +138,10 @@ int cmd_bench(int argc, char **argv)
 			printf("  a decode step by op (medians) products %.2f ms, attention %.2f ms, other %.2f ms"
 			       " (step %.2f ms)\n", r.products_median_s * 1e3, r.attention_median_s * 1e3,
 			       r.other_median_s * 1e3, r.step_median_s * 1e3);
+		if (r.replay_median_s > 0)
+			printf("  the step's weights read again %8.2f ms/step (median; %.1f MB), %.2fx the floor between;"
+			       " products %.2fx it\n", r.replay_median_s * 1e3, r.replay_bytes / 1e6,
+			       r.replay_median_s / r.floor_median_s, r.products_median_s / r.replay_median_s);
 		if (r.weights_known)
 			printf("  checkpoint in memory          %8.1f MB, %.0f%% of it mapped in 2 MiB pages\n",
 			       r.weights_resident / 1e6, 100.0 * r.weights_huge / r.weights_resident);

@@ -77,6 +77,25 @@ test_expect_success 'the checkpoint in memory, and its share in 2 MiB pages' '
 	! grep "2 MiB pages" err
 '
 
+# The step's weights read again (B = 1): the weights its products read,
+# as stored, not the KV cache, so the same bytes whatever the cache's
+# dtype, and fewer than the step's bytes by more when the cache is wider.
+test_expect_success 'the step'"'"'s weights read again: its weights, not its cache' '
+	hi3 -q -t 2 -m m bench --prompt-len 16 --new 3 --reps 1 --json >j32 &&
+	hi3 -q -t 2 -m m bench --prompt-len 16 --new 3 --reps 1 --kv-dtype bf16 --json >j16 &&
+	w32=$("$TT" json decode_weights_mb <j32) && w16=$("$TT" json decode_weights_mb <j16) &&
+	near "$w32" "$w16" 1e-9 &&
+	b32=$("$TT" json step_bytes_mb <j32) && b16=$("$TT" json step_bytes_mb <j16) &&
+	r32=$(awk -v b="$b32" -v w="$w32" "BEGIN { print b - w }") &&
+	r16=$(awk -v b="$b16" -v w="$w16" "BEGIN { print b - w }") &&
+	le 1e-6 "$r16" && le "$r16" "$r32" && ! le "$r32" "$r16" &&
+	le 1e-6 "$("$TT" json decode_weights_again_median_ms <j32)" &&
+	hi3 -q -t 2 -m m bench --prompt-len 16 --new 3 --reps 1 >t &&
+	test_grep "^  the step'"'"'s weights read again  *[0-9.]* ms/step (median; [0-9.]* MB), [0-9.]*x the floor between; products [0-9.]*x it" t &&
+	hi3 -q -t 2 -m m bench --batch 2 --prompt-len 16 --new 3 --reps 1 --json >j2 &&
+	! grep decode_weights j2
+'
+
 test_expect_success 'a missing model: exit 3, the file named' '
 	test_must_fail 3 hi3 -m nowhere bench --new 1 2>err &&
 	test_grep "nowhere/config.json" err

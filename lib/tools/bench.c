@@ -2,8 +2,8 @@
  * bench.c -- measurements `hi3 bench` reports side by side in one run:
  * memory read bandwidth, OpenBLAS sgemm against hi3's in-place GEMM on the
  * model's own prefill shapes, in-memory prefill and decode, and the decode
- * floor set by the bytes one step must read, and a decode step split by op
- * on the CPU.
+ * floor set by the bytes one step must read, a decode step split by op
+ * on the CPU, and the step's own weights read again.
  */
 #include <cblas.h>
 #undef I   /* cblas.h brings complex.h's I, a member's name in model.h */
@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/cpu.h"
 #include "backend/gemm.h"
 #include "backend/pool.h"
 #include "model/config-internal.h"
@@ -73,6 +74,52 @@ uint64_t hi3i_read_xor(const uint64_t *a, size_t n)
 {
 	return hi3i_read_xor_parts(a, n, HI3I_READ_PARTS);
 }
+
+/* How far ahead read_ahead prefetches each part, in bytes: on the Intel
+ * Xeon of docs/PERFORMANCE.md ("Decode at B = 1, eighteenth round") a
+ * B = 1 step's weights read so took 1.04x the time with 1 KiB, 1.13x with
+ * none, and about 1.1x with 4 KiB. */
+#define READ_AHEAD 2048
+
+/* XOR of the bytes [a, a + n), at any alignment, read as HI3I_READ_PARTS
+ * equal parts side by side, each prefetched READ_AHEAD bytes on (into
+ * L2): the read of a step's weights again (replay_part), whose many
+ * ranges, some under a megabyte, the hardware prefetchers alone read
+ * slower than one long buffer. */
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint64_t read_ahead(const unsigned char *a, size_t n)
+{
+	const size_t h = n / HI3I_READ_PARTS & ~(size_t)63;
+	__m256i x[2 * HI3I_READ_PARTS];
+	uint64_t r = 0;
+
+	for (int p = 0; p < 2 * HI3I_READ_PARTS; p++)
+		x[p] = _mm256_setzero_si256();
+	for (size_t i = 0; i < h; i += 64)
+#pragma GCC unroll 8
+		for (int p = 0; p < HI3I_READ_PARTS; p++) {
+			const unsigned char *q = a + (size_t)p * h + i;
+			_mm_prefetch((const char *)q + READ_AHEAD, _MM_HINT_T1);
+			x[2 * p] = _mm256_xor_si256(x[2 * p], _mm256_loadu_si256((const __m256i *)q));
+			x[2 * p + 1] = _mm256_xor_si256(x[2 * p + 1], _mm256_loadu_si256((const __m256i *)(q + 32)));
+		}
+	for (int p = 1; p < 2 * HI3I_READ_PARTS; p++)
+		x[0] = _mm256_xor_si256(x[0], x[p]);
+	for (size_t i = (size_t)HI3I_READ_PARTS * h; i < n; i++)
+		r ^= a[i];
+	return r ^ (uint64_t)_mm256_extract_epi64(x[0], 0) ^ (uint64_t)_mm256_extract_epi64(x[0], 1) ^
+	       (uint64_t)_mm256_extract_epi64(x[0], 2) ^ (uint64_t)_mm256_extract_epi64(x[0], 3);
+}
+#else
+static uint64_t read_ahead(const unsigned char *a, size_t n)
+{
+	uint64_t r = 0;
+
+	for (size_t i = 0; i < n; i++)
+		r ^= a[i];
+	return r;
+}
+#endif
 
 /* A buffer of n words to read, filled (so that it is mapped in); NULL
  * when out of memory. It asks for huge pages, as a checkpoint's map does
@@ -269,10 +316,94 @@ static struct {
 	double t[OP_N];                     /* seconds spent so far */
 } op_clock;
 
+/*
+ * The step's own weights read again. While the steps of hi3_bench_model
+ * run, each product call of the CPU backend notes the weights it reads, as
+ * stored (a quantized matrix, whose bytes its format knows, is not
+ * noted, nor is anything else a step reads: the KV cache, the norms).
+ * After the steps each step's weights are read again in its order (one
+ * job on the team a call, as the step ran them), with the floor's read
+ * between two steps as between the steps themselves, so each step's bytes
+ * are read on the cache state the step found them in, and no arithmetic
+ * is done: what a product kernel that only read its weights would take.
+ * Its ratio to the floor is what the step's ranges and their place in
+ * the caches cost against one buffer read again; the products' ratio to
+ * it, what the kernels' way of reading costs.
+ */
+struct span {
+	const unsigned char *p;
+	size_t n;
+	int call;                 /* the product call that read it */
+};
+
+static struct {
+	int on, failed, calls;
+	struct span *s;
+	size_t n, cap;
+} replay;
+
+static void replay_note(const hi3_wt *w, int M)
+{
+	if (!replay.on || M <= 0 || w->mat.q || !w->mat.data || w->mat.N <= 0 || w->mat.K <= 0)
+		return;
+	if (replay.n == replay.cap) {
+		size_t cap = replay.cap ? 2 * replay.cap : 1024;
+		struct span *s = realloc(replay.s, cap * sizeof(*s));
+		if (!s) {
+			replay.on = 0;
+			replay.failed = 1;
+			return;
+		}
+		replay.s = s;
+		replay.cap = cap;
+	}
+	replay.s[replay.n++] = (struct span){w->mat.data,
+	                                     (size_t)w->mat.N * (size_t)w->mat.K * hi3_dtype_size(w->mat.dtype),
+	                                     replay.calls};
+}
+
+struct replay_job {
+	const struct span *s;
+	size_t n;
+	_Atomic uint64_t x;
+};
+
+/* Thread id's share of every span of the job: its equal part of each. */
+static void replay_part(void *p, int id, int nt)
+{
+	struct replay_job *j = p;
+	uint64_t x = 0;
+
+	for (size_t i = 0; i < j->n; i++) {
+		const size_t chunk = (j->s[i].n / (size_t)nt) & ~(size_t)63, lo = chunk * (size_t)id;
+		x ^= read_ahead(j->s[i].p + lo, id == nt - 1 ? j->s[i].n - lo : chunk);
+	}
+	atomic_fetch_xor(&j->x, x);
+}
+
+/* Seconds to read spans [s, s + n) again, a job a call. */
+static double replay_pass(const struct span *s, size_t n)
+{
+	static volatile uint64_t sink;
+	const double t0 = hi3i_now();
+
+	for (size_t i = 0, e; i < n; i = e) {
+		struct replay_job j = {s + i, 0, 0};
+		for (e = i; e < n && s[e].call == s[i].call; e++)
+			;
+		j.n = e - i;
+		hi3i_pool_run(replay_part, &j, omp_get_max_threads());
+		sink ^= atomic_load(&j.x);
+	}
+	return hi3i_now() - t0;
+}
+
 static void timed_matmul(hi3_backend *be, float *y, const float *x, const hi3_wt *w, int M)
 {
 	const double t0 = hi3i_now();
 
+	replay_note(w, M);
+	replay.calls++;
 	op_clock.own->matmul(be, y, x, w, M);
 	op_clock.t[OP_PRODUCTS] += hi3i_now() - t0;
 }
@@ -282,6 +413,9 @@ static void timed_matmul_group(hi3_backend *be, int n, float *const *y, const fl
 {
 	const double t0 = hi3i_now();
 
+	for (int i = 0; i < n; i++)
+		replay_note(w[i], M[i]);
+	replay.calls++;
 	op_clock.own->matmul_group(be, n, y, x, w, M);
 	op_clock.t[OP_PRODUCTS] += hi3i_now() - t0;
 }
@@ -317,6 +451,18 @@ static void op_clock_stop(hi3_backend *be)
 	op_clock.own = NULL;
 }
 
+/* Seconds to read floor_bytes from the n words of a: a over as often as it takes. */
+static double floor_pass(const uint64_t *a, size_t n, double floor_bytes)
+{
+	double t = 0.0, left = floor_bytes;
+
+	for (; left >= 8.0 * (double)n; left -= 8.0 * (double)n)
+		t += read_pass(a, n);
+	if (left >= 128.0)
+		t += read_pass(a, (size_t)(left / 8.0));
+	return t;
+}
+
 int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, double floor_bytes,
                     hi3_bench_model_result *r, hi3_error *err)
 {
@@ -328,6 +474,8 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 	float *logits = NULL;
 	uint64_t *buf = NULL;
 	size_t fn = 0;
+	size_t *first = NULL;     /* the replay: step s's spans are [first[s], first[s + 1]) */
+	double *replay_t = NULL;
 	double *step_t = NULL, *read_t = NULL, *op_t[OP_N] = {NULL}, *other_t = NULL;
 	int rc = -1, timing = 0;
 	double t0;
@@ -388,9 +536,17 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 		}
 	}
 	timing = N > 0 && op_clock_start(m->be);
+	if (timing && buf) {
+		if (!(first = hi3i_malloc(sizeof(size_t) * ((size_t)N + 1), err)) ||
+		    !(replay_t = hi3i_malloc(sizeof(double) * (size_t)N, err)))
+			goto out;
+		replay.on = 1;
+	}
 	for (int s = 0; s < N; s++) {
 		double ts;
 		memset(op_clock.t, 0, sizeof(op_clock.t));
+		if (first)
+			first[s] = replay.n;
 		ts = hi3i_now();
 		for (int b = 0; b < B; b++) {
 			ids[b] = hi3_argmax(logits + (size_t)b * V, V);
@@ -412,14 +568,24 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 			op_t[OP_ATTENTION][s] = op_clock.t[OP_ATTENTION];
 			other_t[s] = ts - op_clock.t[OP_PRODUCTS] - op_clock.t[OP_ATTENTION];
 		}
-		if (buf) {
-			double tr = 0.0, left = floor_bytes;
-			for (; left >= 8.0 * (double)fn; left -= 8.0 * (double)fn)
-				tr += read_pass(buf, fn);
-			if (left >= 128.0)
-				tr += read_pass(buf, (size_t)(left / 8.0));
-			read_t[s] = tr;
+		if (buf)
+			read_t[s] = floor_pass(buf, fn, floor_bytes);
+	}
+	if (first && replay.on) {
+		/* the steps' weights again, in turn, with the floor's read
+		 * between (its times not kept: the floor is the one beside the
+		 * steps) */
+		double total = 0.0;
+		replay.on = 0;
+		first[N] = replay.n;
+		for (int s = 0; s < N; s++) {
+			replay_t[s] = replay_pass(replay.s + first[s], first[s + 1] - first[s]);
+			floor_pass(buf, fn, floor_bytes);
 		}
+		for (size_t i = 0; i < replay.n; i++)
+			total += (double)replay.s[i].n;
+		r->replay_median_s = median(replay_t, N);
+		r->replay_bytes = total / N;
 	}
 	if (N > 0)
 		r->step_median_s = median(step_t, N);
@@ -468,5 +634,9 @@ out:
 	free(buf);
 	free(step_t);
 	free(read_t);
+	free(first);
+	free(replay_t);
+	free(replay.s);
+	memset(&replay, 0, sizeof(replay));
 	return rc;
 }

@@ -106,6 +106,12 @@ typedef struct hi3_bench_model_result {
 	 * (step - products - attention) */
 	int op_times;
 	double products_median_s, attention_median_s, other_median_s;
+	/* with op_times and floor_bytes: the bytes of weights a step's
+	 * products read (the mean over the steps; quantized matrices not
+	 * counted), and the median time to read a step's weights again, in
+	 * its order and with the floor's read between, after the steps (0:
+	 * not measured; lib/tools/bench.c says how) */
+	double replay_bytes, replay_median_s;
 	/* after the steps, where /proc says (weights_known; else 0): the
 	 * bytes of the model's checkpoint in memory, and of those the ones
 	 * mapped by 2 MiB entries */
