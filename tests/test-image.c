@@ -672,6 +672,11 @@ static void test_bad_input(void)
 		bmp[14] = 40;
 		memcpy(bmp + 18, "\x60\xEA\0\0\x60\xEA\0\0\1\0\x18\0", 12);   /* 60000 x 60000, 24 bits */
 		must_refuse("a BMP of 60000x60000", bmp, sizeof(bmp), "bomb.bmp", NULL, "more than the limit of 89478485");
+		/* sides whose product overflows 64 bits (CI's fuzzing found the
+		 * message computing it): refused by the side */
+		memcpy(bmp + 18, "\x15\0\0\xFF\xC4\x08\0\xFA\1\0\x18\0", 12);
+		must_refuse("a BMP of 4278190101x4194306244", bmp, sizeof(bmp), "huge.bmp", NULL,
+		            "declares 4278190101x4194306244, a side of more than 536870911 pixels");
 		if (!hi3i_read_file(wp, &wb, &wn, &err) && wn > 25 && !memcmp(wb + 12, "VP8L", 4)) {
 			uint32_t bits = 0x3FFFu | 0x3FFFu << 14;           /* 16384 x 16384 */
 			for (int k = 0; k < 4; k++)

@@ -537,10 +537,14 @@ int hi3i_picture_size(const char *name, const char *format, int64_t w, int64_t h
 	if (w <= 0 || h <= 0)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: a %lldx%lld %s image has no pixels", name, (long long)w,
 		                     (long long)h, format);
-	if (w > INT_MAX / 4 || h > INT_MAX / 4 || (max_pixels > 0 && w * h > max_pixels))
+	/* a side first: two sides of up to 2^32 (a BMP's) overflow their product */
+	if (w > INT_MAX / 4 || h > INT_MAX / 4)
+		return hi3_error_set(err, HI3_ERR_INPUT, "%s: the %s header declares %lldx%lld, a side of more than %d "
+		                     "pixels", name, format, (long long)w, (long long)h, INT_MAX / 4);
+	if (max_pixels > 0 && w * h > max_pixels)
 		return hi3_error_set(err, HI3_ERR_INPUT, "%s: the %s header declares %lldx%lld, %lld pixels, more than "
 		                     "the limit of %lld (--max-image-pixels)", name, format, (long long)w, (long long)h,
-		                     (long long)(w * h), (long long)(max_pixels > 0 ? max_pixels : INT_MAX / 4));
+		                     (long long)(w * h), (long long)max_pixels);
 	return 0;
 }
 
