@@ -20,9 +20,11 @@ static const struct cli_help help = {
 	"bandwidth, and the same bytes read after every step (the median read beside\n"
 	"the median step, as the machine's bandwidth moves). On the CPU, each decode\n"
 	"step is also split by op: the median time in the matrix products, in attention,\n"
-	"and in everything else. Last, how much of the checkpoint in memory is mapped\n"
-	"in 2 MiB pages (a warning when under 90%: its page cache holds small pages,\n"
-	"and the steps read it slower). No files are written.\n"
+	"and in everything else; and at B = 1 each step's weights are read again after\n"
+	"the steps, in its order, with the floor's read between and no arithmetic: the\n"
+	"products beside a read of their own bytes. Last, how much of the checkpoint in\n"
+	"memory is mapped in 2 MiB pages (a warning when under 90%: its page cache holds\n"
+	"small pages, and the steps read it slower). No files are written.\n"
 	"Use --batch-invariant=off to time the OpenBLAS path of the model instead of\n"
 	"the batch-invariant one.\n",
 	.operands = "no arguments",
