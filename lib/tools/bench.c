@@ -23,31 +23,43 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+/* XOR of parts equal parts of h bytes each from a (h a multiple of 64),
+ * 64 bytes of each in turn, each part prefetched ahead bytes on (into L2)
+ * when ahead is not 0: the loop of the floor's read (no prefetch) and of
+ * the step's weights read again (replay_part). */
+__attribute__((target("avx2"), always_inline)) static inline uint64_t xor_parts(const unsigned char *a, size_t h,
+                                                                               const int parts, const size_t ahead)
+{
+	__m256i x[2 * HI3I_READ_PARTS];
+
+	for (int p = 0; p < 2 * parts; p++)
+		x[p] = _mm256_setzero_si256();
+	for (size_t i = 0; i < h; i += 64)
+#pragma GCC unroll 8
+		for (int p = 0; p < parts; p++) {
+			const unsigned char *q = a + (size_t)p * h + i;
+			if (ahead)
+				_mm_prefetch((const char *)q + ahead, _MM_HINT_T1);
+			x[2 * p] = _mm256_xor_si256(x[2 * p], _mm256_loadu_si256((const __m256i *)q));
+			x[2 * p + 1] = _mm256_xor_si256(x[2 * p + 1], _mm256_loadu_si256((const __m256i *)(q + 32)));
+		}
+	for (int p = 1; p < 2 * parts; p++)
+		x[0] = _mm256_xor_si256(x[0], x[p]);
+	return (uint64_t)_mm256_extract_epi64(x[0], 0) ^ (uint64_t)_mm256_extract_epi64(x[0], 1) ^
+	       (uint64_t)_mm256_extract_epi64(x[0], 2) ^ (uint64_t)_mm256_extract_epi64(x[0], 3);
+}
+
 /* XOR of every word of parts equal parts of [a, a + n) read side by side,
  * 32 bytes of each in turn, then of the words left. */
 __attribute__((target("avx2"), always_inline)) static inline uint64_t read_parts(const uint64_t *a, size_t n,
                                                                                 const int parts)
 {
-	__m256i x[2 * HI3I_READ_PARTS];
 	const size_t h = n / (size_t)parts & ~(size_t)15;
-	size_t i = 0;
-	uint64_t r = 0;
+	uint64_t r = xor_parts((const unsigned char *)a, 8 * h, parts, 0);
 
-	for (int p = 0; p < 2 * parts; p++)
-		x[p] = _mm256_setzero_si256();
-	for (; i < h; i += 8)
-#pragma GCC unroll 8
-		for (int p = 0; p < parts; p++) {
-			x[2 * p] = _mm256_xor_si256(x[2 * p], _mm256_load_si256((const __m256i *)(a + (size_t)p * h + i)));
-			x[2 * p + 1] = _mm256_xor_si256(x[2 * p + 1],
-			                                _mm256_load_si256((const __m256i *)(a + (size_t)p * h + i + 4)));
-		}
-	for (int p = 1; p < 2 * parts; p++)
-		x[0] = _mm256_xor_si256(x[0], x[p]);
-	for (i = (size_t)parts * h; i < n; i++)
+	for (size_t i = (size_t)parts * h; i < n; i++)
 		r ^= a[i];
-	return r ^ (uint64_t)_mm256_extract_epi64(x[0], 0) ^ (uint64_t)_mm256_extract_epi64(x[0], 1) ^
-	       (uint64_t)_mm256_extract_epi64(x[0], 2) ^ (uint64_t)_mm256_extract_epi64(x[0], 3);
+	return r;
 }
 
 __attribute__((target("avx2"))) uint64_t hi3i_read_xor_parts(const uint64_t *a, size_t n, int parts)
@@ -90,25 +102,11 @@ uint64_t hi3i_read_xor(const uint64_t *a, size_t n)
 __attribute__((target("avx2"))) static uint64_t read_ahead(const unsigned char *a, size_t n)
 {
 	const size_t h = n / HI3I_READ_PARTS & ~(size_t)63;
-	__m256i x[2 * HI3I_READ_PARTS];
-	uint64_t r = 0;
+	uint64_t r = xor_parts(a, h, HI3I_READ_PARTS, READ_AHEAD);
 
-	for (int p = 0; p < 2 * HI3I_READ_PARTS; p++)
-		x[p] = _mm256_setzero_si256();
-	for (size_t i = 0; i < h; i += 64)
-#pragma GCC unroll 8
-		for (int p = 0; p < HI3I_READ_PARTS; p++) {
-			const unsigned char *q = a + (size_t)p * h + i;
-			_mm_prefetch((const char *)q + READ_AHEAD, _MM_HINT_T1);
-			x[2 * p] = _mm256_xor_si256(x[2 * p], _mm256_loadu_si256((const __m256i *)q));
-			x[2 * p + 1] = _mm256_xor_si256(x[2 * p + 1], _mm256_loadu_si256((const __m256i *)(q + 32)));
-		}
-	for (int p = 1; p < 2 * HI3I_READ_PARTS; p++)
-		x[0] = _mm256_xor_si256(x[0], x[p]);
 	for (size_t i = (size_t)HI3I_READ_PARTS * h; i < n; i++)
 		r ^= a[i];
-	return r ^ (uint64_t)_mm256_extract_epi64(x[0], 0) ^ (uint64_t)_mm256_extract_epi64(x[0], 1) ^
-	       (uint64_t)_mm256_extract_epi64(x[0], 2) ^ (uint64_t)_mm256_extract_epi64(x[0], 3);
+	return r;
 }
 #else
 static uint64_t read_ahead(const unsigned char *a, size_t n)
@@ -337,7 +335,7 @@ struct span {
 };
 
 static struct {
-	int on, failed, calls;
+	int on, calls;            /* on: noting; off after the steps, or when out of memory */
 	struct span *s;
 	size_t n, cap;
 } replay;
@@ -350,8 +348,7 @@ static void replay_note(const hi3_wt *w, int M)
 		size_t cap = replay.cap ? 2 * replay.cap : 1024;
 		struct span *s = realloc(replay.s, cap * sizeof(*s));
 		if (!s) {
-			replay.on = 0;
-			replay.failed = 1;
+			replay.on = 0;    /* no replay: its result stays 0 */
 			return;
 		}
 		replay.s = s;
