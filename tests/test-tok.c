@@ -298,6 +298,11 @@ static void check_errors(const char *init_path)
 	               "\"pattern\": {\"Regex\": \"[x\\\\C]\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
 	               "\\C");
 	expect_refused("unk.json", "{" MODEL_BPE ", \"unk_token\": \"<unk>\"}}", "unk_token '<unk>'");
+	/* a token is named as a C string: one with a NUL in it could not be found again by its name */
+	expect_refused("nul-vocab.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,\n \"b\\u0000\": 1}, "
+	               "\"merges\": []}}", "line 2 column 2: a token holds a NUL character");
+	expect_refused("nul-added.json", "{" MODEL_BPE "}, \"added_tokens\": [{\"id\": 3, \"content\": \"<s>\"}, "
+	               "{\"id\": 4, \"content\": \"<img_r\\u00009>\"}]}", "added_tokens[1]: \"content\" holds a NUL");
 	expect_refused("array.json", "[1, 2]", "not a JSON object");
 
 	ok(hi3_tok_load(&t, init_path, &err) == 0, "load init tokenizer: %s", err.msg);

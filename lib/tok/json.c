@@ -377,8 +377,11 @@ int hi3i_tok_json_next_entry(struct tok_jiter *it, const char **key, size_t *kle
 	if (it->done || (it->n == 0 && it->i < it->end && s[it->i] == '}'))
 		return 0;
 	it->n++;
+	p = it->i;
 	if (read_string(s, it->end, &it->i, &it->a, key, klen, it->path, err))
 		return -1;
+	if (memchr(*key, '\0', *klen))   /* tokens are named as C strings (hi3_tok_id) */
+		return scan_fail(s, p, it->path, "a token holds a NUL character (\\u0000)", err);
 	p = skip_ws(s, it->end, it->i);
 	if (p >= it->end || s[p] != ':')
 		return scan_fail(s, p, it->path, "expected ':'", err);

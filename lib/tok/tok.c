@@ -535,6 +535,11 @@ static int load_added(hi3_tok *t, json_t *list, const char *path, hi3_error *err
 		a.len = json_string_length(content);
 		if (a.len == 0)
 			continue;   /* the library ignores empty added tokens */
+		if (memchr(json_string_value(content), '\0', a.len)) {   /* named as C strings (hi3_tok_id) */
+			hi3_error_set(err, HI3_ERR_INPUT, "%s: added_tokens[%zu]: \"content\" holds a NUL character "
+			              "(\\u0000)", path, i);
+			goto out;
+		}
 		a.id = json_integer_value(id);
 		a.single_word = hi3i_tok_json_bool(o, "single_word", 0);
 		a.lstrip = hi3i_tok_json_bool(o, "lstrip", 0);
