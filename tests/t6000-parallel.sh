@@ -18,6 +18,9 @@ if ! command -v mpirun >/dev/null 2>&1 || [ ! -x "$MPI_BIN" ]; then
 fi
 # CI runs as root; Open MPI refuses root unless told
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# Each test's own session directory: two tests' mpirun at once (make -j)
+# both creating /tmp/ompi.HOST.UID failed one with "File exists"
+export OMPI_MCA_orte_tmpdir_base=$TRASH
 # Under --enable-sanitizers, LeakSanitizer reports Open MPI's own allocations
 # (its plugins, hwloc: frames it cannot symbolize, so no suppression matches)
 # at every rank's exit; hi3's own leaks are checked by the single-process

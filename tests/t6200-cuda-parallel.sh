@@ -21,6 +21,9 @@ if ! command -v mpirun >/dev/null 2>&1 || [ ! -x "$MPI_EMU" ]; then
 fi
 # as t6000-parallel.sh: root in CI, more ranks than cores, Open MPI's own leaks
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# Each test's own session directory: two tests' mpirun at once (make -j)
+# both creating /tmp/ompi.HOST.UID failed one with "File exists"
+export OMPI_MCA_orte_tmpdir_base=$TRASH
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 one() { "$EMU" -q -t 1 --backend cuda "$@"; }
 # run NP LAYOUT ARGS...: NP emulated CUDA ranks
