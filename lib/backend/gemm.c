@@ -399,7 +399,16 @@ _Static_assert(STREAMS - 1 <= BN, "a range's last rows, fewer than a few-row til
  * with this one, so other cores keep it. */
 #define NEAR_AHEAD ((size_t)2048)
 
-static size_t near_ahead(void)
+/* How few_rows prefetches on this core: near, the distance above (0: a
+ * row's), and t0, whether into L1 (T0) rather than L2 (T1). A Xeon read
+ * slower with T0 (few_rows' comment); an AMD EPYC (Zen 5) read faster:
+ * docs/PERFORMANCE.md, "Decode at B = 1, nineteenth round". */
+struct few_pf {
+	size_t near;
+	int t0;
+};
+
+static struct few_pf few_pf_of_core(void)
 {
 	static int intel = -1;
 
@@ -407,8 +416,10 @@ static size_t near_ahead(void)
 		__builtin_cpu_init();
 		intel = __builtin_cpu_is("intel") ? 1 : 0;
 	}
-	return intel ? NEAR_AHEAD : 0;
+	return intel ? (struct few_pf){NEAR_AHEAD, 0} : (struct few_pf){0, 1};
 }
+
+#define FEW_PREFETCH(p, t0) ((t0) ? _mm_prefetch((p), _MM_HINT_T0) : _mm_prefetch((p), _MM_HINT_T1))
 
 /* The prefetches of few_rows as its steps reach byte kb of row r (part s
  * lds bytes on): with near, near bytes on in each part's stream (into the
@@ -416,14 +427,14 @@ static size_t near_ahead(void)
  * the line at kb of each pf[s] (the next row of each part, or the rows
  * read after these) that is not NULL, for kb below pf_len. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, size_t near, size_t rb, int last,
+few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, struct few_pf fp, size_t rb, int last,
              const unsigned char *const *pf, size_t pf_len)
 {
-	if (near) {
-		if (!last || kb + near < rb)
+	if (fp.near) {
+		if (!last || kb + fp.near < rb)
 #pragma GCC unroll 4
 			for (int s = 0; s < S; s++)
-				_mm_prefetch((const char *)r + (size_t)s * lds + kb + near, _MM_HINT_T1);
+				FEW_PREFETCH((const char *)r + (size_t)s * lds + kb + fp.near, fp.t0);
 		if (!last)
 			return;
 	}
@@ -431,7 +442,7 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, size_t 
 #pragma GCC unroll 4
 		for (int s = 0; s < S; s++)
 			if (pf[s])
-				_mm_prefetch((const char *)pf[s] + kb, _MM_HINT_T1);
+				FEW_PREFETCH((const char *)pf[s] + kb, fp.t0);
 }
 
 /*
@@ -447,7 +458,8 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, size_t 
  * core's few L1 fill buffers until its line comes, which capped a core's
  * stream on a Xeon (measured: one decode step's products at 1.13x the read
  * of their bytes with T0, 1.10x with T1; f32 1.10x and 1.02x), and the
- * loads find L2 near enough. On Intel's cores (near_ahead) a stream
+ * loads find L2 near enough (but on an AMD EPYC, Zen 5, T0 read faster:
+ * few_pf_of_core). On Intel's cores (few_pf_of_core) a stream
  * prefetches its own bytes NEAR_AHEAD on instead, where its rows are
  * longer. The rows run in one loop, not a call of the register tile each:
  * measured, a B = 1 step of `small` f32 2.2-2.3% the faster, bf16 0.4-0.7%
@@ -456,13 +468,13 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, size_t 
  */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat *w, int n0, int h,
-         const unsigned char *tail, struct pf_block *after, size_t near)
+         const unsigned char *tail, struct pf_block *after, struct few_pf fp)
 {
 	const int K = w->K, K8 = K & ~7, S = NS(mr), L = (int)(64 / (8 * ES(kind))); /* steps of 8 k a line */
 	const size_t rb = (size_t)K * ES(kind), ldw = (size_t)h * (size_t)K, N = (size_t)w->N;
 
-	if (near >= rb)
-		near = 0;
+	if (fp.near >= rb)
+		fp.near = 0;
 
 	for (int i = 0; i < h; i++) {
 		const unsigned char *r = (const unsigned char *)w->data + (size_t)(n0 + i) * rb, *pf[STREAMS] = {NULL};
@@ -488,14 +500,14 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 			for (int j = 0; j < S; j++)
 				acc[m][j] = _mm256_setzero_ps();
 		for (; k <= K8 - 8 * L; k += 8 * L) {
-			few_prefetch(S, r, ldw * ES(kind), (size_t)k * ES(kind), near, rb, i + 1 == h, pf, pf_len);
+			few_prefetch(S, r, ldw * ES(kind), (size_t)k * ES(kind), fp, rb, i + 1 == h, pf, pf_len);
 #pragma GCC unroll 4
 			for (int u = 0; u < L; u++)
 				step8(mr, S, kind, acc, NULL, x, (size_t)K, k + 8 * u, r, ldw, (size_t)(k + 8 * u), 0);
 		}
 		for (; k < K8; k += 8) { /* a last part of a line */
 			if ((size_t)k * ES(kind) % 64 == 0)
-				few_prefetch(S, r, ldw * ES(kind), (size_t)k * ES(kind), near, rb, i + 1 == h, pf, pf_len);
+				few_prefetch(S, r, ldw * ES(kind), (size_t)k * ES(kind), fp, rb, i + 1 == h, pf, pf_len);
 			step8(mr, S, kind, acc, NULL, x, (size_t)K, k, r, ldw, (size_t)k, 0);
 		}
 		tile_out(mr, S, kind, acc, x, (size_t)K, K, r, ldw, 0, NULL, 0, y + n0 + i, N, (size_t)h);
@@ -505,9 +517,9 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 #define FEW_ROWS(mr)                                                                     \
 	case mr:                                                                         \
 		switch (kind) {                                                          \
-		case WF32: few_rows(mr, WF32, y, x, w, n0, h, tail, after, near); break; \
-		case WBF16: few_rows(mr, WBF16, y, x, w, n0, h, tail, after, near); break; \
-		default: few_rows(mr, WF16, y, x, w, n0, h, tail, after, near); break;   \
+		case WF32: few_rows(mr, WF32, y, x, w, n0, h, tail, after, fp); break; \
+		case WBF16: few_rows(mr, WBF16, y, x, w, n0, h, tail, after, fp); break; \
+		default: few_rows(mr, WF16, y, x, w, n0, h, tail, after, fp); break;   \
 		}                                                                        \
 		break;
 
@@ -516,7 +528,7 @@ __attribute__((target("avx2,fma,f16c"))) static void few_rows_avx2(int mr, int k
                                                                    const unsigned char *tail,
                                                                    struct pf_block *after)
 {
-	const size_t near = near_ahead();
+	const struct few_pf fp = few_pf_of_core();
 
 	switch (mr) {
 		FEW_ROWS(1) FEW_ROWS(2) FEW_ROWS(3) FEW_ROWS(4)
