@@ -12,21 +12,22 @@
 static const struct cli_help help = {
 	.usage = {"hi3 bench -m MODEL [--batch B] [--prompt-len P] [--new N] [--reps R] [--kv-dtype f32|bf16] [--json]"},
 	.description =
-	"Measure, in one run: the memory read bandwidth (the best pass of at least 10,\n"
-	"before and again after the model); OpenBLAS sgemm against hi3's in-place GEMM\n"
-	"on one layer's prefill shapes at B*P tokens; an in-memory prefill of B x P\n"
-	"tokens and N greedy decode steps through the model; and the decode floor of a\n"
-	"B = 1 step: the bytes it must read (active weights and KV) over the measured\n"
-	"bandwidth, and the same bytes read after every step (the median read beside\n"
-	"the median step, as the machine's bandwidth moves). On the CPU, each decode\n"
-	"step is also split by op: the median time in the matrix products, in attention,\n"
-	"and in everything else; and at B = 1 each step's weights are read again after\n"
-	"the steps, in its order, with the floor's read between and no arithmetic: the\n"
-	"products beside a read of their own bytes. Last, how much of the checkpoint in\n"
-	"memory is mapped in 2 MiB pages (a warning when under 90%: its page cache holds\n"
-	"small pages, and the steps read it slower). No files are written.\n"
-	"Use --batch-invariant=off to time the OpenBLAS path of the model instead of\n"
-	"the batch-invariant one.\n",
+	"Name the processor and the threads, then measure, in one run: the memory read\n"
+	"bandwidth (the best pass of at least 10, before and again after the model);\n"
+	"OpenBLAS sgemm against hi3's in-place GEMM on one layer's prefill shapes at B*P\n"
+	"tokens; an in-memory prefill of B x P tokens and N greedy decode steps through\n"
+	"the model; and the decode floor of a B = 1 step: the bytes it must read (active\n"
+	"weights and KV) over the measured bandwidth, and the same bytes read after every\n"
+	"step (the median read beside the median step, as the machine's bandwidth moves).\n"
+	"On the CPU, each decode step is also split by op: the median time in the matrix\n"
+	"products, in attention, and in everything else; and at B = 1 each step's weights\n"
+	"are read again after the steps, in its order, with the floor's read between and\n"
+	"no arithmetic: the products beside a read of their own bytes. Last, how much of\n"
+	"the checkpoint in memory is mapped in 2 MiB pages (a warning when under 90%: its\n"
+	"page cache holds small pages, and the steps read it slower). No files are\n"
+	"written.\n"
+	"Use --batch-invariant=off to time the OpenBLAS path of the model instead of the\n"
+	"batch-invariant one.\n",
 	.operands = "no arguments",
 };
 
@@ -38,6 +39,7 @@ int cmd_bench(int argc, char **argv)
 	hi3_error err = {0};
 	hi3_bench_model_result r;
 	double bw, gflops, tb, th, bytes, floor_s, step_s;
+	char cpu[128];
 	const hi3_config *c;
 	hi3_dtype wdt, kvdt = HI3_F32;
 	struct cli_option options[] = {
@@ -79,6 +81,7 @@ int cmd_bench(int argc, char **argv)
 	bw = fmax(bw, hi3_bench_membw((size_t)1 << 30, (int)(reps > MEMBW_PASSES ? reps : MEMBW_PASSES)));
 	floor_s = bytes / bw;
 	step_s = N ? r.decode_s / (double)N : 0.0;
+	hi3_bench_cpu(cpu, sizeof cpu);
 	if (json) {
 		json_t *o = json_object();
 		struct { const char *k; double v; } f[] = {
@@ -93,6 +96,8 @@ int cmd_bench(int argc, char **argv)
 		};
 		json_object_set_new(o, "impl", json_string("hi3"));
 		json_object_set_new(o, "model", json_string(cli.model_dir));
+		json_object_set_new(o, "cpu", json_string(cpu));
+		json_object_set_new(o, "threads", json_integer(r.threads));
 		json_object_set_new(o, "weights", json_string(hi3_dtype_name(wdt)));
 		json_object_set_new(o, "kv_dtype", json_string(hi3_dtype_name(kvdt)));
 		json_object_set_new(o, "batch", json_integer(B));
@@ -121,6 +126,7 @@ int cmd_bench(int argc, char **argv)
 		printf("model %s (%s weights, %s cache), B = %lld, prompt %lld, %lld new, batch-invariant %s\n",
 		       cli.model_dir, hi3_dtype_name(wdt), hi3_dtype_name(kvdt), (long long)B, (long long)P, (long long)N,
 		       cli_batch_invariant() ? "on" : "off");
+		printf("  processor                     %s, %d thread%s\n", cpu, r.threads, r.threads == 1 ? "" : "s");
 		printf("  memory read bandwidth         %8.2f GB/s\n", bw / 1e9);
 		printf("  one layer's prefill GEMMs     OpenBLAS sgemm %8.2f GFLOP/s   hi3 in place %8.2f GFLOP/s\n",
 		       gflops / tb / 1e9, gflops / th / 1e9);

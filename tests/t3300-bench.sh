@@ -96,6 +96,20 @@ test_expect_success 'the step'"'"'s weights read again: its weights, not its cac
 	! grep decode_weights j2
 '
 
+# The figures are the machine's: the bench names its processor (as
+# /proc/cpuinfo does, where there is one) and the threads the steps ran on.
+test_expect_success 'the processor and the threads are named, in the JSON and the table' '
+	hi3 -q -t 2 -m m bench --prompt-len 16 --new 1 --reps 1 --json >j &&
+	test "$("$TT" json threads <j)" = 2 &&
+	cpu=$("$TT" json cpu <j) && test -n "$cpu" &&
+	if name=$(sed -n "s/^model name[[:space:]]*: *//p" /proc/cpuinfo 2>/dev/null | head -n 1) && test -n "$name"
+	then
+		case "$cpu" in "$name"*) ;; *) echo "cpu \"$cpu\" is not /proc/cpuinfo'"'"'s \"$name\""; false ;; esac
+	fi &&
+	hi3 -q -t 1 -m m bench --prompt-len 16 --new 1 --reps 1 >t &&
+	test_grep "^  processor  *.*, 1 thread\$" t
+'
+
 test_expect_success 'a missing model: exit 3, the file named' '
 	test_must_fail 3 hi3 -m nowhere bench --new 1 2>err &&
 	test_grep "nowhere/config.json" err

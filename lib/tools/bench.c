@@ -22,6 +22,7 @@
 #include "tools/tools.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 /* XOR of parts equal parts of h bytes each from a (h a multiple of 64),
  * 64 bytes of each in turn, each part prefetched ahead bytes on (into L2)
@@ -162,6 +163,54 @@ static double read_pass(const uint64_t *a, size_t n)
 	hi3i_pool_run(read_part, &j, omp_get_max_threads());
 	sink ^= atomic_load(&j.x);
 	return hi3i_now() - t0;
+}
+
+/* The value of a "key : value" line of /proc/cpuinfo, or NULL. */
+static char *cpuinfo_value(char *line, const char *key)
+{
+	const size_t k = strlen(key);
+	char *c = strchr(line, ':');
+
+	if (!c || strncmp(line, key, k) != 0 || strspn(line + k, " \t") != (size_t)(c - line) - k)
+		return NULL;
+	c += 1 + strspn(c + 1, " \t");
+	c[strcspn(c, "\n")] = '\0';
+	return c;
+}
+
+void hi3_bench_cpu(char *buf, size_t n)
+{
+	char line[256], name[128] = "", family[16] = "", model[16] = "", *v;
+	FILE *f = fopen("/proc/cpuinfo", "r");
+
+	if (n == 0)
+		return;
+	/* the first processor's lines: they end at its first blank line */
+	while (f && fgets(line, sizeof line, f) && line[0] != '\n') {
+		if ((v = cpuinfo_value(line, "model name")))
+			snprintf(name, sizeof name, "%s", v);
+		else if ((v = cpuinfo_value(line, "cpu family")))
+			snprintf(family, sizeof family, "%s", v);
+		else if ((v = cpuinfo_value(line, "model")))
+			snprintf(model, sizeof model, "%s", v);
+	}
+	if (f)
+		fclose(f);
+#if defined(__x86_64__)
+	if (!name[0] && __get_cpuid_max(0x80000000, NULL) >= 0x80000004) {
+		unsigned r[12];
+		char brand[49];
+		for (unsigned i = 0; i < 3; i++)
+			__get_cpuid(0x80000002 + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
+		memcpy(brand, r, 48);
+		brand[48] = '\0';
+		snprintf(name, sizeof name, "%s", brand + strspn(brand, " "));
+	}
+#endif
+	if (family[0] && model[0])
+		snprintf(buf, n, "%s (family %s, model %s)", name[0] ? name : "unknown", family, model);
+	else
+		snprintf(buf, n, "%s", name[0] ? name : "unknown");
 }
 
 double hi3_bench_membw(size_t bytes, int reps)
@@ -478,6 +527,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 	double t0;
 
 	memset(r, 0, sizeof(*r));
+	r->threads = omp_get_max_threads();
 	kv = hi3_kvcache_for_model(m, B, C, kv_dtype, err);
 	ids = hi3i_malloc(sizeof(int64_t) * (size_t)B * P, err);
 	slot = hi3i_malloc(sizeof(int64_t) * (size_t)B * P, err);

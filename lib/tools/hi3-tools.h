@@ -95,6 +95,7 @@ int hi3_parity_ablation_parse(const char *name);   /* -1 when unknown */
 /* ------------------------------------------------------------------ bench */
 
 typedef struct hi3_bench_model_result {
+	int threads;              /* the CPU threads the steps ran on */
 	double first_prefill_s;   /* the first prefill: it also reads the weights in from the mapping */
 	double prefill_s, prefill_tok_s, prefill_flops;   /* the same prefill again */
 	double decode_s, decode_tok_s;
@@ -119,6 +120,10 @@ typedef struct hi3_bench_model_result {
 	double weights_resident, weights_huge;
 } hi3_bench_model_result;
 
+/* The processor's name into buf (n bytes): /proc/cpuinfo's "model name"
+ * (else the x86 brand string, else "unknown") with its family and model
+ * where /proc/cpuinfo gives them: the figures are this machine's. */
+void hi3_bench_cpu(char *buf, size_t n);
 /* Best-of-reps read bandwidth over a buffer of bytes, in bytes/s. */
 double hi3_bench_membw(size_t bytes, int reps);
 /* One layer's prefill GEMMs at M tokens: total flops, and the best times
