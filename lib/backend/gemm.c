@@ -400,9 +400,11 @@ _Static_assert(STREAMS - 1 <= BN, "a range's last rows, fewer than a few-row til
 #define NEAR_AHEAD ((size_t)2048)
 
 /* How few_rows prefetches on this core: near, the distance above (0: a
- * row's), and t0, whether into L1 (T0) rather than L2 (T1). A Xeon read
- * slower with T0 (few_rows' comment); an AMD EPYC (Zen 5) read faster:
- * docs/PERFORMANCE.md, "Decode at B = 1, nineteenth round". */
+ * row's), and t0, whether into L1 (T0) rather than L2 (T1). T0 read slower
+ * on a Xeon (few_rows' comment) and on an AMD EPYC of Zen 3 (family 25:
+ * docs/PERFORMANCE.md, "Decode at B = 1, eighth round", 1.153x against
+ * 1.129x), faster on an AMD EPYC of Zen 5 (family 26: "nineteenth
+ * round"); so T0 on AMD's family 26 and later only. */
 struct few_pf {
 	size_t near;
 	int t0;
@@ -410,13 +412,17 @@ struct few_pf {
 
 static struct few_pf few_pf_of_core(void)
 {
-	static int intel = -1;
+	static int vendor = -1;   /* 0 other, 1 Intel, 2 AMD of family 26 or later */
 
-	if (intel < 0) {
+	if (vendor < 0) {
+		unsigned a, b, c, d;
 		__builtin_cpu_init();
-		intel = __builtin_cpu_is("intel") ? 1 : 0;
+		vendor = __builtin_cpu_is("intel") ? 1 : 0;
+		if (__builtin_cpu_is("amd") && __get_cpuid(1, &a, &b, &c, &d) &&
+		    ((a >> 8) & 0xf) + ((a >> 8 & 0xf) == 0xf ? (a >> 20) & 0xff : 0) >= 26)
+			vendor = 2;
 	}
-	return intel ? (struct few_pf){NEAR_AHEAD, 0} : (struct few_pf){0, 1};
+	return (struct few_pf){vendor == 1 ? NEAR_AHEAD : 0, vendor == 2};
 }
 
 #define FEW_PREFETCH(p, t0) ((t0) ? _mm_prefetch((p), _MM_HINT_T0) : _mm_prefetch((p), _MM_HINT_T1))
@@ -458,7 +464,7 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, struct 
  * core's few L1 fill buffers until its line comes, which capped a core's
  * stream on a Xeon (measured: one decode step's products at 1.13x the read
  * of their bytes with T0, 1.10x with T1; f32 1.10x and 1.02x), and the
- * loads find L2 near enough (but on an AMD EPYC, Zen 5, T0 read faster:
+ * loads find L2 near enough (but on an AMD EPYC of Zen 5, T0 read faster:
  * few_pf_of_core). On Intel's cores (few_pf_of_core) a stream
  * prefetches its own bytes NEAR_AHEAD on instead, where its rows are
  * longer. The rows run in one loop, not a call of the register tile each:
