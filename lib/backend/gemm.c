@@ -415,12 +415,14 @@ static struct few_pf few_pf_of_core(void)
 	static int vendor = -1;   /* 0 other, 1 Intel, 2 AMD of family 26 or later */
 
 	if (vendor < 0) {
-		unsigned a, b, c, d;
+		unsigned a, b, c, d, family = 0;
 		__builtin_cpu_init();
-		vendor = __builtin_cpu_is("intel") ? 1 : 0;
-		if (__builtin_cpu_is("amd") && __get_cpuid(1, &a, &b, &c, &d) &&
-		    ((a >> 8) & 0xf) + ((a >> 8 & 0xf) == 0xf ? (a >> 20) & 0xff : 0) >= 26)
-			vendor = 2;
+		if (__get_cpuid(1, &a, &b, &c, &d)) {   /* the base family, plus the extended one past 15 */
+			family = a >> 8 & 0xf;
+			if (family == 0xf)
+				family += a >> 20 & 0xff;
+		}
+		vendor = __builtin_cpu_is("intel") ? 1 : __builtin_cpu_is("amd") && family >= 26 ? 2 : 0;
 	}
 	return (struct few_pf){vendor == 1 ? NEAR_AHEAD : 0, vendor == 2};
 }
