@@ -161,7 +161,7 @@ static double read_pass(const uint64_t *a, size_t n)
 	double t0 = hi3i_now();
 
 	hi3i_pool_run(read_part, &j, omp_get_max_threads());
-	sink ^= atomic_load(&j.x);
+	sink = sink ^ atomic_load(&j.x);
 	return hi3i_now() - t0;
 }
 
@@ -197,7 +197,7 @@ void hi3_bench_cpu(char *buf, size_t n)
 	if (f)
 		fclose(f);
 #if defined(__x86_64__)
-	if (!name[0] && __get_cpuid_max(0x80000000, NULL) >= 0x80000004) {
+	if (!name[0] && (unsigned)__get_cpuid_max(0x80000000, NULL) >= 0x80000004u) {
 		unsigned r[12];
 		char brand[49];
 		for (unsigned i = 0; i < 3; i++)
@@ -439,7 +439,7 @@ static double replay_pass(const struct span *s, size_t n)
 			;
 		j.n = e - i;
 		hi3i_pool_run(replay_part, &j, omp_get_max_threads());
-		sink ^= atomic_load(&j.x);
+		sink = sink ^ atomic_load(&j.x);
 	}
 	return hi3i_now() - t0;
 }

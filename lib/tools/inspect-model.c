@@ -163,8 +163,8 @@ void hi3i_inspect_model_text(FILE *f, json_t *m)
 {
 	static const char *const order[] = {"model", "image", "variant", "checked", "ignored", "unknown"};
 	static const char *const what[] = {"used by the text model", "kept for image generation and input",
-	                                   "decide the variant", "checked (refused when set to what hi3 does not "
-	                                   "compute)", "ignored (upstream's model code does not read them)",
+	                                   "decide the variant", ("checked (refused when set to what hi3 does not "
+	                                   "compute)"), "ignored (upstream's model code does not read them)",
 	                                   "not known to upstream (ignored)"};
 	json_t *fields = json_object_get(m, "fields"), *g = json_object_get(m, "generation"), *v;
 	char maxlen[32] = "none";
