@@ -453,8 +453,8 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, struct 
 				FEW_PREFETCH((const char *)pf[s] + kb, fp.t0);
 }
 
-/* few_rows' steps over row r of each part (parts lds bytes apart, rows rb
- * bytes) from k = 0 while a whole line is left, each line prefetched in
+/* few_rows' steps over row r of each part (parts ldw elements apart, rows
+ * rb bytes) from k = 0 while a whole line is left, each line prefetched in
  * the next row of every part with the hint t0, a constant here: for a row
  * that is not its part's last, on cores that prefetch a row on
  * (few_pf_of_core). Returns the k it stopped at. few_rows' own loop asks
@@ -463,9 +463,10 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, struct 
  * (docs/PERFORMANCE.md, "Decode at B = 1, twentieth round"). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline int
 few_steps_on(const int mr, const int kind, const int t0, __m256 acc[BR][NRS], const float *x, int K,
-             const unsigned char *r, size_t lds, size_t rb)
+             const unsigned char *r, size_t ldw, size_t rb)
 {
 	const int K8 = K & ~7, S = NS(mr), L = (int)(64 / (8 * ES(kind)));
+	const size_t lds = ldw * ES(kind);
 	int k = 0;
 
 	for (; k <= K8 - 8 * L; k += 8 * L) {
@@ -474,7 +475,7 @@ few_steps_on(const int mr, const int kind, const int t0, __m256 acc[BR][NRS], co
 			FEW_PREFETCH((const char *)r + (size_t)s * lds + rb + (size_t)k * ES(kind), t0);
 #pragma GCC unroll 4
 		for (int u = 0; u < L; u++)
-			step8(mr, S, kind, acc, NULL, x, (size_t)K, k + 8 * u, r, lds / ES(kind), (size_t)(k + 8 * u), 0);
+			step8(mr, S, kind, acc, NULL, x, (size_t)K, k + 8 * u, r, ldw, (size_t)(k + 8 * u), 0);
 	}
 	return k;
 }
@@ -534,8 +535,7 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 			for (int j = 0; j < S; j++)
 				acc[m][j] = _mm256_setzero_ps();
 		if (i + 1 < h && !fp.near)
-			k = fp.t0 ? few_steps_on(mr, kind, 1, acc, x, K, r, ldw * ES(kind), rb)
-			          : few_steps_on(mr, kind, 0, acc, x, K, r, ldw * ES(kind), rb);
+			k = fp.t0 ? few_steps_on(mr, kind, 1, acc, x, K, r, ldw, rb) : few_steps_on(mr, kind, 0, acc, x, K, r, ldw, rb);
 		for (; k <= K8 - 8 * L; k += 8 * L) {
 			few_prefetch(S, r, ldw * ES(kind), (size_t)k * ES(kind), fp, rb, i + 1 == h, pf, pf_len);
 #pragma GCC unroll 4
