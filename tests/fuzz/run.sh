@@ -40,12 +40,22 @@ seeds=
 for d in "$fz/corpus/$target" "$fz/crashes/$target"; do
 	[ -d "$d" ] && seeds="$seeds $d"
 done
+# A seed (-seed=N) mutates the same way again only where the run's heap
+# addresses repeat: libFuzzer's comparison tracing records the operands
+# of the harness's compares, some of them addresses, and offers them to
+# its mutations. So address randomisation is off (setarch -R) where the
+# kernel lets a process turn it off, and libFuzzer does not re-read its
+# corpus directory every second (-reload=0: only this process writes it),
+# which at moments set by the clock allocated and freed memory and so
+# moved every later address (docs/FUZZING.md, "A run again").
+norand=
+setarch "$(uname -m)" -R true 2>/dev/null && norand="setarch $(uname -m) -R"
 start=$(date +%s)
-# shellcheck disable=SC2086 # $seeds: directories without blanks
+# shellcheck disable=SC2086 # $norand, $seeds: words without blanks
 HI3_FUZZ_TARGET=$target ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1} \
 	UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-	"$FUZZ" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2560 -report_slow_units="$SLOW" -print_final_stats=1 \
-	-dict="$work/dict" -artifact_prefix="$work/" "$@" "$work/corpus" $seeds >"$log" 2>&1
+	$norand "$FUZZ" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2560 -report_slow_units="$SLOW" \
+	-print_final_stats=1 -reload=0 -dict="$work/dict" -artifact_prefix="$work/" "$@" "$work/corpus" $seeds >"$log" 2>&1
 rc=$?
 elapsed=$(( $(date +%s) - start ))
 
