@@ -889,6 +889,15 @@ int hi3i_gemm_level(void)
 #endif
 }
 
+int hi3i_gemm_prefetch_l1(void)
+{
+#ifdef HAVE_X86
+	return few_pf_of_core().t0;
+#else
+	return 0;
+#endif
+}
+
 int hi3i_gemm_isa(int max)
 {
 #ifdef HAVE_X86

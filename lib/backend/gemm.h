@@ -57,6 +57,10 @@ int hi3i_gemm_isa(int max);
 /* The level now in use (the CPU's best, capped by hi3i_gemm_isa): the
  * CPU backend's other kernels (the conv) choose by it too. */
 int hi3i_gemm_level(void);
+/* Whether the few-row tiles of a decode step prefetch into L1 on this
+ * core (else into L2): `hi3 bench` reads a step's weights again with the
+ * same hint. */
+int hi3i_gemm_prefetch_l1(void);
 /* Plain loops in the order above: for tests. */
 void hi3i_gemm_ref(float *y, const float *x, const hi3_wmat *w, int M);
 

@@ -25,11 +25,11 @@
 #include <cpuid.h>
 #include <immintrin.h>
 /* XOR of parts equal parts of h bytes each from a (h a multiple of 64),
- * 64 bytes of each in turn, each part prefetched ahead bytes on (into L2)
- * when ahead is not 0: the loop of the floor's read (no prefetch) and of
- * the step's weights read again (replay_part). */
-__attribute__((target("avx2"), always_inline)) static inline uint64_t xor_parts(const unsigned char *a, size_t h,
-                                                                               const int parts, const size_t ahead)
+ * 64 bytes of each in turn, each part prefetched ahead bytes on (into L1
+ * with l1, else into L2) when ahead is not 0: the loop of the floor's read
+ * (no prefetch) and of the step's weights read again (replay_part). */
+__attribute__((target("avx2"), always_inline)) static inline uint64_t
+xor_parts(const unsigned char *a, size_t h, const int parts, const size_t ahead, const int l1)
 {
 	__m256i x[2 * HI3I_READ_PARTS];
 
@@ -39,7 +39,9 @@ __attribute__((target("avx2"), always_inline)) static inline uint64_t xor_parts(
 #pragma GCC unroll 8
 		for (int p = 0; p < parts; p++) {
 			const unsigned char *q = a + (size_t)p * h + i;
-			if (ahead)
+			if (ahead && l1)
+				_mm_prefetch((const char *)q + ahead, _MM_HINT_T0);
+			else if (ahead)
 				_mm_prefetch((const char *)q + ahead, _MM_HINT_T1);
 			x[2 * p] = _mm256_xor_si256(x[2 * p], _mm256_loadu_si256((const __m256i *)q));
 			x[2 * p + 1] = _mm256_xor_si256(x[2 * p + 1], _mm256_loadu_si256((const __m256i *)(q + 32)));
@@ -56,7 +58,7 @@ __attribute__((target("avx2"), always_inline)) static inline uint64_t read_parts
                                                                                 const int parts)
 {
 	const size_t h = n / (size_t)parts & ~(size_t)15;
-	uint64_t r = xor_parts((const unsigned char *)a, 8 * h, parts, 0);
+	uint64_t r = xor_parts((const unsigned char *)a, 8 * h, parts, 0, 0);
 
 	for (size_t i = (size_t)parts * h; i < n; i++)
 		r ^= a[i];
@@ -95,15 +97,20 @@ uint64_t hi3i_read_xor(const uint64_t *a, size_t n)
 #define READ_AHEAD 2048
 
 /* XOR of the bytes [a, a + n), at any alignment, read as HI3I_READ_PARTS
- * equal parts side by side, each prefetched READ_AHEAD bytes on (into
- * L2): the read of a step's weights again (replay_part), whose many
- * ranges, some under a megabyte, the hardware prefetchers alone read
- * slower than one long buffer. */
+ * equal parts side by side, each prefetched READ_AHEAD bytes on: the read
+ * of a step's weights again (replay_part), whose many ranges, some under
+ * a megabyte, the hardware prefetchers alone read slower than one long
+ * buffer. Into L1 where the products' few-row tiles prefetch into L1
+ * (hi3i_gemm_prefetch_l1), else into L2: on an AMD EPYC of Zen 5, on its
+ * fastest memory, the read into L2 took 1.10-1.15x the floor where into
+ * L1 it took 1.02-1.04x (docs/PERFORMANCE.md, "Decode at B = 1,
+ * twenty-second round"). */
 #if defined(__x86_64__)
 __attribute__((target("avx2"))) static uint64_t read_ahead(const unsigned char *a, size_t n)
 {
 	const size_t h = n / HI3I_READ_PARTS & ~(size_t)63;
-	uint64_t r = xor_parts(a, h, HI3I_READ_PARTS, READ_AHEAD);
+	uint64_t r = hi3i_gemm_prefetch_l1() ? xor_parts(a, h, HI3I_READ_PARTS, READ_AHEAD, 1)
+	                                     : xor_parts(a, h, HI3I_READ_PARTS, READ_AHEAD, 0);
 
 	for (size_t i = (size_t)HI3I_READ_PARTS * h; i < n; i++)
 		r ^= a[i];
