@@ -453,11 +453,21 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, struct 
 				FEW_PREFETCH((const char *)pf[s] + kb, fp.t0);
 }
 
+/* Lines of a part that few_steps_on reads before it turns to the next
+ * part, on cores that prefetch into L1 (AMD's family 26 and later,
+ * few_pf_of_core). There a line of each part in turn read slower than a
+ * run of lines of one part: on a fast memory, `small` f32 decode steps
+ * came 4-5% nearer their floor with runs of 4, bf16 0-3%; on a slow one
+ * within 1% (docs/PERFORMANCE.md, "Decode at B = 1, twenty-third round").
+ * Each part's chain of multiply-adds is the same either way. */
+#define FEW_RUN 4
+
 /* few_rows' steps over row r of each part (parts ldw elements apart, rows
  * rb bytes) from k = 0 while a whole line is left, each line prefetched in
  * the next row of every part with the hint t0, a constant here: for a row
  * that is not its part's last, on cores that prefetch a row on
- * (few_pf_of_core). Returns the k it stopped at. few_rows' own loop asks
+ * (few_pf_of_core). With t0, FEW_RUN lines of a part at a time, their
+ * prefetches first. Returns the k it stopped at. few_rows' own loop asks
  * at every line which rows to prefetch and with which hint; this one asks
  * nothing, and f32 decode steps ran 2-7% faster with it
  * (docs/PERFORMANCE.md, "Decode at B = 1, twentieth round"). */
@@ -469,6 +479,23 @@ few_steps_on(const int mr, const int kind, const int t0, __m256 acc[BR][NRS], co
 	const size_t lds = ldw * ES(kind);
 	int k = 0;
 
+	if (t0)
+		for (; k <= K8 - 8 * L * FEW_RUN; k += 8 * L * FEW_RUN)
+#pragma GCC unroll 4
+			for (int s = 0; s < S; s++) {
+				const unsigned char *p = r + (size_t)s * lds;
+#pragma GCC unroll 4
+				for (int c = 0; c < FEW_RUN; c++)
+					FEW_PREFETCH((const char *)p + rb + (size_t)(k + 8 * L * c) * ES(kind), 1);
+#pragma GCC unroll 16
+				for (int u = 0; u < L * FEW_RUN; u++) {
+					const __m256 wv = load_w8(p, kind, (size_t)(k + 8 * u));
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++)
+						acc[i][s] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)i * K + k + 8 * u), wv,
+						                            acc[i][s]);
+				}
+			}
 	for (; k <= K8 - 8 * L; k += 8 * L) {
 #pragma GCC unroll 4
 		for (int s = 0; s < S; s++)
