@@ -390,21 +390,25 @@ __attribute__((target("avx2,fma,f16c"))) static void tile_avx2(int mr, int nr, i
 _Static_assert(STREAMS - 1 <= BN, "a range's last rows, fewer than a few-row tile's, fit one plain tile");
 
 /* How far ahead of its loads a few-row stream prefetches its own bytes
- * (few_rows), on cores that take it: Intel's. There, for rows longer
- * than this, the same line of the next row read slower (docs/PERFORMANCE.md,
- * "Decode at B = 1, twelfth round": a B = 1 step of the real layer shape
- * 1.37x its floor with a row's distance, 1.25x with 2 KiB; `small` f32
- * 1.19x and 1.16x). The AMD EPYC of the tenth round read fast with a
- * row's distance (the real layer shape at 1.057x) and was not measured
- * with this one, so other cores keep it. */
+ * (few_rows), on cores that take it: Intel's and AMD's family 26 and
+ * later. There, for rows longer than this, the same line of the next row
+ * read slower (docs/PERFORMANCE.md, "Decode at B = 1, twelfth round", a
+ * Xeon: a B = 1 step of the real layer shape 1.37x its floor with a row's
+ * distance, 1.25x with 2 KiB; `small` f32 1.19x and 1.16x; "twenty-fourth
+ * round", an AMD EPYC of Zen 5 with the runs of FEW_RUN lines, medians:
+ * `small` f32 on a fast memory 1.184x and 1.139x; the real layer shape,
+ * bf16, 1.096x and 1.058x, f32 on a fast memory 1.12x and 1.03x). The
+ * AMD EPYC of the tenth round (Zen 3) read fast with a row's distance
+ * (the real layer shape at 1.057x) and was not measured with this one,
+ * so other cores keep it. */
 #define NEAR_AHEAD ((size_t)2048)
 
-/* How few_rows prefetches on this core: near, the distance above (0: a
- * row's), and t0, whether into L1 (T0) rather than L2 (T1). T0 read slower
- * on a Xeon (few_rows' comment) and on an AMD EPYC of Zen 3 (family 25:
- * docs/PERFORMANCE.md, "Decode at B = 1, eighth round", 1.153x against
- * 1.129x), faster on an AMD EPYC of Zen 5 (family 26: "nineteenth
- * round"); so T0 on AMD's family 26 and later only. */
+/* How few_rows prefetches on this core: near, the distance above (0:
+ * the next row's line), and t0, whether into L1 (T0) rather than L2
+ * (T1). T0 read slower on a Xeon (few_rows' comment) and on an AMD EPYC
+ * of Zen 3 (family 25: docs/PERFORMANCE.md, "Decode at B = 1, eighth
+ * round", 1.153x against 1.129x), faster on an AMD EPYC of Zen 5 (family
+ * 26: "nineteenth round"); so T0 on AMD's family 26 and later only. */
 struct few_pf {
 	size_t near;
 	int t0;
@@ -424,7 +428,7 @@ static struct few_pf few_pf_of_core(void)
 		}
 		vendor = __builtin_cpu_is("intel") ? 1 : __builtin_cpu_is("amd") && family >= 26 ? 2 : 0;
 	}
-	return (struct few_pf){vendor == 1 ? NEAR_AHEAD : 0, vendor == 2};
+	return (struct few_pf){vendor ? NEAR_AHEAD : 0, vendor == 2};
 }
 
 #define FEW_PREFETCH(p, t0) ((t0) ? _mm_prefetch((p), _MM_HINT_T0) : _mm_prefetch((p), _MM_HINT_T1))
@@ -463,17 +467,18 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, struct 
 #define FEW_RUN 4
 
 /* few_rows' steps over row r of each part (parts ldw elements apart, rows
- * rb bytes) from k = 0 while a whole line is left, each line prefetched in
- * the next row of every part with the hint t0, a constant here: for a row
- * that is not its part's last, on cores that prefetch a row on
- * (few_pf_of_core). With t0, FEW_RUN lines of a part at a time, their
- * prefetches first. Returns the k it stopped at. few_rows' own loop asks
- * at every line which rows to prefetch and with which hint; this one asks
- * nothing, and f32 decode steps ran 2-7% faster with it
- * (docs/PERFORMANCE.md, "Decode at B = 1, twentieth round"). */
+ * rb bytes) from k = 0 while a whole line is left, each line's twin ahead
+ * bytes on in its part prefetched with the hint t0, a constant here: for a
+ * row that is not its part's last. ahead is rb (the same line of the next
+ * row) or, with t0 on a core that takes it, NEAR_AHEAD (few_pf_of_core).
+ * With t0, FEW_RUN lines of a part at a time, their prefetches first.
+ * Returns the k it stopped at. few_rows' own loop asks at every line
+ * which rows to prefetch and with which hint; this one asks nothing, and
+ * f32 decode steps ran 2-7% faster with it (docs/PERFORMANCE.md, "Decode
+ * at B = 1, twentieth round"). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline int
 few_steps_on(const int mr, const int kind, const int t0, __m256 acc[BR][NRS], const float *x, int K,
-             const unsigned char *r, size_t ldw, size_t rb)
+             const unsigned char *r, size_t ldw, size_t rb, size_t ahead)
 {
 	const int K8 = K & ~7, S = NS(mr), L = (int)(64 / (8 * ES(kind)));
 	const size_t lds = ldw * ES(kind);
@@ -486,7 +491,7 @@ few_steps_on(const int mr, const int kind, const int t0, __m256 acc[BR][NRS], co
 				const unsigned char *p = r + (size_t)s * lds;
 #pragma GCC unroll 4
 				for (int c = 0; c < FEW_RUN; c++)
-					FEW_PREFETCH((const char *)p + rb + (size_t)(k + 8 * L * c) * ES(kind), 1);
+					FEW_PREFETCH((const char *)p + ahead + (size_t)(k + 8 * L * c) * ES(kind), 1);
 #pragma GCC unroll 16
 				for (int u = 0; u < L * FEW_RUN; u++) {
 					const __m256 wv = load_w8(p, kind, (size_t)(k + 8 * u));
@@ -499,7 +504,7 @@ few_steps_on(const int mr, const int kind, const int t0, __m256 acc[BR][NRS], co
 	for (; k <= K8 - 8 * L; k += 8 * L) {
 #pragma GCC unroll 4
 		for (int s = 0; s < S; s++)
-			FEW_PREFETCH((const char *)r + (size_t)s * lds + rb + (size_t)k * ES(kind), t0);
+			FEW_PREFETCH((const char *)r + (size_t)s * lds + ahead + (size_t)k * ES(kind), t0);
 #pragma GCC unroll 4
 		for (int u = 0; u < L; u++)
 			step8(mr, S, kind, acc, NULL, x, (size_t)K, k + 8 * u, r, ldw, (size_t)(k + 8 * u), 0);
@@ -521,12 +526,13 @@ few_steps_on(const int mr, const int kind, const int t0, __m256 acc[BR][NRS], co
  * stream on a Xeon (measured: one decode step's products at 1.13x the read
  * of their bytes with T0, 1.10x with T1; f32 1.10x and 1.02x), and the
  * loads find L2 near enough (but on an AMD EPYC of Zen 5, T0 read faster:
- * few_pf_of_core). On Intel's cores (few_pf_of_core) a stream
- * prefetches its own bytes NEAR_AHEAD on instead, where its rows are
- * longer. The rows run in one loop, not a call of the register tile each:
- * measured, a B = 1 step of `small` f32 2.2-2.3% the faster, bf16 0.4-0.7%
- * (within the noise; docs/PERFORMANCE.md, "Decode at B = 1, twelfth
- * round").
+ * few_pf_of_core). On Intel's cores and AMD's of family 26 and later
+ * (few_pf_of_core) a stream prefetches its own bytes NEAR_AHEAD on
+ * instead, where its rows are longer (on AMD's, in few_steps_on's runs).
+ * The rows run in one loop, not a call of the register tile each:
+ * measured, a B = 1 step of `small` f32 2.2-2.3% the faster, bf16
+ * 0.4-0.7% (within the noise; docs/PERFORMANCE.md, "Decode at B = 1,
+ * twelfth round").
  */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat *w, int n0, int h,
@@ -535,7 +541,12 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 	const int K = w->K, K8 = K & ~7, S = NS(mr), L = (int)(64 / (8 * ES(kind))); /* steps of 8 k a line */
 	const size_t rb = (size_t)K * ES(kind), ldw = (size_t)h * (size_t)K, N = (size_t)w->N;
 
-	if (fp.near >= rb)
+	/* on AMD's cores, only a single row of x streams its own bytes: at B
+	 * = 8 of the real layer shape, whose routed experts take these tiles
+	 * with one to four rows, the near distance for every row count made
+	 * a decode step 5-8% slower (docs/PERFORMANCE.md, "Decode at B = 1,
+	 * twenty-fourth round") */
+	if (fp.near >= rb || (fp.t0 && mr > 1))
 		fp.near = 0;
 
 	for (int i = 0; i < h; i++) {
@@ -561,8 +572,10 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 #pragma GCC unroll 4
 			for (int j = 0; j < S; j++)
 				acc[m][j] = _mm256_setzero_ps();
-		if (i + 1 < h && !fp.near)
-			k = fp.t0 ? few_steps_on(mr, kind, 1, acc, x, K, r, ldw, rb) : few_steps_on(mr, kind, 0, acc, x, K, r, ldw, rb);
+		if (i + 1 < h && fp.t0)
+			k = few_steps_on(mr, kind, 1, acc, x, K, r, ldw, rb, fp.near ? fp.near : rb);
+		else if (i + 1 < h && !fp.near)
+			k = few_steps_on(mr, kind, 0, acc, x, K, r, ldw, rb, rb);
 		for (; k <= K8 - 8 * L; k += 8 * L) {
 			few_prefetch(S, r, ldw * ES(kind), (size_t)k * ES(kind), fp, rb, i + 1 == h, pf, pf_len);
 #pragma GCC unroll 4
