@@ -397,7 +397,7 @@ _Static_assert(STREAMS - 1 <= BN, "a range's last rows, fewer than a few-row til
  * distance, 1.25x with 2 KiB; `small` f32 1.19x and 1.16x; "twenty-fourth
  * round", an AMD EPYC of Zen 5 with the runs of FEW_RUN lines, medians:
  * `small` f32 on a fast memory 1.184x and 1.139x; the real layer shape,
- * bf16, 1.096x and 1.058x, f32 on a fast memory 1.12x and 1.03x). The
+ * bf16, 1.097x and 1.055x, f32 on a fast memory 1.12x and 1.03x). The
  * AMD EPYC of the tenth round (Zen 3) read fast with a row's distance
  * (the real layer shape at 1.057x) and was not measured with this one,
  * so other cores keep it. */
