@@ -548,6 +548,7 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 	 * twenty-fourth round") */
 	if (fp.near >= rb || (fp.t0 && mr > 1))
 		fp.near = 0;
+	const size_t ahead = fp.near ? fp.near : rb; /* few_steps_on's distance where it takes a row */
 
 	for (int i = 0; i < h; i++) {
 		const unsigned char *r = (const unsigned char *)w->data + (size_t)(n0 + i) * rb, *pf[STREAMS] = {NULL};
@@ -572,10 +573,9 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 #pragma GCC unroll 4
 			for (int j = 0; j < S; j++)
 				acc[m][j] = _mm256_setzero_ps();
-		if (i + 1 < h && fp.t0)
-			k = few_steps_on(mr, kind, 1, acc, x, K, r, ldw, rb, fp.near ? fp.near : rb);
-		else if (i + 1 < h && !fp.near)
-			k = few_steps_on(mr, kind, 0, acc, x, K, r, ldw, rb, rb);
+		if (i + 1 < h && (fp.t0 || !fp.near))
+			k = fp.t0 ? few_steps_on(mr, kind, 1, acc, x, K, r, ldw, rb, ahead)
+			          : few_steps_on(mr, kind, 0, acc, x, K, r, ldw, rb, ahead);
 		for (; k <= K8 - 8 * L; k += 8 * L) {
 			few_prefetch(S, r, ldw * ES(kind), (size_t)k * ES(kind), fp, rb, i + 1 == h, pf, pf_len);
 #pragma GCC unroll 4
