@@ -466,11 +466,11 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, struct 
  * Each part's chain of multiply-adds is the same either way. */
 #define FEW_RUN 4
 
-/* few_rows' steps over row r of each part (parts ldw elements apart, rows
- * rb bytes) from k = 0 while a whole line is left, each line's twin ahead
- * bytes on in its part prefetched with the hint t0, a constant here: for a
- * row that is not its part's last. ahead is rb (the same line of the next
- * row) or, with t0 on a core that takes it, NEAR_AHEAD (few_pf_of_core).
+/* few_rows' steps over row r of each part (parts ldw elements apart) from
+ * k = 0 while a whole line is left, each line's twin ahead bytes on in its
+ * part prefetched with the hint t0, a constant here: for a row that is not
+ * its part's last. ahead is a row's bytes (the same line of the next row)
+ * or, with t0 on a core that takes it, NEAR_AHEAD (few_pf_of_core).
  * With t0, FEW_RUN lines of a part at a time, their prefetches first.
  * Returns the k it stopped at. few_rows' own loop asks at every line
  * which rows to prefetch and with which hint; this one asks nothing, and
@@ -478,7 +478,7 @@ few_prefetch(const int S, const unsigned char *r, size_t lds, size_t kb, struct 
  * at B = 1, twentieth round"). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline int
 few_steps_on(const int mr, const int kind, const int t0, __m256 acc[BR][NRS], const float *x, int K,
-             const unsigned char *r, size_t ldw, size_t rb, size_t ahead)
+             const unsigned char *r, size_t ldw, size_t ahead)
 {
 	const int K8 = K & ~7, S = NS(mr), L = (int)(64 / (8 * ES(kind)));
 	const size_t lds = ldw * ES(kind);
@@ -574,8 +574,8 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 			for (int j = 0; j < S; j++)
 				acc[m][j] = _mm256_setzero_ps();
 		if (i + 1 < h && (fp.t0 || !fp.near))
-			k = fp.t0 ? few_steps_on(mr, kind, 1, acc, x, K, r, ldw, rb, ahead)
-			          : few_steps_on(mr, kind, 0, acc, x, K, r, ldw, rb, ahead);
+			k = fp.t0 ? few_steps_on(mr, kind, 1, acc, x, K, r, ldw, ahead)
+			          : few_steps_on(mr, kind, 0, acc, x, K, r, ldw, ahead);
 		for (; k <= K8 - 8 * L; k += 8 * L) {
 			few_prefetch(S, r, ldw * ES(kind), (size_t)k * ES(kind), fp, rb, i + 1 == h, pf, pf_len);
 #pragma GCC unroll 4
