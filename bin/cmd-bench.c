@@ -115,6 +115,10 @@ int cmd_bench(int argc, char **argv)
 				json_object_set_new(o, "decode_weights_again_median_ms", json_real(r.replay_median_s * 1e3));
 			}
 		}
+		if (r.rtt_median_ns > 0) {
+			json_object_set_new(o, "core_round_trip_ns", json_real(r.rtt_median_ns));
+			json_object_set_new(o, "core_round_trip_max_ns", json_real(r.rtt_max_ns));
+		}
 		if (r.weights_known) {
 			json_object_set_new(o, "weights_resident_mb", json_real(r.weights_resident / 1e6));
 			json_object_set_new(o, "weights_huge_mapped", json_real(r.weights_huge / r.weights_resident));
@@ -142,6 +146,9 @@ int cmd_bench(int argc, char **argv)
 			printf("  floor read between steps      %8.2f ms/step (median); median step %.2f ms, %.2fx\n",
 			       r.floor_median_s * 1e3, r.step_median_s * 1e3, r.step_median_s / r.floor_median_s);
 		}
+		if (r.rtt_median_ns > 0)
+			printf("  threads' round trip           %8.0f ns (median after the steps; largest %.0f ns)\n",
+			       r.rtt_median_ns, r.rtt_max_ns);
 		if (r.op_times)
 			printf("  a decode step by op (medians) products %.2f ms, attention %.2f ms, other %.2f ms"
 			       " (step %.2f ms)\n", r.products_median_s * 1e3, r.attention_median_s * 1e3,

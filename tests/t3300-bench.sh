@@ -115,4 +115,18 @@ test_expect_success 'a missing model: exit 3, the file named' '
 	test_grep "nowhere/config.json" err
 '
 
+# The threads' round trip (B = 1, after each step's floor read): a time,
+# the median at most the largest; none with one thread or at B > 1.
+test_expect_success 'the threads'"'"' round trip: two threads at B = 1 only' '
+	hi3 -q -t 2 -m m bench --prompt-len 8 --new 3 --reps 1 --json >j &&
+	rt=$("$TT" json core_round_trip_ns <j) && mx=$("$TT" json core_round_trip_max_ns <j) &&
+	le 1 "$rt" && le "$rt" "$mx" &&
+	hi3 -q -t 2 -m m bench --prompt-len 8 --new 3 --reps 1 >t &&
+	test_grep "^  threads'"'"' round trip  *[0-9]* ns (median after the steps; largest [0-9]* ns)" t &&
+	hi3 -q -t 1 -m m bench --prompt-len 8 --new 3 --reps 1 --json >j1 &&
+	! grep core_round_trip j1 &&
+	hi3 -q -t 2 -m m bench --batch 2 --prompt-len 8 --new 3 --reps 1 --json >j2 &&
+	! grep core_round_trip j2
+'
+
 test_done

@@ -504,6 +504,76 @@ static void op_clock_stop(hi3_backend *be)
 	op_clock.own = NULL;
 }
 
+/*
+ * A cache line's round trip between the team's caller and its first
+ * worker, as a decode step's products hand work and results between them.
+ * On a VM the two vCPUs may share a CCD (45-58 ns here) or sit on two
+ * (340-430 ns), and which one moves by the minute: on two the memory
+ * reads faster, with two links to it, and every hand-over costs 6-8x
+ * (docs/PERFORMANCE.md, "Decode at B = 1, twenty-sixth round").
+ */
+#define RTT_TRIPS 256
+#define RTT_MAX_S 5e-3            /* after the first trip: a worker kept off its core, give up */
+
+struct rtt_job {
+	_Alignas(64) _Atomic long flag; /* 2i + 1: trip i out; 2i + 2: back; -1: stop */
+	double ns;
+};
+
+static inline void spin_pause(void)
+{
+#if defined(__x86_64__)
+	_mm_pause();
+#endif
+}
+
+static void rtt_part(void *p, int id, int nt)
+{
+	struct rtt_job *j = p;
+	double t0 = 0.0;
+	long v;
+
+	if (nt < 2 || id > 1)
+		return;
+	if (id == 1) {
+		for (long i = 0; i <= RTT_TRIPS; i++) {
+			while ((v = atomic_load_explicit(&j->flag, memory_order_acquire)) != 2 * i + 1)
+				if (v < 0)
+					return;
+				else
+					spin_pause();
+			if (!atomic_compare_exchange_strong(&j->flag, &v, 2 * i + 2))
+				return;
+		}
+		return;
+	}
+	for (long i = 0; i <= RTT_TRIPS; i++) {
+		if (i == 1)
+			t0 = hi3i_now();      /* trip 0 waits for the worker to come */
+		atomic_store_explicit(&j->flag, 2 * i + 1, memory_order_release);
+		for (int spins = 1; atomic_load_explicit(&j->flag, memory_order_acquire) != 2 * i + 2; spins++) {
+			spin_pause();
+			if (i > 0 && spins % 1024 == 0 && hi3i_now() - t0 > RTT_MAX_S) {
+				/* the trips so far (the one under way if none) */
+				atomic_store(&j->flag, -1);
+				j->ns = (hi3i_now() - t0) * 1e9 / (double)HI3_MAX(i - 1, 1);
+				return;
+			}
+		}
+	}
+	j->ns = (hi3i_now() - t0) * 1e9 / RTT_TRIPS;
+}
+
+double hi3_bench_core_rtt(void)
+{
+	struct rtt_job j = {0, 0.0};
+
+	if (omp_get_max_threads() < 2)
+		return 0.0;
+	hi3i_pool_run(rtt_part, &j, 2);
+	return j.ns;
+}
+
 /* Seconds to read floor_bytes from the n words of a: a over as often as it takes. */
 static double floor_pass(const uint64_t *a, size_t n, double floor_bytes)
 {
@@ -529,7 +599,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 	size_t fn = 0;
 	size_t *first = NULL;     /* the replay: step s's spans are [first[s], first[s + 1]) */
 	double *replay_t = NULL;
-	double *step_t = NULL, *read_t = NULL, *op_t[OP_N] = {NULL}, *other_t = NULL;
+	double *step_t = NULL, *read_t = NULL, *rtt_t = NULL, *op_t[OP_N] = {NULL}, *other_t = NULL;
 	int rc = -1, timing = 0;
 	double t0;
 
@@ -583,7 +653,8 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 		fn = (size_t)HI3_MIN(floor_bytes, (double)((size_t)1 << 30)) / sizeof(uint64_t);
 		buf = read_buffer(fn);
 		read_t = hi3i_malloc(sizeof(double) * (size_t)N, err);
-		if (!buf || !read_t) {
+		rtt_t = read_t && r->threads > 1 ? hi3i_malloc(sizeof(double) * (size_t)N, err) : NULL;
+		if (!buf || !read_t || (r->threads > 1 && !rtt_t)) {
 			if (!buf)
 				hi3_error_set(err, HI3_ERR_RUNTIME, "out of memory for a %.0f MB read buffer", fn * 8 / 1e6);
 			goto out;
@@ -624,6 +695,8 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 		}
 		if (buf)
 			read_t[s] = floor_pass(buf, fn, floor_bytes);
+		if (rtt_t)
+			rtt_t[s] = hi3_bench_core_rtt();
 	}
 	if (first && replay.on) {
 		/* the steps' weights again, in turn, with the floor's read
@@ -645,6 +718,11 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 		r->step_median_s = median(step_t, N);
 	if (buf)
 		r->floor_median_s = median(read_t, N);
+	if (rtt_t) {
+		for (int s = 0; s < N; s++)
+			r->rtt_max_ns = HI3_MAX(r->rtt_max_ns, rtt_t[s]);
+		r->rtt_median_ns = median(rtt_t, N);
+	}
 	if (timing) {
 		r->op_times = 1;
 		r->products_median_s = median(op_t[OP_PRODUCTS], N);
@@ -688,6 +766,7 @@ out:
 	free(buf);
 	free(step_t);
 	free(read_t);
+	free(rtt_t);
 	free(first);
 	free(replay_t);
 	free(replay.s);
