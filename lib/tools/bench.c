@@ -509,7 +509,7 @@ static void op_clock_stop(hi3_backend *be)
  * worker, as a decode step's products hand work and results between them.
  * On a VM the two vCPUs may share a CCD (45-58 ns here) or sit on two
  * (340-430 ns), and which one moves by the minute: on two the memory
- * reads faster, with two links to it, and every hand-over costs 6-8x
+ * reads faster, with two links to it, and every hand-over costs 6-9x
  * (docs/PERFORMANCE.md, "Decode at B = 1, twenty-sixth round").
  */
 #define RTT_TRIPS 256

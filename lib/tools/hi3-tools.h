@@ -138,8 +138,8 @@ int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *
 /* Nanoseconds for a cache line to go from the caller of the CPU
  * backend's team to its first worker and back (the mean of 256 trips
  * after one that waits for the worker to come, or of those done in 5 ms);
- * 0 with one thread. On a VM it tells whether
- * the two vCPUs share a CCD (tens to about a hundred ns) or not. */
+ * 0 with one thread. On a VM it tells whether the two vCPUs share a CCD
+ * (45-58 ns on the AMD EPYC of docs/PERFORMANCE.md) or not (340-430). */
 double hi3_bench_core_rtt(void);
 /* Bytes one B = 1 decode step reads at ctx cached slots. */
 double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, int ctx);
