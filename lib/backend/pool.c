@@ -41,10 +41,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define RELAX() _mm_pause()
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T1) /* to L2: see gemm.c's tile */
 #else
-#define RELAX() ((void)0)
 #define PREFETCH(p) __builtin_prefetch(p, 0, 2)
 #endif
 
@@ -215,7 +213,7 @@ static unsigned wait_job(int index, unsigned seen, unsigned *pf_seen)
 					*pf_seen = pg;
 					read_ahead(index, seen);
 				}
-				RELAX();
+				hi3i_pool_relax();
 			}
 			if (yield_core(&sw) || (turn % 16 == 0 && now_us() > until))
 				break;
@@ -365,7 +363,7 @@ static int run(hi3i_pool_fn fn, void *arg, int want, int shared)
 			if (turn % 16 == 0)
 				poll = !yield_core(&sw);
 			else
-				RELAX();
+				hi3i_pool_relax();
 		if (!poll) {
 			pthread_mutex_lock(&pool.lock);
 			atomic_store(&pool.caller_sleeps, 1);

@@ -37,6 +37,15 @@
 
 typedef void (*hi3i_pool_fn)(void *arg, int id, int nt);
 
+/* One turn of a loop that waits for another thread's store: a pause
+ * where the processor has one (x86's PAUSE), else nothing. */
+static inline void hi3i_pool_relax(void)
+{
+#if defined(__x86_64__)
+	__builtin_ia32_pause();
+#endif
+}
+
 /* Run fn(arg, id, nt) for id in [0, nt) and return when every call has
  * returned; the caller runs id 0. nt is at most want: fewer when workers
  * cannot be started, 1 (the caller alone) inside an OpenMP parallel

@@ -520,13 +520,6 @@ struct rtt_job {
 	double ns;
 };
 
-static inline void spin_pause(void)
-{
-#if defined(__x86_64__)
-	_mm_pause();
-#endif
-}
-
 static void rtt_part(void *p, int id, int nt)
 {
 	struct rtt_job *j = p;
@@ -541,7 +534,7 @@ static void rtt_part(void *p, int id, int nt)
 				if (v < 0)
 					return;
 				else
-					spin_pause();
+					hi3i_pool_relax();
 			if (!atomic_compare_exchange_strong(&j->flag, &v, 2 * i + 2))
 				return;
 		}
@@ -552,7 +545,7 @@ static void rtt_part(void *p, int id, int nt)
 			t0 = hi3i_now();      /* trip 0 waits for the worker to come */
 		atomic_store_explicit(&j->flag, 2 * i + 1, memory_order_release);
 		for (int spins = 1; atomic_load_explicit(&j->flag, memory_order_acquire) != 2 * i + 2; spins++) {
-			spin_pause();
+			hi3i_pool_relax();
 			if (i > 0 && spins % 1024 == 0 && hi3i_now() - t0 > RTT_MAX_S) {
 				/* the trips so far (the one under way if none) */
 				atomic_store(&j->flag, -1);
