@@ -557,7 +557,10 @@ static void rtt_part(void *p, int id, int nt)
 	j->ns = (hi3i_now() - t0) * 1e9 / RTT_TRIPS;
 }
 
-double hi3_bench_core_rtt(void)
+/* The round trip in ns: the mean of RTT_TRIPS trips after one that waits
+ * for the worker to come (or of those done in RTT_MAX_S); 0 with one
+ * thread. */
+static double core_rtt_ns(void)
 {
 	struct rtt_job j = {0, 0.0};
 
@@ -689,7 +692,7 @@ int hi3_bench_model(hi3_model *m, int B, int P, int N, hi3_dtype kv_dtype, doubl
 		if (buf)
 			read_t[s] = floor_pass(buf, fn, floor_bytes);
 		if (rtt_t)
-			rtt_t[s] = hi3_bench_core_rtt();
+			rtt_t[s] = core_rtt_ns();
 	}
 	if (first && replay.on) {
 		/* the steps' weights again, in turn, with the floor's read

@@ -119,7 +119,7 @@ typedef struct hi3_bench_model_result {
 	int weights_known;
 	double weights_resident, weights_huge;
 	/* with floor_bytes on two threads or more (else 0): a cache line's
-	 * round trip between the caller and a worker (hi3_bench_core_rtt),
+	 * round trip between the caller and a worker (bench.c's core_rtt_ns),
 	 * measured after each step's floor read: the median and the largest
 	 * over the steps, in ns */
 	double rtt_median_ns, rtt_max_ns;
@@ -135,12 +135,6 @@ double hi3_bench_membw(size_t bytes, int reps);
  * of OpenBLAS sgemm (f32 weights) and hi3's batch-invariant GEMM (weights wdt, in place). */
 int hi3_bench_gemm(const hi3_config *c, int M, hi3_dtype wdt, int reps, double *flops, double *t_blas,
                    double *t_hi3);
-/* Nanoseconds for a cache line to go from the caller of the CPU
- * backend's team to its first worker and back (the mean of 256 trips
- * after one that waits for the worker to come, or of those done in 5 ms);
- * 0 with one thread. On a VM it tells whether the two vCPUs share a CCD
- * (45-58 ns on the AMD EPYC of docs/PERFORMANCE.md) or not (340-430). */
-double hi3_bench_core_rtt(void);
 /* Bytes one B = 1 decode step reads at ctx cached slots. */
 double hi3_bench_step_bytes(const hi3_config *c, hi3_dtype wdt, hi3_dtype kvdt, int ctx);
 /* In-memory prefill of B x P tokens into a cache of kv_dtype (F32 or
