@@ -22,10 +22,11 @@ static const struct cli_help help = {
 	"On the CPU, each decode step is also split by op: the median time in the matrix\n"
 	"products, in attention, and in everything else; and at B = 1 each step's weights\n"
 	"are read again after the steps, in its order, with the floor's read between and\n"
-	"no arithmetic: the products beside a read of their own bytes. Last, how much of\n"
-	"the checkpoint in memory is mapped in 2 MiB pages (a warning when under 90%: its\n"
-	"page cache holds small pages, and the steps read it slower). No files are\n"
-	"written.\n"
+	"no arithmetic: the products beside a read of their own bytes. At B = 1 on two\n"
+	"threads or more, after each step, a cache line's round trip between the step's\n"
+	"threads (on a VM: whether they share a CCD). Last, how much of the checkpoint in\n"
+	"memory is mapped in 2 MiB pages (a warning when under 90%: its page cache holds\n"
+	"small pages, and the steps read it slower). No files are written.\n"
 	"Use --batch-invariant=off to time the OpenBLAS path of the model instead of the\n"
 	"batch-invariant one.\n",
 	.operands = "no arguments",
