@@ -397,26 +397,37 @@ _Static_assert(STREAMS - 1 <= BN, "a range's last rows, fewer than a few-row til
  * distance, 1.25x with 2 KiB; `small` f32 1.19x and 1.16x; "twenty-fourth
  * round", an AMD EPYC of Zen 5 with the runs of FEW_RUN lines, medians:
  * `small` f32 on a fast memory 1.184x and 1.139x; the real layer shape,
- * bf16, 1.097x and 1.055x, f32 on a fast memory 1.12x and 1.03x). The
- * AMD EPYC of the tenth round (Zen 3) read fast with a row's distance
- * (the real layer shape at 1.057x) and was not measured with this one,
- * so other cores keep it. */
+ * bf16, 1.097x and 1.055x, f32 on a fast memory 1.12x and 1.03x). */
 #define NEAR_AHEAD ((size_t)2048)
 
+/* The same on AMD's family 25 (Zen 3; Zen 4, of the same family, was not
+ * measured): there a plain read of a buffer prefetched 2 KiB on ran slower
+ * than one not prefetched at all, 512 bytes on as fast, and a B = 1 step
+ * of `small` ran nearer its floor with 256, 512 or 1024 bytes than with a
+ * row's distance (docs/PERFORMANCE.md, "Decode at B = 1, twenty-seventh
+ * round", medians of 11-58 runs: with the two threads on one CCD, bf16
+ * 1.113x against 1.157x, f32 1.061x against 1.152x; on two, f32 1.165x
+ * against 1.373x, bf16 1.353x against 1.341x). */
+#define NEAR_AHEAD_ZEN3 ((size_t)512)
+
 /* How few_rows prefetches on this core: near, the distance above (0:
- * the next row's line), and t0, whether into L1 (T0) rather than L2
- * (T1). T0 read slower on a Xeon (few_rows' comment) and on an AMD EPYC
- * of Zen 3 (family 25: docs/PERFORMANCE.md, "Decode at B = 1, eighth
- * round", 1.153x against 1.129x), faster on an AMD EPYC of Zen 5 (family
- * 26: "nineteenth round"); so T0 on AMD's family 26 and later only. */
+ * the next row's line), t0, whether into L1 (T0) rather than L2 (T1),
+ * and one_row, whether only a single row of x takes near (few_rows). T0
+ * read slower on a Xeon (few_rows' comment) and on an AMD EPYC of Zen 3
+ * (family 25: docs/PERFORMANCE.md, "Decode at B = 1, eighth round",
+ * 1.153x against 1.129x), faster on an AMD EPYC of Zen 5 (family 26:
+ * "nineteenth round"); so T0 on AMD's family 26 and later only. Other
+ * cores, not measured, keep the row's distance. */
 struct few_pf {
 	size_t near;
-	int t0;
+	int t0, one_row;
 };
 
 static struct few_pf few_pf_of_core(void)
 {
-	static int vendor = -1;   /* 0 other, 1 Intel, 2 AMD of family 26 or later */
+	/* 0 other, 1 Intel, 2 AMD of family 26 or later, 3 AMD of family 25 */
+	static const struct few_pf of[] = {{0, 0, 0}, {NEAR_AHEAD, 0, 0}, {NEAR_AHEAD, 1, 1}, {NEAR_AHEAD_ZEN3, 0, 1}};
+	static int vendor = -1;
 
 	if (vendor < 0) {
 		unsigned a, b, c, d, family = 0;
@@ -426,9 +437,12 @@ static struct few_pf few_pf_of_core(void)
 			if (family == 0xf)
 				family += a >> 20 & 0xff;
 		}
-		vendor = __builtin_cpu_is("intel") ? 1 : __builtin_cpu_is("amd") && family >= 26 ? 2 : 0;
+		vendor = __builtin_cpu_is("intel")                  ? 1
+		         : !__builtin_cpu_is("amd") || family < 25 ? 0
+		         : family >= 26                            ? 2
+		                                                   : 3;
 	}
-	return (struct few_pf){vendor ? NEAR_AHEAD : 0, vendor == 2};
+	return of[vendor];
 }
 
 #define FEW_PREFETCH(p, t0) ((t0) ? _mm_prefetch((p), _MM_HINT_T0) : _mm_prefetch((p), _MM_HINT_T1))
@@ -544,9 +558,10 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 	/* on AMD's cores, only a single row of x streams its own bytes: at B
 	 * = 8 of the real layer shape, whose routed experts take these tiles
 	 * with one to four rows, the near distance for every row count made
-	 * a decode step 5-8% slower (docs/PERFORMANCE.md, "Decode at B = 1,
-	 * twenty-fourth round") */
-	if (fp.near >= rb || (fp.t0 && mr > 1))
+	 * a decode step of Zen 5 5-8% slower (docs/PERFORMANCE.md, "Decode at
+	 * B = 1, twenty-fourth round"); on Zen 3 more rows were not measured
+	 * with it */
+	if (fp.near >= rb || (fp.one_row && mr > 1))
 		fp.near = 0;
 	const size_t ahead = fp.near ? fp.near : rb; /* few_steps_on's distance where it takes a row */
 
