@@ -559,8 +559,8 @@ few_rows(const int mr, const int kind, float *y, const float *x, const hi3_wmat 
 	 * = 8 of the real layer shape, whose routed experts take these tiles
 	 * with one to four rows, the near distance for every row count made
 	 * a decode step of Zen 5 5-8% slower (docs/PERFORMANCE.md, "Decode at
-	 * B = 1, twenty-fourth round"); on Zen 3 more rows were not measured
-	 * with it */
+	 * B = 1, twenty-fourth round"); on Zen 3, `small` at B = 4 and 8 came
+	 * out no faster with it ("twenty-seventh round") */
 	if (fp.near >= rb || (fp.one_row && mr > 1))
 		fp.near = 0;
 	const size_t ahead = fp.near ? fp.near : rb; /* few_steps_on's distance where it takes a row */
