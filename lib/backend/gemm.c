@@ -30,9 +30,10 @@
  * stored takes the few-row tiles instead (gemm_few): one pass over K, 4 W
  * rows per tile (2 for 3-4 rows of x), one from each of as many parts of
  * the thread's range, so that each part is read front to back as one
- * stream, each stream prefetched ahead as it goes (a row ahead, or 2 KiB
- * on Intel's cores: few_rows). There W is read once and used for one to
- * four rows, so the product runs at the rate W arrives from memory:
+ * stream, each stream prefetched ahead as it goes (a row ahead, or some
+ * bytes on Intel's and AMD's cores: few_pf_of_core). There W is read
+ * once and used for one to four rows, so the product runs at the rate W
+ * arrives from memory:
  * without the prefetches a three-column tile read a B = 1 step's weights
  * at about a third of the machine's read bandwidth (docs/PERFORMANCE.md,
  * "Decode at B = 1 against its floor").
@@ -427,9 +428,9 @@ static struct few_pf few_pf_of_core(void)
 {
 	/* 0 other, 1 Intel, 2 AMD of family 26 or later, 3 AMD of family 25 */
 	static const struct few_pf of[] = {{0, 0, 0}, {NEAR_AHEAD, 0, 0}, {NEAR_AHEAD, 1, 1}, {NEAR_AHEAD_ZEN3, 0, 1}};
-	static int vendor = -1;
+	static int core = -1;
 
-	if (vendor < 0) {
+	if (core < 0) {
 		unsigned a, b, c, d, family = 0;
 		__builtin_cpu_init();
 		if (__get_cpuid(1, &a, &b, &c, &d)) {   /* the base family, plus the extended one past 15 */
@@ -437,12 +438,12 @@ static struct few_pf few_pf_of_core(void)
 			if (family == 0xf)
 				family += a >> 20 & 0xff;
 		}
-		vendor = __builtin_cpu_is("intel")                  ? 1
-		         : !__builtin_cpu_is("amd") || family < 25 ? 0
-		         : family >= 26                            ? 2
-		                                                   : 3;
+		core = __builtin_cpu_is("intel")                ? 1
+		       : !__builtin_cpu_is("amd") || family < 25 ? 0
+		       : family >= 26                            ? 2
+		                                                 : 3;
 	}
-	return of[vendor];
+	return of[core];
 }
 
 #define FEW_PREFETCH(p, t0) ((t0) ? _mm_prefetch((p), _MM_HINT_T0) : _mm_prefetch((p), _MM_HINT_T1))
@@ -540,9 +541,12 @@ few_steps_on(const int mr, const int kind, const int t0, __m256 acc[BR][NRS], co
  * stream on a Xeon (measured: one decode step's products at 1.13x the read
  * of their bytes with T0, 1.10x with T1; f32 1.10x and 1.02x), and the
  * loads find L2 near enough (but on an AMD EPYC of Zen 5, T0 read faster:
- * few_pf_of_core). On Intel's cores and AMD's of family 26 and later
- * (few_pf_of_core) a stream prefetches its own bytes NEAR_AHEAD on
- * instead, where its rows are longer (on AMD's, in few_steps_on's runs).
+ * few_pf_of_core). On Intel's and AMD's cores (few_pf_of_core) a stream
+ * prefetches its own bytes NEAR_AHEAD on instead (on AMD's, only for a
+ * single row of x, and on family 25 NEAR_AHEAD_ZEN3), where its rows are
+ * longer (on AMD's family 26 and later, in few_steps_on's runs). On Zen 3
+ * the hardware's prefetch alone did as well as 512 bytes on
+ * (docs/PERFORMANCE.md, "Decode at B = 1, twenty-eighth round").
  * The rows run in one loop, not a call of the register tile each:
  * measured, a B = 1 step of `small` f32 2.2-2.3% the faster, bf16
  * 0.4-0.7% (within the noise; docs/PERFORMANCE.md, "Decode at B = 1,
