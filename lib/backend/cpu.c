@@ -558,9 +558,25 @@ __attribute__((target("avx2"))) static inline __m256 kv_load8(const void *base, 
 		u7 = _mm##W##_shuffle_ps(t5, t7, 0xEE);                                     \
 	} while (0)
 
-/* Eight keys at a time: eight lane accumulators, then an 8 x 8 transpose so
- * that the canonical reduction runs across keys in vector lanes. F32 or
- * BF16 keys (widened as they load: the same bits as key_at's). */
+/* Eight keys' lane accumulators a[0..8) reduced each in the canonical
+ * tree of dot_avx2, the eight sums in the lanes of one vector (key r in
+ * lane r): an 8 x 8 transpose, then the tree's adds across vectors. */
+__attribute__((target("avx2"))) static inline __m256 lane_sums8(const __m256 *a)
+{
+	__m256 u0, u1, u2, u3, u4, u5, u6, u7;
+	LANES_4X4(256, a, u0, u1, u2, u3, u4, u5, u6, u7);
+	/* L[i] holds lane i of the eight keys */
+	__m256 L0 = _mm256_permute2f128_ps(u0, u4, 0x20), L4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+	__m256 L1 = _mm256_permute2f128_ps(u1, u5, 0x20), L5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+	__m256 L2 = _mm256_permute2f128_ps(u2, u6, 0x20), L6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+	__m256 L3 = _mm256_permute2f128_ps(u3, u7, 0x20), L7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+	return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L0, L4), _mm256_add_ps(L2, L6)),
+	                     _mm256_add_ps(_mm256_add_ps(L1, L5), _mm256_add_ps(L3, L7)));
+}
+
+/* Eight keys at a time: eight lane accumulators, then lane_sums8 so that
+ * the canonical reduction runs across keys in vector lanes. F32 or BF16
+ * keys (widened as they load: the same bits as key_at's). */
 __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, const hi3_kv_src *ks, int64_t base,
                                                             int j0, int j1, int d, float scale, float *sc,
                                                             float *kbuf, int pf)
@@ -593,16 +609,7 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, cons
 				for (int r = 0; r < 8; r++)
 					a[r] = _mm256_fmadd_ps(qv, kv_load8(ks->base, bf, k0 + r * st + i), a[r]);
 			}
-			__m256 u0, u1, u2, u3, u4, u5, u6, u7;
-			LANES_4X4(256, a, u0, u1, u2, u3, u4, u5, u6, u7);
-			/* L[i] holds lane i of the eight keys */
-			__m256 L0 = _mm256_permute2f128_ps(u0, u4, 0x20), L4 = _mm256_permute2f128_ps(u0, u4, 0x31);
-			__m256 L1 = _mm256_permute2f128_ps(u1, u5, 0x20), L5 = _mm256_permute2f128_ps(u1, u5, 0x31);
-			__m256 L2 = _mm256_permute2f128_ps(u2, u6, 0x20), L6 = _mm256_permute2f128_ps(u2, u6, 0x31);
-			__m256 L3 = _mm256_permute2f128_ps(u3, u7, 0x20), L7 = _mm256_permute2f128_ps(u3, u7, 0x31);
-			__m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L0, L4), _mm256_add_ps(L2, L6)),
-			                         _mm256_add_ps(_mm256_add_ps(L1, L5), _mm256_add_ps(L3, L7)));
-			_mm256_storeu_ps(sc + j, _mm256_mul_ps(r, vs));
+			_mm256_storeu_ps(sc + j, _mm256_mul_ps(lane_sums8(a), vs));
 		}
 	}
 	for (; j < j1; j++)
@@ -697,6 +704,167 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(float *acc, const float 
 				a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv_load8(vs->base, bf, base + j * st + c), a);
 		_mm256_storeu_ps(acc + c, a);
 	}
+}
+
+/*
+ * Four queries that read the same keys (query heads of one kv head, one
+ * token) in one pass, with AVX2: each key's elements are loaded once for
+ * the four, not once a query, and held in registers while the four
+ * multiply-add them. Every multiply-add is one of scores_avx2's or
+ * pv_avx2's, in their order, so each score and each value sum has the
+ * same bits; only which registers hold what changes.
+ */
+
+/* The lane accumulators of four queries (q[t]) and keys r0 .. r0 + n of
+ * the eight from k0 (n = 2 or 3: 4 n accumulators) into lanes[t][r]. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+scores_quad_keys(const float *const *q, const void *kb, int64_t k0, int64_t st, int d, const int n, const int bf,
+                 __m256 (*lanes)[8], int r0)
+{
+	__m256 a[4][3];
+
+#pragma GCC unroll 4
+	for (int t = 0; t < 4; t++)
+		_Pragma("GCC unroll 3") for (int u = 0; u < n; u++)
+			a[t][u] = _mm256_setzero_ps();
+	for (int i = 0; i < d; i += 8) {
+		__m256 x[3];
+		_Pragma("GCC unroll 3") for (int u = 0; u < n; u++)
+			x[u] = kv_load8(kb, bf, k0 + (r0 + u) * st + i);
+#pragma GCC unroll 4
+		for (int t = 0; t < 4; t++) {
+			const __m256 qv = _mm256_loadu_ps(q[t] + i);
+			_Pragma("GCC unroll 3") for (int u = 0; u < n; u++)
+				a[t][u] = _mm256_fmadd_ps(qv, x[u], a[t][u]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int t = 0; t < 4; t++)
+		_Pragma("GCC unroll 3") for (int u = 0; u < n; u++)
+			lanes[t][r0 + u] = a[t][u];
+}
+
+/* scores() of queries q[0..4) over the same keys [j0, j1), into sc[0..4):
+ * three keys a pass over d (twelve accumulators: four queries by three
+ * keys), their lane accumulators set aside until eight keys have them,
+ * then reduced as scores_avx2 reduces them. d % 8 == 0; bf: BF16 keys. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+scores_quad_dt(const float *const *q, const hi3_kv_src *ks, int64_t base, int j0, int j1, int d, float scale,
+               float *const *sc, float *kbuf, int pf, const int bf)
+{
+	const size_t es = bf ? 2 : 4;
+	const int64_t st = ks->slot_stride;
+	const __m256 vs = _mm256_set1_ps(scale);
+	__m256 lanes[4][8];       /* [query][key of the eight]: its lane accumulator */
+	int j = j0;
+
+	for (; j + 8 <= j1; j += 8) {
+		const int64_t k0 = base + j * st;
+		const char *kp = (const char *)ks->base + (size_t)k0 * es;
+
+		for (int r = 16; pf && r < 24 && j + r < j1; r++)   /* as scores_avx2 */
+			for (size_t i = 0; i < (size_t)d * es; i += 64)
+				_mm_prefetch(kp + (size_t)(r * st) * es + i, _MM_HINT_T0);
+		scores_quad_keys(q, ks->base, k0, st, d, 3, bf, lanes, 0);
+		scores_quad_keys(q, ks->base, k0, st, d, 3, bf, lanes, 3);
+		scores_quad_keys(q, ks->base, k0, st, d, 2, bf, lanes, 6);
+		for (int t = 0; t < 4; t++)
+			_mm256_storeu_ps(sc[t] + j, _mm256_mul_ps(lane_sums8(lanes[t]), vs));
+	}
+	for (int t = 0; t < 4 && j < j1; t++)
+		scores_avx2(q[t], ks, base, j, j1, d, scale, sc[t], kbuf, 0);
+}
+
+/* The same, its loop compiled once for each kind of cache. */
+__attribute__((target("avx2,fma"))) static void scores_quad(const float *const *q, const hi3_kv_src *ks,
+                                                            int64_t base, int j0, int j1, int d, float scale,
+                                                            float *const *sc, float *kbuf, int pf)
+{
+	if (ks->dtype == HI3_BF16)
+		scores_quad_dt(q, ks, base, j0, j1, d, scale, sc, kbuf, pf, 1);
+	else
+		scores_quad_dt(q, ks, base, j0, j1, d, scale, sc, kbuf, pf, 0);
+}
+
+/* Values [j0, j1) into the sums of four queries (weights p[t], sums acc[t]),
+ * elements [c, c + 8 n) of each, n = 2 or 3 vectors: 4 n accumulators. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+pv_quad_cols(float *const *acc, const float *const *p, const void *vb, int64_t base, int64_t st, int j0, int j1,
+             int c, const int n, const int bf, size_t pfb)
+{
+	__m256 a[4][3];
+
+#pragma GCC unroll 4
+	for (int t = 0; t < 4; t++)
+		_Pragma("GCC unroll 3") for (int u = 0; u < n; u++)
+			a[t][u] = _mm256_loadu_ps(acc[t] + c + 8 * u);
+	for (int j = j0; j < j1; j++) {
+		const int64_t v = base + j * st + c;
+		__m256 x[3];
+		if (pfb && j + 8 < j1)   /* as pv_avx2: the row 8 on, pfb bytes of it */
+			for (size_t i = 0; i < pfb; i += 64)
+				_mm_prefetch((const char *)vb + (size_t)(v + 8 * st) * (bf ? 2 : 4) + i, _MM_HINT_T0);
+		_Pragma("GCC unroll 3") for (int u = 0; u < n; u++)
+			x[u] = kv_load8(vb, bf, v + 8 * u);
+#pragma GCC unroll 4
+		for (int t = 0; t < 4; t++) {
+			const __m256 pj = _mm256_broadcast_ss(p[t] + j);
+			_Pragma("GCC unroll 3") for (int u = 0; u < n; u++)
+				a[t][u] = _mm256_fmadd_ps(pj, x[u], a[t][u]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int t = 0; t < 4; t++)
+		_Pragma("GCC unroll 3") for (int u = 0; u < n; u++)
+			_mm256_storeu_ps(acc[t] + c + 8 * u, a[t][u]);
+}
+
+/* pv() of queries 0..4 (weights p[t], sums acc[t]) over the same values
+ * [j0, j1), 24 elements a pass (twelve accumulators: four queries by three
+ * vectors), 16 or 8 at the end; d % 8 == 0; bf: BF16 values. pv skips a
+ * key whose weight is zero, so a range where any of the four has one goes
+ * to pv_avx2 query by query. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+pv_quad_dt(float *const *acc, const float *const *p, const hi3_kv_src *vs, int64_t base, int j0, int j1, int d,
+           float *vbuf, int pf, const int bf)
+{
+	const size_t es = bf ? 2 : 4;
+	const int64_t st = vs->slot_stride;
+	const __m256 zero = _mm256_setzero_ps();
+	int j = j0, c = 0;
+
+	for (; j + 8 <= j1; j += 8) {
+		const __m256 z = _mm256_or_ps(
+			_mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p[0] + j), zero, _CMP_EQ_OQ),
+			             _mm256_cmp_ps(_mm256_loadu_ps(p[1] + j), zero, _CMP_EQ_OQ)),
+			_mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p[2] + j), zero, _CMP_EQ_OQ),
+			             _mm256_cmp_ps(_mm256_loadu_ps(p[3] + j), zero, _CMP_EQ_OQ)));
+		if (_mm256_movemask_ps(z))
+			break;
+	}
+	for (; j < j1; j++)
+		if (p[0][j] == 0.0f || p[1][j] == 0.0f || p[2][j] == 0.0f || p[3][j] == 0.0f) {
+			for (int t = 0; t < 4; t++)
+				pv_avx2(acc[t], p[t], vs, base, j0, j1, d, vbuf, pf && t == 0);
+			return;
+		}
+	/* the first pass prefetches each row's d elements (its 24 the first) */
+	for (; c + 24 <= d; c += 24)
+		pv_quad_cols(acc, p, vs->base, base, st, j0, j1, c, 3, bf, pf && !c ? (size_t)d * es : 0);
+	for (; c + 16 <= d; c += 16)
+		pv_quad_cols(acc, p, vs->base, base, st, j0, j1, c, 2, bf, pf && !c ? (size_t)d * es : 0);
+	for (; c < d; c += 8)
+		pv_quad_cols(acc, p, vs->base, base, st, j0, j1, c, 1, bf, pf && !c ? (size_t)d * es : 0);
+}
+
+__attribute__((target("avx2,fma"))) static void pv_quad(float *const *acc, const float *const *p,
+                                                        const hi3_kv_src *vs, int64_t base, int j0, int j1,
+                                                        int d, float *vbuf, int pf)
+{
+	if (vs->dtype == HI3_BF16)
+		pv_quad_dt(acc, p, vs, base, j0, j1, d, vbuf, pf, 1);
+	else
+		pv_quad_dt(acc, p, vs, base, j0, j1, d, vbuf, pf, 0);
 }
 
 /*
@@ -1086,42 +1254,66 @@ static void att_scratch_release(struct att_scratch *s)
 }
 
 /* Whether queries x and y read the same keys (values, with v) over the
- * same range: the pair loops take them in one pass. */
-static int pairs(const struct att_query *x, const struct att_query *y, int d, int v)
+ * same range. */
+static int same_keys(const struct att_query *x, const struct att_query *y, int v)
 {
-#if defined(__x86_64__)
-	return cpu_has_avx512() && d % 8 == 0 && d <= PAIR_DMAX && x->end == y->end &&
+	return x->end == y->end &&
 	       (v ? x->base_v == y->base_v : x->base_k == y->base_k && x->a1 == y->a1 && x->b0 == y->b0);
-#else
-	(void)x, (void)y, (void)d, (void)v;
-	return 0;
-#endif
 }
 
-/* Keys [j0, j1) of query x, and of x + 1 with it when two. */
-static void scores_two(int two, struct att_query *x, const hi3_kv_src *ks, int j0, int j1, int d, float scale,
-                       float *kbuf)
+/* How many of the left queries from x on take one pass over the same keys
+ * (values, with v): two with AVX-512 (the pair loops), four with AVX2 (the
+ * quad loops), else one. */
+static int group(const struct att_query *x, int left, int d, int v)
 {
 #if defined(__x86_64__)
-	if (two) {
+	if (cpu_has_avx512())
+		return left >= 2 && d % 8 == 0 && d <= PAIR_DMAX && same_keys(x, x + 1, v) ? 2 : 1;
+	if (cpu_has_avx2() && left >= 4 && d % 8 == 0 && same_keys(x, x + 1, v) &&
+	    same_keys(x, x + 2, v) && same_keys(x, x + 3, v))
+		return 4;
+#else
+	(void)x, (void)left, (void)d, (void)v;
+#endif
+	return 1;
+}
+
+/* Keys [j0, j1) of query x, and of the n - 1 after it with it (group). */
+static void scores_n(int n, struct att_query *x, const hi3_kv_src *ks, int j0, int j1, int d, float scale,
+                     float *kbuf)
+{
+#if defined(__x86_64__)
+	if (n == 4) {
+		const float *q[4] = {x[0].q, x[1].q, x[2].q, x[3].q};
+		float *sc[4] = {x[0].sc, x[1].sc, x[2].sc, x[3].sc};
+		scores_quad(q, ks, x->base_k, j0, j1, d, scale, sc, kbuf, x->pf);
+		return;
+	}
+	if (n == 2) {
 		scores_pair(x->q, x[1].q, ks, x->base_k, j0, j1, d, scale, x->sc, x[1].sc, kbuf, x->pf);
 		return;
 	}
 #endif
-	(void)two;
+	(void)n;
 	scores(x->q, ks, x->base_k, j0, j1, d, scale, x->sc, kbuf, x->pf);
 }
 
-/* Values [j0, j1) into query x's sum, and x + 1's with it when two. */
-static void pv_two(int two, struct att_query *x, const hi3_kv_src *vs, int j0, int j1, int d, float *kbuf)
+/* Values [j0, j1) into query x's sum, and the n - 1 after it with it. */
+static void pv_n(int n, struct att_query *x, const hi3_kv_src *vs, int j0, int j1, int d, float *kbuf)
 {
 #if defined(__x86_64__)
-	if (two) {
+	if (n == 4) {
+		float *acc[4] = {x[0].acc, x[1].acc, x[2].acc, x[3].acc};
+		const float *p[4] = {x[0].sc, x[1].sc, x[2].sc, x[3].sc};
+		pv_quad(acc, p, vs, x->base_v, j0, j1, d, kbuf, x->pf);
+		return;
+	}
+	if (n == 2) {
 		pv_pair(x->acc, x[1].acc, x->sc, x[1].sc, vs, x->base_v, j0, j1, d, x->pf);
 		return;
 	}
 #endif
-	(void)two;
+	(void)n;
 	pv(x->acc, x->sc, vs, x->base_v, j0, j1, d, kbuf, x->pf);
 }
 
@@ -1213,24 +1405,19 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 	}
 	/* scores; keys not admitted: [max(a1, 0), b0) */
 	for (int j0 = 0; j0 < end_max; j0 += ATT_KT) {
-		for (int i = 0; i < nq; i++) {
+		for (int i = 0, n; i < nq; i += n) {
 			struct att_query *x = &aq[i];
-			const int two = i + 1 < nq && pairs(x, x + 1, d, 0);
 			int j1 = HI3_MIN(j0 + ATT_KT, x->end), lo, hi;
-			if (j0 >= j1) {
-				i += two;
+			n = group(x, nq - i, d, 0);
+			if (j0 >= j1)
 				continue;
-			}
 			if ((hi = HI3_MIN(x->a1, j1)) > j0)
-				scores_two(two, x, ks, j0, hi, d, scale, kbuf);
-			for (int j = HI3_MAX(HI3_MAX(x->a1, 0), j0); j < HI3_MIN(x->b0, j1); j++) {
-				x->sc[j] = -INFINITY;
-				if (two)
-					x[1].sc[j] = -INFINITY;
-			}
+				scores_n(n, x, ks, j0, hi, d, scale, kbuf);
+			for (int j = HI3_MAX(HI3_MAX(x->a1, 0), j0); j < HI3_MIN(x->b0, j1); j++)
+				for (int t = 0; t < n; t++)
+					x[t].sc[j] = -INFINITY;
 			if ((lo = HI3_MAX(x->b0, j0)) < j1)
-				scores_two(two, x, ks, lo, j1, d, scale, kbuf);
-			i += two;
+				scores_n(n, x, ks, lo, j1, d, scale, kbuf);
 		}
 	}
 	/* weights in place of the scores (0 for keys not admitted), and
@@ -1247,12 +1434,11 @@ static void att_item(const struct att_call *c, int ti, int hg, struct att_scratc
 	for (int i = 0; i < nq; i++)
 		memset(aq[i].acc, 0, sizeof(float) * (size_t)d);
 	for (int j0 = 0; j0 < end_max; j0 += ATT_KT)
-		for (int i = 0; i < nq; i++) {
+		for (int i = 0, n; i < nq; i += n) {
 			struct att_query *x = &aq[i];
-			const int two = i + 1 < nq && pairs(x, x + 1, d, 1);
+			n = group(x, nq - i, d, 1);
 			if (j0 < x->end)
-				pv_two(two, x, vs, j0, HI3_MIN(j0 + ATT_KT, x->end), d, kbuf);
-			i += two;
+				pv_n(n, x, vs, j0, HI3_MIN(j0 + ATT_KT, x->end), d, kbuf);
 		}
 	for (int i = 0; i < nq; i++) {
 		struct att_query *x = &aq[i];
